@@ -1,0 +1,449 @@
+//! The admission rule: a pure function of the ledger, the GPUs' memory now, and the request.
+//!
+//! For each GPU `g` the request names, with `R` the bytes asked for on `g`:
+//!
+//! 1. **Capacity**: `reserved(g) + R <= total(g) - headroom`. Reservations are promises; their
+//!    sum never exceeds what the card has, whatever the containers have allocated so far.
+//! 2. **Memory free now**: `R <= free(g) - unallocated(g) - headroom`, where `free(g)` is what
+//!    the driver reports free (it already excludes memory that any process, inside vramgate
+//!    or not, has allocated) and `unallocated(g)` is the part of live reservations that their
+//!    containers have not allocated yet (a container that started a second ago has taken
+//!    nothing yet but will). Without per-container usage (a host without NVML), every
+//!    reservation counts as wholly unallocated, which is the safe direction. This is how
+//!    memory used outside vramgate (a display, a daemon, an unannotated container) keeps new
+//!    containers out.
+//! 3. **Fairness**: waiting containers are served first-come first-served per GPU. A request
+//!    is not admitted while an older live ticket shares one of its GPUs. With `backfill` on,
+//!    a request that fits may pass older tickets, but never one that has waited longer than
+//!    `backfill_bound`, so a large request cannot be starved by a stream of small ones.
+//!
+//! A request larger than `total(g) - headroom` can never fit and is refused at once, even
+//! under the `wait` policy. A request on several GPUs must pass on every one (all or nothing).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::inventory::{GpuMemory, Snapshot};
+use crate::ledger::{GpuShare, Ledger};
+use crate::quantity::format_bytes;
+
+/// Bytes that containers have already allocated, by (container id, GPU uuid), from NVML's
+/// process list. Empty where it cannot be known.
+pub type Allocated = HashMap<(String, String), u64>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    pub headroom: crate::quantity::Quantity,
+    pub backfill: bool,
+    pub backfill_bound: Duration,
+}
+
+impl Rules {
+    pub fn from_config(config: &crate::config::Config) -> Rules {
+        Rules {
+            headroom: config.headroom,
+            backfill: config.backfill,
+            backfill_bound: config.backfill_bound,
+        }
+    }
+
+    fn headroom_on(&self, gpu: &GpuMemory) -> u64 {
+        self.headroom.bytes_on(gpu.total).min(gpu.total)
+    }
+}
+
+/// The numbers behind a decision on one GPU, for messages and `vramgate status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GpuAccount {
+    pub uuid: String,
+    pub index: u32,
+    pub total: u64,
+    pub free: u64,
+    pub reserved: u64,
+    pub unallocated: u64,
+    pub headroom: u64,
+    pub reservations: usize,
+}
+
+impl GpuAccount {
+    /// What a new reservation may take on this GPU now: the smaller of rules 1 and 2.
+    pub fn available(&self) -> u64 {
+        let by_capacity = self.total.saturating_sub(self.headroom).saturating_sub(self.reserved);
+        let by_free = self.free.saturating_sub(self.unallocated).saturating_sub(self.headroom);
+        by_capacity.min(by_free)
+    }
+
+    /// Memory in use that no reservation accounts for (what the driver says is used, less
+    /// what reserved containers have allocated).
+    pub fn used_outside(&self) -> u64 {
+        let used = self.total.saturating_sub(self.free);
+        used.saturating_sub(self.reserved.saturating_sub(self.unallocated))
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "GPU {} ({}) has {} total, {} available to new requests ({} reserved by {} container{}, {} used outside vramgate, {} headroom)",
+            self.index,
+            self.uuid,
+            format_bytes(self.total),
+            format_bytes(self.available()),
+            format_bytes(self.reserved),
+            self.reservations,
+            if self.reservations == 1 { "" } else { "s" },
+            format_bytes(self.used_outside()),
+            format_bytes(self.headroom),
+        )
+    }
+}
+
+pub fn account(ledger: &Ledger, gpu: &GpuMemory, allocated: &Allocated, rules: &Rules) -> GpuAccount {
+    let mut reserved = 0u64;
+    let mut unallocated = 0u64;
+    let mut reservations = 0;
+    for r in &ledger.reservations {
+        for share in r.gpus.iter().filter(|s| s.uuid == gpu.uuid) {
+            reservations += 1;
+            reserved = reserved.saturating_add(share.bytes);
+            let taken = allocated
+                .get(&(r.container_id.clone(), gpu.uuid.clone()))
+                .copied()
+                .unwrap_or(0);
+            unallocated = unallocated.saturating_add(share.bytes.saturating_sub(taken));
+        }
+    }
+    GpuAccount {
+        uuid: gpu.uuid.clone(),
+        index: gpu.index,
+        total: gpu.total,
+        free: gpu.free,
+        reserved,
+        unallocated,
+        headroom: rules.headroom_on(gpu),
+        reservations,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Admit,
+    /// It can never fit: larger than the GPU less headroom.
+    Never {
+        request: u64,
+        account: GpuAccount,
+    },
+    /// Not now: not enough memory on a GPU.
+    NoRoom {
+        request: u64,
+        account: GpuAccount,
+    },
+    /// Not now: older waiters come first.
+    Queued {
+        ahead: usize,
+    },
+}
+
+/// Decides a request for `shares`. `ticket` is the request's own queue ticket, if it has one
+/// (a new arrival has none and so comes after every waiter).
+pub fn decide(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    allocated: &Allocated,
+    rules: &Rules,
+    shares: &[GpuShare],
+    ticket: Option<u64>,
+    now_unix_ms: u64,
+) -> Decision {
+    let mut accounts = Vec::with_capacity(shares.len());
+    for share in shares {
+        let Some(gpu) = snapshot.by_uuid(&share.uuid) else {
+            // The GPU vanished from the inventory (unplugged, MIG reconfigured): nothing fits.
+            let account = GpuAccount {
+                uuid: share.uuid.clone(),
+                index: u32::MAX,
+                total: 0,
+                free: 0,
+                reserved: 0,
+                unallocated: 0,
+                headroom: 0,
+                reservations: 0,
+            };
+            return Decision::Never {
+                request: share.bytes,
+                account,
+            };
+        };
+        let account = account(ledger, gpu, allocated, rules);
+        if share.bytes > account.total.saturating_sub(account.headroom) {
+            return Decision::Never {
+                request: share.bytes,
+                account,
+            };
+        }
+        accounts.push((share.bytes, account));
+    }
+
+    let ahead = ledger
+        .queue
+        .iter()
+        .filter(|t| ticket.is_none_or(|mine| t.ticket < mine))
+        .filter(|t| t.gpus.iter().any(|g| shares.iter().any(|s| s.uuid == g.uuid)))
+        .filter(|t| {
+            // Backfill may pass an older ticket only while it has not waited past the bound.
+            !rules.backfill || now_unix_ms.saturating_sub(t.enqueued_unix_ms) >= rules.backfill_bound.as_millis() as u64
+        })
+        .count();
+
+    for (request, account) in accounts {
+        if request > account.available() {
+            return Decision::NoRoom { request, account };
+        }
+    }
+    if ahead > 0 {
+        return Decision::Queued { ahead };
+    }
+    Decision::Admit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Reservation, Ticket};
+    use crate::procfs::ProcessIdentity;
+    use crate::quantity::Quantity;
+
+    const MI: u64 = 1 << 20;
+    const CARD: u64 = 24_265 * MI;
+
+    fn rules() -> Rules {
+        Rules {
+            headroom: Quantity::Bytes(0),
+            backfill: false,
+            backfill_bound: Duration::from_secs(30),
+        }
+    }
+
+    fn gpu(uuid: &str, total: u64, free: u64) -> GpuMemory {
+        GpuMemory {
+            index: 0,
+            mig_index: None,
+            uuid: uuid.into(),
+            minor: Some(0),
+            total,
+            free,
+        }
+    }
+
+    fn snap(free: u64) -> Snapshot {
+        Snapshot {
+            gpus: vec![gpu("G", CARD, free)],
+            ..Default::default()
+        }
+    }
+
+    fn share(bytes: u64) -> Vec<GpuShare> {
+        vec![GpuShare {
+            uuid: "G".into(),
+            bytes,
+        }]
+    }
+
+    fn reserve(ledger: &mut Ledger, id: &str, bytes: u64) {
+        ledger.reservations.push(Reservation {
+            container_id: id.into(),
+            gpus: share(bytes),
+            init: ProcessIdentity { pid: 1, start_time: 1 },
+            created_unix_ms: 0,
+            waited_ms: 0,
+        });
+    }
+
+    fn enqueue(ledger: &mut Ledger, bytes: u64, at_ms: u64) -> u64 {
+        let ticket = ledger.next_ticket;
+        ledger.next_ticket += 1;
+        ledger.queue.push(Ticket {
+            ticket,
+            container_id: format!("t{ticket}"),
+            gpus: share(bytes),
+            waiter: ProcessIdentity { pid: 1, start_time: 1 },
+            enqueued_unix_ms: at_ms,
+            deadline_unix_ms: u64::MAX,
+        });
+        ticket
+    }
+
+    #[test]
+    fn paper_card_holds_twenty_of_1205_mib() {
+        let mut ledger = Ledger::default();
+        let mut admitted = 0;
+        for n in 0..25 {
+            match decide(
+                &ledger,
+                &snap(CARD),
+                &Allocated::new(),
+                &rules(),
+                &share(1205 * MI),
+                None,
+                0,
+            ) {
+                Decision::Admit => {
+                    reserve(&mut ledger, &format!("c{n}"), 1205 * MI);
+                    admitted += 1;
+                }
+                Decision::NoRoom { account, .. } => assert!(account.available() < 1205 * MI),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(admitted, 20);
+        assert!(ledger.reserved_on("G") <= CARD);
+    }
+
+    #[test]
+    fn never_fits_is_refused_even_when_empty() {
+        let d = decide(
+            &Ledger::default(),
+            &snap(CARD),
+            &Allocated::new(),
+            &rules(),
+            &share(CARD + 1),
+            None,
+            0,
+        );
+        assert!(matches!(d, Decision::Never { .. }));
+        let mut r = rules();
+        r.headroom = Quantity::Bytes(MI);
+        assert!(matches!(
+            decide(
+                &Ledger::default(),
+                &snap(CARD),
+                &Allocated::new(),
+                &r,
+                &share(CARD),
+                None,
+                0
+            ),
+            Decision::Never { .. }
+        ));
+    }
+
+    #[test]
+    fn outside_usage_blocks_and_allocation_is_not_counted_twice() {
+        // 20 GiB used by something outside vramgate: only ~3.7 GiB can be promised.
+        let s = snap(CARD - (20 << 30));
+        assert!(matches!(
+            decide(
+                &Ledger::default(),
+                &s,
+                &Allocated::new(),
+                &rules(),
+                &share(4 << 30),
+                None,
+                0
+            ),
+            Decision::NoRoom { .. }
+        ));
+        assert_eq!(
+            decide(
+                &Ledger::default(),
+                &s,
+                &Allocated::new(),
+                &rules(),
+                &share(3 << 30),
+                None,
+                0
+            ),
+            Decision::Admit
+        );
+
+        // A container reserved 10 GiB and has allocated 8 of it: free already excludes the 8.
+        let mut ledger = Ledger::default();
+        reserve(&mut ledger, "c", 10 << 30);
+        let s = snap(CARD - (8 << 30));
+        let mut allocated = Allocated::new();
+        let account_without = account(&ledger, &s.gpus[0], &allocated, &rules());
+        allocated.insert(("c".into(), "G".into()), 8 << 30);
+        let account_with = account(&ledger, &s.gpus[0], &allocated, &rules());
+        assert_eq!(account_with.available(), CARD - (10 << 30));
+        assert_eq!(
+            account_without.available(),
+            CARD - (18 << 30),
+            "unknown usage is counted as unallocated"
+        );
+        assert_eq!(account_with.used_outside(), 0);
+    }
+
+    #[test]
+    fn fifo_and_bounded_backfill() {
+        let mut ledger = Ledger::default();
+        reserve(&mut ledger, "big", CARD - (2 << 30));
+        let old = enqueue(&mut ledger, 10 << 30, 0);
+        let small = share(1 << 30);
+        // Fits, but an older waiter shares the GPU: strict FIFO holds it back.
+        assert_eq!(
+            decide(&ledger, &snap(CARD), &Allocated::new(), &rules(), &small, None, 1_000),
+            Decision::Queued { ahead: 1 }
+        );
+        // The head itself is judged on memory only.
+        assert!(matches!(
+            decide(
+                &ledger,
+                &snap(CARD),
+                &Allocated::new(),
+                &rules(),
+                &share(10 << 30),
+                Some(old),
+                1_000
+            ),
+            Decision::NoRoom { .. }
+        ));
+        // Backfill lets it pass a young waiter, but not one older than the bound.
+        let mut r = rules();
+        r.backfill = true;
+        assert_eq!(
+            decide(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 1_000),
+            Decision::Admit
+        );
+        assert_eq!(
+            decide(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 31_000),
+            Decision::Queued { ahead: 1 }
+        );
+    }
+
+    #[test]
+    fn multi_gpu_is_all_or_nothing() {
+        let s = Snapshot {
+            gpus: vec![gpu("A", CARD, CARD), gpu("B", CARD, 1 << 30)],
+            ..Default::default()
+        };
+        let both = vec![
+            GpuShare {
+                uuid: "A".into(),
+                bytes: 2 << 30,
+            },
+            GpuShare {
+                uuid: "B".into(),
+                bytes: 2 << 30,
+            },
+        ];
+        match decide(&Ledger::default(), &s, &Allocated::new(), &rules(), &both, None, 0) {
+            Decision::NoRoom { account, .. } => assert_eq!(account.uuid, "B"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn vanished_gpu_never_fits() {
+        let d = decide(
+            &Ledger::default(),
+            &snap(CARD),
+            &Allocated::new(),
+            &rules(),
+            &[GpuShare {
+                uuid: "gone".into(),
+                bytes: 1,
+            }],
+            None,
+            0,
+        );
+        assert!(matches!(d, Decision::Never { .. }));
+    }
+}

@@ -1,0 +1,40 @@
+//! The OCI hook binary: parse the arguments, run the stage, turn the outcome into an exit code.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use vramgate::cli::HookCli;
+use vramgate::hook::{self, HookError, HookOptions, Outcome, Stage};
+
+fn main() -> ExitCode {
+    let cli = HookCli::parse();
+    let Some(stage) = Stage::parse(&cli.stage) else {
+        eprintln!(
+            "vramgate-hook: unknown stage {:?}: use createRuntime, prestart, createContainer or poststop",
+            cli.stage
+        );
+        return ExitCode::from(2);
+    };
+    let options = HookOptions {
+        hook_timeout: cli.hook_timeout.map(Duration::from_secs),
+    };
+    match hook::run(stage, std::io::stdin().lock(), &options) {
+        Ok(Outcome::FailedOpen(message)) => {
+            eprintln!(
+                "vramgate: warning: {message}; the container starts unaccounted because on_state_error = \"fail-open\""
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        // A refusal already reads as a whole sentence starting with "vramgate:".
+        Err(HookError::Refused(message)) => {
+            eprintln!("{message}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("vramgate: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The administrator's CLI: parse, dispatch, set the exit code.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use vramgate::cli::{Cli, Command, LedgerCommand};
+use vramgate::config::{Config, CONFIG_ENV};
+use vramgate::ledger::StateDir;
+use vramgate::quantity::format_bytes;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vramgate: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    if let Some(path) = &cli.config {
+        // The hooks and the inventory read the config through the same variable.
+        std::env::set_var(CONFIG_ENV, path);
+    }
+    match cli.command {
+        Command::Status { json } => status(json),
+        Command::Release { container_id } => release(&container_id),
+        Command::Gc => gc(),
+        Command::Ledger {
+            command: LedgerCommand::Show,
+        } => {
+            let config = Config::load()?;
+            let ledger = match StateDir::open_existing(&config.state_dir)? {
+                Some(dir) => dir.read()?,
+                None => Default::default(),
+            };
+            println!("{}", serde_json::to_string_pretty(&ledger)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ledger {
+            command: LedgerCommand::Repair,
+        } => {
+            let config = Config::load()?;
+            let dir = StateDir::open_or_create(&config.state_dir)?;
+            match dir.read() {
+                Ok(_) => println!("ledger {} is readable; nothing to repair", dir.ledger_path().display()),
+                Err(e) => {
+                    println!("ledger problem: {e}");
+                    match dir.repair()? {
+                        Some(aside) => println!("set the old ledger aside as {} and started an empty one; reservations of running containers are lost: restart them or release by hand", aside.display()),
+                        None => println!("started an empty ledger"),
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(args) => {
+            let summaries = vramgate::demo::run(&args)?;
+            let ok = summaries
+                .iter()
+                .all(|s| s.failed == 0 && s.max_reserved_bytes <= s.capacity_bytes);
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+    }
+}
+
+fn status(json: bool) -> Result<ExitCode> {
+    let config = Config::load()?;
+    let inventory = vramgate::inventory::open(&config)?;
+    let ledger = match StateDir::open_existing(&config.state_dir)? {
+        Some(dir) => dir.read()?,
+        None => Default::default(),
+    };
+    let report = vramgate::status::build(&config, inventory.as_ref(), &ledger)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", vramgate::status::render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn release(container_id: &str) -> Result<ExitCode> {
+    vramgate::spec::validate_container_id(container_id)?;
+    let config = Config::load()?;
+    let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
+        eprintln!(
+            "vramgate: no reservation for container {container_id:?} (no state directory {})",
+            config.state_dir.display()
+        );
+        return Ok(ExitCode::from(1));
+    };
+    let (_, removed) = vramgate::hook::release_in(&dir, container_id, "vramgate release").context("releasing")?;
+    match removed {
+        Some(r) => {
+            let gpus: Vec<String> = r
+                .gpus
+                .iter()
+                .map(|g| format!("{} on {}", format_bytes(g.bytes), g.uuid))
+                .collect();
+            println!("released {container_id}: {}", gpus.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("vramgate: no reservation for container {container_id:?}; `vramgate status` lists them");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn gc() -> Result<ExitCode> {
+    let config = Config::load()?;
+    let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
+        println!("nothing to reclaim (no state directory {})", config.state_dir.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let reclaimed = vramgate::hook::gc_in(&dir)?;
+    for r in &reclaimed.reservations {
+        let bytes: u64 = r.gpus.iter().map(|g| g.bytes).sum();
+        println!(
+            "reclaimed {} from container {} (init pid {} is gone)",
+            format_bytes(bytes),
+            r.container_id,
+            r.init.pid
+        );
+    }
+    for t in &reclaimed.tickets {
+        println!(
+            "dropped queue ticket {} of container {} (waiting hook pid {} is gone)",
+            t.ticket, t.container_id, t.waiter.pid
+        );
+    }
+    if reclaimed.reservations.is_empty() && reclaimed.tickets.is_empty() {
+        println!("nothing to reclaim");
+    }
+    Ok(ExitCode::SUCCESS)
+}

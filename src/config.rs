@@ -1,0 +1,421 @@
+//! `/etc/vramgate/config.toml`: every key, its default, and the checks that turn a typo into
+//! an error naming the key instead of a silently ignored setting.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::quantity::{self, Quantity};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vramgate/config.toml";
+/// Overrides the config path (for tests, demos and hosts that keep config elsewhere).
+pub const CONFIG_ENV: &str = "VRAMGATE_CONFIG";
+pub const DEFAULT_STATE_DIR: &str = "/run/vramgate";
+/// The card of the published experiment (an RTX 3090): the simulated GPU of a host without NVML.
+pub const SIMULATED_GPU_TOTAL: u64 = 24_265 << 20;
+pub const SIMULATED_GPU_UUID: &str = "GPU-00000000-0000-0000-0000-000000003090";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: key {key:?} = {value:?}: {reason}")]
+    Value {
+        path: PathBuf,
+        key: String,
+        value: String,
+        reason: String,
+    },
+}
+
+/// What a container gets when the spec says nothing about a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Refuse at once when the request does not fit now.
+    Reject,
+    /// Queue in the hook, in fair order, until it fits or the timeout passes.
+    Wait,
+}
+
+impl Policy {
+    pub fn parse(value: &str) -> Option<Policy> {
+        match value.trim() {
+            "reject" => Some(Policy::Reject),
+            "wait" => Some(Policy::Wait),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reject => "reject",
+            Policy::Wait => "wait",
+        }
+    }
+}
+
+/// What the hook does when its own state (the ledger) cannot be read or trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnStateError {
+    /// Refuse container starts that request VRAM until an admin repairs the state.
+    FailClosed,
+    /// Let containers start unaccounted, logging the error (keeps a host running, risks OOM).
+    FailOpen,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// NVML when the driver library loads, else the static list (the simulated GPU by default).
+    Auto,
+    Nvml,
+    Static,
+}
+
+/// One GPU of the static inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub total: u64,
+    /// Memory used by things vramgate does not account (display, daemons, other tenants).
+    pub used_outside: u64,
+    /// Minor number of `/dev/nvidiaN`; defaults to the index.
+    pub minor: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from; `None` when no file exists and defaults apply.
+    pub source: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub headroom: Quantity,
+    pub policy: Policy,
+    pub wait_timeout: Duration,
+    pub max_wait_timeout: Duration,
+    pub on_state_error: OnStateError,
+    pub backfill: bool,
+    pub backfill_bound: Duration,
+    pub poll_interval: Duration,
+    pub backend: Backend,
+    pub nvml_library: String,
+    pub static_gpus: Vec<StaticGpu>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    state_dir: Option<PathBuf>,
+    headroom: Option<String>,
+    policy: Option<String>,
+    wait_timeout: Option<String>,
+    max_wait_timeout: Option<String>,
+    on_state_error: Option<OnStateError>,
+    #[serde(default)]
+    queue: RawQueue,
+    #[serde(default)]
+    inventory: RawInventory,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    backfill: Option<bool>,
+    backfill_bound: Option<String>,
+    poll_interval: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawInventory {
+    backend: Option<Backend>,
+    nvml_library: Option<String>,
+    #[serde(default)]
+    gpus: Vec<RawGpu>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpu {
+    index: u32,
+    uuid: String,
+    total: String,
+    used_outside: Option<String>,
+    minor: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            source: None,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            headroom: Quantity::Bytes(0),
+            policy: Policy::Reject,
+            wait_timeout: Duration::from_secs(300),
+            max_wait_timeout: Duration::from_secs(3600),
+            on_state_error: OnStateError::FailClosed,
+            backfill: false,
+            backfill_bound: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            backend: Backend::Auto,
+            nvml_library: "libnvidia-ml.so.1".to_string(),
+            static_gpus: Vec::new(),
+        }
+    }
+}
+
+/// The config path in effect: `$VRAMGATE_CONFIG`, else the default.
+pub fn config_path() -> PathBuf {
+    std::env::var_os(CONFIG_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+}
+
+impl Config {
+    /// Loads the config in effect. A missing file means defaults; anything else wrong is an error.
+    pub fn load() -> Result<Config, ConfigError> {
+        Config::load_from(&config_path())
+    }
+
+    pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            // toml's message spans lines (a snippet of the file); one line is what a hook can print.
+            message: e.message().to_string() + &e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default(),
+        })?;
+        let mut config = Config {
+            source: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        let bad = |key: &str, value: &str, reason: String| ConfigError::Value {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            value: value.to_string(),
+            reason,
+        };
+        let duration =
+            |key: &str, value: &str| quantity::parse_duration(value).map_err(|e| bad(key, value, e.to_string()));
+
+        if let Some(dir) = raw.state_dir {
+            if !dir.is_absolute() {
+                return Err(bad(
+                    "state_dir",
+                    &dir.display().to_string(),
+                    "must be an absolute path".into(),
+                ));
+            }
+            config.state_dir = dir;
+        }
+        if let Some(v) = raw.headroom {
+            config.headroom = if v.trim() == "0" {
+                Quantity::Bytes(0)
+            } else {
+                quantity::parse_quantity(&v).map_err(|e| bad("headroom", &v, e.to_string()))?
+            };
+        }
+        if let Some(v) = raw.policy {
+            config.policy =
+                Policy::parse(&v).ok_or_else(|| bad("policy", &v, "must be \"reject\" or \"wait\"".into()))?;
+        }
+        if let Some(v) = raw.wait_timeout {
+            config.wait_timeout = duration("wait_timeout", &v)?;
+        }
+        if let Some(v) = raw.max_wait_timeout {
+            config.max_wait_timeout = duration("max_wait_timeout", &v)?;
+        }
+        if config.wait_timeout > config.max_wait_timeout {
+            return Err(bad(
+                "wait_timeout",
+                &quantity::format_duration(config.wait_timeout),
+                format!(
+                    "is longer than max_wait_timeout ({})",
+                    quantity::format_duration(config.max_wait_timeout)
+                ),
+            ));
+        }
+        if let Some(v) = raw.on_state_error {
+            config.on_state_error = v;
+        }
+        if let Some(v) = raw.queue.backfill {
+            config.backfill = v;
+        }
+        if let Some(v) = raw.queue.backfill_bound {
+            config.backfill_bound = duration("queue.backfill_bound", &v)?;
+        }
+        if let Some(v) = raw.queue.poll_interval {
+            let interval = duration("queue.poll_interval", &v)?;
+            if interval < Duration::from_millis(10) || interval > Duration::from_secs(60) {
+                return Err(bad("queue.poll_interval", &v, "must be between 10ms and 60s".into()));
+            }
+            config.poll_interval = interval;
+        }
+        if let Some(v) = raw.inventory.backend {
+            config.backend = v;
+        }
+        if let Some(v) = raw.inventory.nvml_library {
+            config.nvml_library = v;
+        }
+        for (n, gpu) in raw.inventory.gpus.into_iter().enumerate() {
+            let key = |field: &str| format!("inventory.gpus[{n}].{field}");
+            let total = match quantity::parse_quantity(&gpu.total) {
+                Ok(Quantity::Bytes(b)) => b,
+                Ok(Quantity::PartsPerMillion(_)) => {
+                    return Err(bad(
+                        &key("total"),
+                        &gpu.total,
+                        "must be an absolute amount, not a percentage".into(),
+                    ))
+                }
+                Err(e) => return Err(bad(&key("total"), &gpu.total, e.to_string())),
+            };
+            let used_outside = match gpu.used_outside.as_deref().map(str::trim) {
+                None | Some("0") => 0,
+                Some(v) => quantity::parse_quantity(v)
+                    .map_err(|e| bad(&key("used_outside"), v, e.to_string()))?
+                    .bytes_on(total),
+            };
+            if gpu.uuid.trim().is_empty() || gpu.uuid.len() > 128 {
+                return Err(bad(&key("uuid"), &gpu.uuid, "must be a non-empty GPU UUID".into()));
+            }
+            if config
+                .static_gpus
+                .iter()
+                .any(|g| g.index == gpu.index || g.uuid == gpu.uuid)
+            {
+                return Err(bad(
+                    &key("index"),
+                    &gpu.index.to_string(),
+                    "another GPU has the same index or uuid".into(),
+                ));
+            }
+            config.static_gpus.push(StaticGpu {
+                index: gpu.index,
+                uuid: gpu.uuid,
+                total,
+                used_outside,
+                minor: gpu.minor.unwrap_or(gpu.index),
+            });
+        }
+        Ok(config)
+    }
+
+    /// The static GPU list in effect: the configured one, else the built-in simulated card.
+    pub fn static_gpus_or_simulated(&self) -> Vec<StaticGpu> {
+        if self.static_gpus.is_empty() {
+            vec![StaticGpu {
+                index: 0,
+                uuid: SIMULATED_GPU_UUID.to_string(),
+                total: SIMULATED_GPU_TOTAL,
+                used_outside: 0,
+                minor: 0,
+            }]
+        } else {
+            self.static_gpus.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/vramgate/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/run/vramgate"));
+        assert_eq!(c.policy, Policy::Reject);
+        assert_eq!(c.backend, Backend::Auto);
+        assert_eq!(c.static_gpus_or_simulated()[0].total, 24_265 << 20);
+    }
+
+    #[test]
+    fn missing_file_means_defaults() {
+        let c = Config::load_from(Path::new("/nonexistent/vramgate.toml")).unwrap();
+        assert!(c.source.is_none());
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            r#"
+state_dir = "/var/run/vg"
+headroom = "512Mi"
+policy = "wait"
+wait_timeout = "90s"
+on_state_error = "fail-open"
+[queue]
+backfill = true
+backfill_bound = "10s"
+poll_interval = "200ms"
+[inventory]
+backend = "static"
+[[inventory.gpus]]
+index = 0
+uuid = "GPU-a"
+total = "80Gi"
+used_outside = "1Gi"
+[[inventory.gpus]]
+index = 1
+uuid = "GPU-b"
+total = "80Gi"
+minor = 5
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.headroom, Quantity::Bytes(512 << 20));
+        assert_eq!(c.policy, Policy::Wait);
+        assert_eq!(c.wait_timeout, Duration::from_secs(90));
+        assert_eq!(c.on_state_error, OnStateError::FailOpen);
+        assert!(c.backfill);
+        assert_eq!(c.static_gpus.len(), 2);
+        assert_eq!(c.static_gpus[0].used_outside, 1 << 30);
+        assert_eq!(c.static_gpus[1].minor, 5);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("stat_dir = \"/x\"", "stat_dir"),
+            ("policy = \"later\"", "policy"),
+            ("headroom = \"lots\"", "headroom"),
+            ("wait_timeout = \"5 days\"", "wait_timeout"),
+            ("state_dir = \"relative\"", "state_dir"),
+            ("[queue]\npoll_interval = \"1ms\"", "poll_interval"),
+            ("[inventory]\nbackend = \"cuda\"", "cuda"),
+            (
+                "[[inventory.gpus]]\nindex = 0\nuuid = \"a\"\ntotal = \"50%\"",
+                "inventory.gpus[0].total",
+            ),
+            (
+                "[[inventory.gpus]]\nindex = 0\nuuid = \"a\"\ntotal = \"1Gi\"\ncolour = 1",
+                "colour",
+            ),
+            ("wait_timeout = \"2h\"", "max_wait_timeout"),
+            ("this is not toml", "config.toml"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains(needle), "{text:?} -> {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+}

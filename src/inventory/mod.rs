@@ -1,0 +1,103 @@
+//! What the host has: each GPU's (or MIG device's) total and free memory.
+//!
+//! A trait with two backends, chosen by config: NVML on a GPU host, a static list (from the
+//! config file, or one simulated card) on a host without one. Tests and the demo use the
+//! static backend; the admission rule cannot tell them apart.
+
+mod nvml;
+mod static_list;
+
+use std::path::PathBuf;
+
+pub use nvml::NvmlInventory;
+pub use static_list::StaticInventory;
+
+use crate::config::{Backend, Config};
+
+/// One memory domain that containers are admitted against: a whole GPU, or a MIG device
+/// (which has memory of its own).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuMemory {
+    /// The GPU's index (for a MIG device: its parent's).
+    pub index: u32,
+    /// For a MIG device, its index on the parent (`NVIDIA_VISIBLE_DEVICES=0:1`).
+    pub mig_index: Option<u32>,
+    pub uuid: String,
+    /// Minor number of the `/dev/nvidiaN` node (the parent's, for a MIG device).
+    pub minor: Option<u32>,
+    pub total: u64,
+    /// What the driver reports free now: memory used by anything (inside vramgate or not) is
+    /// already taken out.
+    pub free: u64,
+}
+
+/// A process that holds GPU memory, as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuProcess {
+    pub gpu_uuid: String,
+    pub pid: u32,
+    pub used: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    pub gpus: Vec<GpuMemory>,
+    /// GPUs in MIG mode whose memory is admitted per MIG device, not as a whole.
+    #[serde(default)]
+    pub mig_parents: Vec<u32>,
+    /// Filled only by backends that can see processes (NVML).
+    #[serde(default)]
+    pub processes: Vec<GpuProcess>,
+}
+
+impl Snapshot {
+    pub fn by_uuid(&self, uuid: &str) -> Option<&GpuMemory> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("cannot load the NVIDIA management library {library:?} ({source}): install the NVIDIA driver, set inventory.nvml_library to its path, or set inventory.backend = \"static\" in the config")]
+    NvmlLoad {
+        library: String,
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML failed while {what}: {source}")]
+    Nvml {
+        what: String,
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("cannot read the static GPU list from {path}: {message}")]
+    Static { path: PathBuf, message: String },
+}
+
+pub trait Inventory {
+    /// Memory of every GPU, taken now. Called inside the ledger lock, so it must be bounded.
+    fn snapshot(&self) -> Result<Snapshot, InventoryError>;
+    /// A few words for logs and `vramgate doctor` ("NVML 580.xx", "static (simulated)").
+    fn describe(&self) -> String;
+}
+
+/// Opens the backend the config asks for. `auto` means NVML when its library loads and the
+/// static list when the library is absent; a library that loads but fails is an error, never
+/// a silent fall back to simulated numbers on a real GPU host.
+pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+    match config.backend {
+        Backend::Static => Ok(Box::new(StaticInventory::from_config(config))),
+        Backend::Nvml => Ok(Box::new(NvmlInventory::open(&config.nvml_library)?)),
+        Backend::Auto => {
+            if !config.static_gpus.is_empty() {
+                return Ok(Box::new(StaticInventory::from_config(config)));
+            }
+            match NvmlInventory::open(&config.nvml_library) {
+                Ok(nvml) => Ok(Box::new(nvml)),
+                Err(InventoryError::NvmlLoad {
+                    source: nvml_wrapper::error::NvmlError::LibloadingError(_),
+                    ..
+                }) => Ok(Box::new(StaticInventory::from_config(config))),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The static backend: GPUs listed in the config file, or the built-in simulated card.
+
+use std::path::PathBuf;
+
+use super::{GpuMemory, Inventory, InventoryError, Snapshot};
+use crate::config::{Config, StaticGpu};
+
+pub struct StaticInventory {
+    /// The config file to re-read on each snapshot, so that an admin (or a test) editing
+    /// `used_outside` is seen by waiting containers without restarting anything.
+    source: Option<PathBuf>,
+    gpus: Vec<StaticGpu>,
+}
+
+impl StaticInventory {
+    pub fn from_config(config: &Config) -> StaticInventory {
+        StaticInventory {
+            source: config.source.clone(),
+            gpus: config.static_gpus_or_simulated(),
+        }
+    }
+
+    pub fn from_gpus(gpus: Vec<StaticGpu>) -> StaticInventory {
+        StaticInventory { source: None, gpus }
+    }
+}
+
+fn to_snapshot(gpus: &[StaticGpu]) -> Snapshot {
+    Snapshot {
+        gpus: gpus
+            .iter()
+            .map(|g| GpuMemory {
+                index: g.index,
+                mig_index: None,
+                uuid: g.uuid.clone(),
+                minor: Some(g.minor),
+                total: g.total,
+                free: g.total.saturating_sub(g.used_outside),
+            })
+            .collect(),
+        mig_parents: Vec::new(),
+        processes: Vec::new(),
+    }
+}
+
+impl Inventory for StaticInventory {
+    fn snapshot(&self) -> Result<Snapshot, InventoryError> {
+        let Some(path) = &self.source else {
+            return Ok(to_snapshot(&self.gpus));
+        };
+        let config = Config::load_from(path).map_err(|e| InventoryError::Static {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(to_snapshot(&config.static_gpus_or_simulated()))
+    }
+
+    fn describe(&self) -> String {
+        if self.gpus.len() == 1 && self.gpus[0].uuid == crate::config::SIMULATED_GPU_UUID {
+            "static (one simulated 24,265 MiB GPU)".to_string()
+        } else {
+            format!("static ({} GPUs from the config file)", self.gpus.len())
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! vramgate: GPU memory (VRAM) admission control for containers.
+//!
+//! A container declares the VRAM it needs; an OCI hook reserves it in a file-locked ledger
+//! before the container starts, and refuses (or queues) the start when the GPU cannot hold it.
+//! The modules follow that path: [`spec`] reads what the runtime hands over, [`request`] turns
+//! it into a request, [`inventory`] says what the GPUs hold, [`ledger`] keeps the
+//! reservations, [`admission`] decides, and [`hook`] ties them together at each stage.
+
+pub mod admission;
+pub mod attribution;
+pub mod config;
+pub mod events;
+pub mod hook;
+pub mod inventory;
+pub mod ledger;
+pub mod procfs;
+pub mod quantity;
+pub mod request;
+pub mod spec;
+pub mod status;
+
+// Used by the binaries and the tests; they depend on clap and anyhow, which the hook's
+// decision logic above never does.
+pub mod cli;
+pub mod demo;
+pub mod testbed;

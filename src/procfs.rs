@@ -1,0 +1,116 @@
+//! Telling whether a recorded process is still the same process.
+//!
+//! A pid alone is not an identity: after a container dies its pid can be handed to an
+//! unrelated process, which would keep a dead reservation alive forever. A pid plus its start
+//! time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot) names one process for the
+//! life of the boot.
+
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessIdentity {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// Where `/proc` is; tests of the parser use other roots.
+const PROC: &str = "/proc";
+
+struct Stat {
+    state: u8,
+    start_time: u64,
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    let path: PathBuf = [PROC, &pid.to_string(), "stat"].iter().collect();
+    let text = std::fs::read_to_string(path).ok()?;
+    parse_stat(&text)
+}
+
+/// Parses `/proc/<pid>/stat`. The command name (field 2) may hold spaces and parentheses, so
+/// fields are counted from the last `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let after_comm = &text[text.rfind(')')? + 1..];
+    let mut fields = after_comm.split_ascii_whitespace();
+    let state = fields.next()?.bytes().next()?;
+    // After the state (field 3) comes field 4; start time is field 22, i.e. 18 further on.
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(Stat { state, start_time })
+}
+
+impl ProcessIdentity {
+    /// The identity of a running process, `None` when it is gone (or a zombie).
+    pub fn of(pid: u32) -> Option<ProcessIdentity> {
+        let stat = read_stat(pid)?;
+        is_running_state(stat.state).then_some(ProcessIdentity {
+            pid,
+            start_time: stat.start_time,
+        })
+    }
+
+    pub fn current() -> Option<ProcessIdentity> {
+        ProcessIdentity::of(std::process::id())
+    }
+
+    /// True while the process with this pid is the one that was recorded. A zombie counts as
+    /// dead: it has exited and holds no GPU memory, only its exit status.
+    pub fn is_alive(&self) -> bool {
+        matches!(read_stat(self.pid), Some(s) if s.start_time == self.start_time && is_running_state(s.state))
+    }
+}
+
+fn is_running_state(state: u8) -> bool {
+    !matches!(state, b'Z' | b'X' | b'x')
+}
+
+/// The pid namespace of a process (`/proc/<pid>/ns/pid`), used to tell which container a GPU
+/// process belongs to.
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let path: PathBuf = [PROC, &pid.to_string(), "ns", "pid"].iter().collect();
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_hostile_comm() {
+        let line = "1234 (a) b) (c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100 18446744073709551615";
+        let stat = parse_stat(line).unwrap();
+        assert_eq!(stat.state, b'S');
+        assert_eq!(stat.start_time, 987654);
+        assert!(parse_stat("garbage").is_none());
+        assert!(parse_stat("1 (x) S 1 2").is_none());
+    }
+
+    #[test]
+    fn own_process_is_alive_and_a_changed_start_time_is_not() {
+        let me = ProcessIdentity::current().unwrap();
+        assert!(me.is_alive());
+        assert!(!ProcessIdentity {
+            start_time: me.start_time + 1,
+            ..me
+        }
+        .is_alive());
+        assert!(!ProcessIdentity {
+            pid: u32::MAX - 1,
+            start_time: 1
+        }
+        .is_alive());
+    }
+
+    #[test]
+    fn exited_child_is_dead() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let id = ProcessIdentity::of(child.id()).unwrap();
+        assert!(id.is_alive());
+        child.kill().unwrap();
+        // Before it is reaped it is a zombie, which already counts as dead.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!id.is_alive());
+        child.wait().unwrap();
+        assert!(!id.is_alive());
+    }
+}

@@ -1,0 +1,491 @@
+//! A container's VRAM request, read from its spec: how much, on which GPUs, and what to do
+//! when it does not fit.
+//!
+//! Annotations win over environment variables (Docker before 24 and some orchestrators pass no
+//! annotations, so `VRAMGATE_*` in `process.env` is the fallback); when both are set the
+//! annotation is used and the request carries a note saying so.
+
+use std::time::Duration;
+
+use crate::config::Policy;
+use crate::inventory::Snapshot;
+use crate::quantity::{self, Quantity};
+use crate::spec::SpecView;
+
+pub const MEMORY_ANNOTATION: &str = "vramgate.dev/memory";
+pub const POLICY_ANNOTATION: &str = "vramgate.dev/policy";
+pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
+pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
+pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
+pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
+pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
+pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// Longest device list we parse; 64 GPUs written as UUIDs fit in well under this.
+const MAX_DEVICE_LIST_LEN: usize = 4096;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error("{source_name} = {value:?}: {reason}")]
+    Invalid {
+        source_name: String,
+        value: String,
+        reason: String,
+    },
+    #[error("the container requests VRAM ({memory}) but names no GPU: set NVIDIA_VISIBLE_DEVICES, pass an NVIDIA device, or set the annotation vramgate.dev/gpus")]
+    NoGpu { memory: String },
+    #[error("{source_name} = {value:?} names GPU {device:?}, which this host does not have (it has {available})")]
+    UnknownGpu {
+        source_name: String,
+        value: String,
+        device: String,
+        available: String,
+    },
+    #[error("{source_name} = {value:?} names GPU {index}, which is in MIG mode: name one of its MIG devices instead ({index}:N or a MIG- UUID)")]
+    MigParent {
+        source_name: String,
+        value: String,
+        index: u32,
+    },
+}
+
+/// Where a value came from, so that errors and logs name the place the user must edit.
+fn annotation_or_env<'a>(
+    spec: &'a SpecView,
+    annotation: &'static str,
+    env: &'static str,
+) -> Option<(&'static str, &'a str)> {
+    match spec.annotations.get(annotation) {
+        Some(v) => Some((annotation, v.as_str())),
+        None => spec.env(env).map(|v| (env, v)),
+    }
+}
+
+/// One entry of a device list, before it is matched against the host's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceRef {
+    Index(u32),
+    MigIndex(u32, u32),
+    Uuid(String),
+    /// `/dev/nvidiaN`: the device node's minor number.
+    Minor(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelection {
+    All,
+    Devices(Vec<DeviceRef>),
+    /// `none`, `void`, an empty list or no device at all.
+    Nothing,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSelector {
+    pub selection: GpuSelection,
+    /// `vramgate.dev/gpus`, `NVIDIA_VISIBLE_DEVICES` or `linux.devices`.
+    pub source_name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub memory: Quantity,
+    pub memory_source: &'static str,
+    pub policy: Option<Policy>,
+    pub timeout: Option<Duration>,
+    pub gpus: GpuSelector,
+    /// Things worth a line in the event log (an annotation overriding an env var).
+    pub notes: Vec<String>,
+}
+
+/// True when the spec asks for VRAM at all. This is the whole of the no-request fast path.
+pub fn has_request(spec: &SpecView) -> bool {
+    spec.annotations.contains_key(MEMORY_ANNOTATION) || spec.env(MEMORY_ENV).is_some()
+}
+
+impl Request {
+    /// The request in `spec`, `Ok(None)` when it has none.
+    pub fn from_spec(spec: &SpecView) -> Result<Option<Request>, RequestError> {
+        let Some((memory_source, memory_value)) = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV) else {
+            return Ok(None);
+        };
+        let invalid = |source_name: &str, value: &str, reason: String| RequestError::Invalid {
+            source_name: source_name.to_string(),
+            value: value.chars().take(80).collect(),
+            reason,
+        };
+        let memory =
+            quantity::parse_quantity(memory_value).map_err(|e| invalid(memory_source, memory_value, e.to_string()))?;
+        let mut notes = Vec::new();
+        if memory_source == MEMORY_ANNOTATION {
+            if let Some(env_value) = spec.env(MEMORY_ENV) {
+                notes.push(format!(
+                    "annotation {MEMORY_ANNOTATION}={memory_value:?} overrides env {MEMORY_ENV}={:?}",
+                    env_value.chars().take(80).collect::<String>()
+                ));
+            }
+        }
+        let policy = match annotation_or_env(spec, POLICY_ANNOTATION, POLICY_ENV) {
+            None => None,
+            Some((source, value)) => Some(
+                Policy::parse(value)
+                    .ok_or_else(|| invalid(source, value, "the policy must be \"reject\" or \"wait\"".into()))?,
+            ),
+        };
+        let timeout = match annotation_or_env(spec, TIMEOUT_ANNOTATION, TIMEOUT_ENV) {
+            None => None,
+            Some((source, value)) => {
+                Some(quantity::parse_duration(value).map_err(|e| invalid(source, value, e.to_string()))?)
+            }
+        };
+        let gpus = GpuSelector::from_spec(spec)?;
+        if gpus.selection == GpuSelection::Nothing {
+            return Err(RequestError::NoGpu {
+                memory: memory.to_string(),
+            });
+        }
+        Ok(Some(Request {
+            memory,
+            memory_source,
+            policy,
+            timeout,
+            gpus,
+            notes,
+        }))
+    }
+}
+
+impl GpuSelector {
+    /// The annotation `vramgate.dev/gpus` overrides; then `NVIDIA_VISIBLE_DEVICES`; then the
+    /// NVIDIA device nodes in `linux.devices` (what CDI injects).
+    pub fn from_spec(spec: &SpecView) -> Result<GpuSelector, RequestError> {
+        if let Some(value) = spec.annotations.get(GPUS_ANNOTATION) {
+            return GpuSelector::parse_list(GPUS_ANNOTATION, value);
+        }
+        if let Some(value) = spec.env(VISIBLE_DEVICES_ENV) {
+            return GpuSelector::parse_list(VISIBLE_DEVICES_ENV, value);
+        }
+        let minors: Vec<DeviceRef> = spec
+            .device_paths()
+            .filter_map(nvidia_minor)
+            .map(DeviceRef::Minor)
+            .collect();
+        let value = spec
+            .device_paths()
+            .filter(|p| nvidia_minor(p).is_some())
+            .collect::<Vec<_>>()
+            .join(",");
+        let selection = if minors.is_empty() {
+            GpuSelection::Nothing
+        } else {
+            GpuSelection::Devices(minors)
+        };
+        Ok(GpuSelector {
+            selection,
+            source_name: "linux.devices".to_string(),
+            value,
+        })
+    }
+
+    /// Parses an `NVIDIA_VISIBLE_DEVICES`-style list: `all`, `none`, `void`, or a comma list of
+    /// indices, `GPU-`/`MIG-` UUIDs and `gpu:mig` pairs.
+    pub fn parse_list(source_name: &str, value: &str) -> Result<GpuSelector, RequestError> {
+        let invalid = |reason: String| RequestError::Invalid {
+            source_name: source_name.to_string(),
+            value: value.chars().take(80).collect(),
+            reason,
+        };
+        if value.len() > MAX_DEVICE_LIST_LEN {
+            return Err(invalid(format!(
+                "the device list is longer than {MAX_DEVICE_LIST_LEN} bytes"
+            )));
+        }
+        let trimmed = value.trim();
+        let selection = match trimmed {
+            "all" => GpuSelection::All,
+            "" | "none" | "void" => GpuSelection::Nothing,
+            _ => {
+                let mut devices = Vec::new();
+                for item in trimmed.split(',').map(str::trim) {
+                    let device = parse_device(item).ok_or_else(|| {
+                        invalid(format!(
+                            "{:?} is not a GPU: use an index (0), a UUID (GPU-..., MIG-...), a MIG pair (0:1), all or none",
+                            item.chars().take(80).collect::<String>()
+                        ))
+                    })?;
+                    if !devices.contains(&device) {
+                        devices.push(device);
+                    }
+                }
+                GpuSelection::Devices(devices)
+            }
+        };
+        Ok(GpuSelector {
+            selection,
+            source_name: source_name.to_string(),
+            value: value.to_string(),
+        })
+    }
+
+    /// The UUIDs of the memory domains this selection names on this host.
+    pub fn resolve(&self, snapshot: &Snapshot) -> Result<Vec<String>, RequestError> {
+        let devices = match &self.selection {
+            GpuSelection::Nothing => return Ok(Vec::new()),
+            GpuSelection::All => return Ok(snapshot.gpus.iter().map(|g| g.uuid.clone()).collect()),
+            GpuSelection::Devices(devices) => devices,
+        };
+        let mut uuids: Vec<String> = Vec::new();
+        for device in devices {
+            let mig_parent = |index: u32| {
+                snapshot.mig_parents.contains(&index).then(|| RequestError::MigParent {
+                    source_name: self.source_name.clone(),
+                    value: self.value.clone(),
+                    index,
+                })
+            };
+            let found = match device {
+                DeviceRef::Index(i) => {
+                    if let Some(e) = mig_parent(*i) {
+                        return Err(e);
+                    }
+                    snapshot.gpus.iter().find(|g| g.index == *i && g.mig_index.is_none())
+                }
+                DeviceRef::MigIndex(i, m) => snapshot.gpus.iter().find(|g| g.index == *i && g.mig_index == Some(*m)),
+                DeviceRef::Uuid(u) => snapshot.gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(u)),
+                DeviceRef::Minor(n) => {
+                    let parent = snapshot.gpus.iter().find(|g| g.minor == Some(*n));
+                    if let Some(e) = parent.and_then(|g| mig_parent(g.index)) {
+                        return Err(e);
+                    }
+                    parent
+                }
+            };
+            let gpu = found.ok_or_else(|| RequestError::UnknownGpu {
+                source_name: self.source_name.clone(),
+                value: self.value.chars().take(80).collect(),
+                device: describe_ref(device),
+                available: describe_available(snapshot),
+            })?;
+            if !uuids.contains(&gpu.uuid) {
+                uuids.push(gpu.uuid.clone());
+            }
+        }
+        Ok(uuids)
+    }
+}
+
+fn describe_ref(device: &DeviceRef) -> String {
+    match device {
+        DeviceRef::Index(i) => i.to_string(),
+        DeviceRef::MigIndex(i, m) => format!("{i}:{m}"),
+        DeviceRef::Uuid(u) => u.chars().take(80).collect(),
+        DeviceRef::Minor(n) => format!("/dev/nvidia{n}"),
+    }
+}
+
+fn describe_available(snapshot: &Snapshot) -> String {
+    if snapshot.gpus.is_empty() {
+        return "no GPU".to_string();
+    }
+    snapshot
+        .gpus
+        .iter()
+        .map(|g| match g.mig_index {
+            Some(m) => format!("{}:{m} {}", g.index, g.uuid),
+            None => format!("{} {}", g.index, g.uuid),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_device(item: &str) -> Option<DeviceRef> {
+    if item.is_empty() {
+        return None;
+    }
+    if item.bytes().all(|b| b.is_ascii_digit()) {
+        return item.parse().ok().map(DeviceRef::Index);
+    }
+    if let Some((gpu, mig)) = item.split_once(':') {
+        return Some(DeviceRef::MigIndex(gpu.parse().ok()?, mig.parse().ok()?));
+    }
+    let is_uuid = (item.starts_with("GPU-") || item.starts_with("MIG-"))
+        && item.len() > 4
+        && item.len() <= 128
+        && item[4..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/');
+    is_uuid.then(|| DeviceRef::Uuid(item.to_string()))
+}
+
+/// `/dev/nvidia3` is GPU minor 3; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not GPUs.
+fn nvidia_minor(path: &str) -> Option<u32> {
+    let digits = path.strip_prefix("/dev/nvidia")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::GpuMemory;
+    use std::path::Path;
+
+    fn spec(json: &str) -> SpecView {
+        SpecView::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+    }
+
+    fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
+        GpuMemory {
+            index,
+            mig_index: mig,
+            uuid: uuid.into(),
+            minor: Some(index),
+            total: 80 << 30,
+            free: 80 << 30,
+        }
+    }
+
+    fn host() -> Snapshot {
+        Snapshot {
+            gpus: vec![gpu(0, None, "GPU-aaaa"), gpu(1, None, "GPU-bbbb")],
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn no_request_is_none() {
+        assert_eq!(
+            Request::from_spec(&spec(r#"{"process":{"env":["PATH=/bin"]}}"#)),
+            Ok(None)
+        );
+        assert!(!has_request(&spec("{}")));
+    }
+
+    #[test]
+    fn annotation_wins_over_env_with_a_note() {
+        let r = Request::from_spec(&spec(
+            r#"{"annotations":{"vramgate.dev/memory":"2Gi"},"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.memory, Quantity::Bytes(2 << 30));
+        assert_eq!(r.memory_source, MEMORY_ANNOTATION);
+        assert_eq!(r.notes.len(), 1);
+        assert!(r.notes[0].contains("overrides"));
+    }
+
+    #[test]
+    fn env_only_request_with_policy_and_timeout() {
+        let r = Request::from_spec(&spec(
+            r#"{"process":{"env":["VRAMGATE_MEMORY=1205Mi","VRAMGATE_POLICY=wait","VRAMGATE_TIMEOUT=90s","NVIDIA_VISIBLE_DEVICES=all"]}}"#,
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.policy, Some(Policy::Wait));
+        assert_eq!(r.timeout, Some(Duration::from_secs(90)));
+        assert_eq!(r.gpus.selection, GpuSelection::All);
+    }
+
+    #[test]
+    fn bad_values_name_their_source() {
+        let cases = [
+            (
+                r#"{"annotations":{"vramgate.dev/memory":"lots"}}"#,
+                "vramgate.dev/memory",
+            ),
+            (
+                r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/policy":"maybe","vramgate.dev/gpus":"0"}}"#,
+                "vramgate.dev/policy",
+            ),
+            (
+                r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_TIMEOUT=soon","NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+                "VRAMGATE_TIMEOUT",
+            ),
+            (
+                r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=0,gpu7"]}}"#,
+                "NVIDIA_VISIBLE_DEVICES",
+            ),
+            (
+                r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=none"]}}"#,
+                "names no GPU",
+            ),
+            (r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi"]}}"#, "names no GPU"),
+        ];
+        for (json, needle) in cases {
+            let err = Request::from_spec(&spec(json)).expect_err(json).to_string();
+            assert!(err.contains(needle), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn device_lists() {
+        let p = |v| GpuSelector::parse_list(VISIBLE_DEVICES_ENV, v).map(|s| s.selection);
+        assert_eq!(p("all"), Ok(GpuSelection::All));
+        assert_eq!(p("void"), Ok(GpuSelection::Nothing));
+        assert_eq!(p(""), Ok(GpuSelection::Nothing));
+        assert_eq!(
+            p("0, 1,0"),
+            Ok(GpuSelection::Devices(vec![DeviceRef::Index(0), DeviceRef::Index(1)]))
+        );
+        assert_eq!(p("0:2"), Ok(GpuSelection::Devices(vec![DeviceRef::MigIndex(0, 2)])));
+        assert_eq!(
+            p("GPU-1a2b,MIG-GPU-1a2b/1/0"),
+            Ok(GpuSelection::Devices(vec![
+                DeviceRef::Uuid("GPU-1a2b".into()),
+                DeviceRef::Uuid("MIG-GPU-1a2b/1/0".into())
+            ]))
+        );
+        for bad in ["0,", "-1", "GPU-", "gpu0", "0:x", "99999999999", "GPU-../../etc", "1 2"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(p(&"0,".repeat(5000)).is_err());
+    }
+
+    #[test]
+    fn resolution_against_the_host() {
+        let sel = |v| GpuSelector::parse_list(GPUS_ANNOTATION, v).unwrap();
+        assert_eq!(sel("all").resolve(&host()).unwrap(), ["GPU-aaaa", "GPU-bbbb"]);
+        assert_eq!(sel("1,GPU-AAAA").resolve(&host()).unwrap(), ["GPU-bbbb", "GPU-aaaa"]);
+        let err = sel("2").resolve(&host()).unwrap_err().to_string();
+        assert!(
+            err.contains("GPU \"2\"") && err.contains("0 GPU-aaaa, 1 GPU-bbbb"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn linux_devices_and_override() {
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"linux":{"devices":[{"path":"/dev/nvidiactl"},{"path":"/dev/nvidia-uvm"},{"path":"/dev/nvidia1"}]}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.gpus.source_name, "linux.devices");
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"]}}"#,
+        );
+        assert_eq!(
+            Request::from_spec(&s).unwrap().unwrap().gpus.resolve(&host()).unwrap(),
+            ["GPU-aaaa"]
+        );
+    }
+
+    #[test]
+    fn mig() {
+        let snap = Snapshot {
+            gpus: vec![
+                gpu(0, Some(0), "MIG-x0"),
+                gpu(0, Some(1), "MIG-x1"),
+                gpu(1, None, "GPU-bbbb"),
+            ],
+            mig_parents: vec![0],
+            processes: vec![],
+        };
+        let sel = |v| GpuSelector::parse_list(VISIBLE_DEVICES_ENV, v).unwrap();
+        assert_eq!(sel("0:1").resolve(&snap).unwrap(), ["MIG-x1"]);
+        assert_eq!(sel("MIG-x0").resolve(&snap).unwrap(), ["MIG-x0"]);
+        assert!(sel("0").resolve(&snap).unwrap_err().to_string().contains("MIG mode"));
+    }
+}

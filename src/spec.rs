@@ -1,0 +1,232 @@
+//! Reading what the runtime hands a hook: the OCI state on stdin and the bundle's `config.json`.
+//!
+//! We deserialize only the fields vramgate reads, into structs that ignore the rest, instead of
+//! the full `oci-spec` types: a spec written by a newer engine (or with a field our version of a
+//! crate rejects) must never stop a container start, and skipping the rest is several times
+//! faster than building the whole typed tree on every start.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Inputs larger than this are refused before parsing; real states are a few hundred bytes and
+/// real specs tens of kilobytes.
+pub const MAX_STATE_BYTES: u64 = 1 << 20;
+pub const MAX_SPEC_BYTES: u64 = 16 << 20;
+/// Container ids longer than this are refused (Docker and CRI-O use 64 hex characters).
+pub const MAX_CONTAINER_ID_LEN: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read the OCI state from stdin: {0}")]
+    ReadState(std::io::Error),
+    #[error("the OCI state on stdin is larger than {MAX_STATE_BYTES} bytes")]
+    StateTooLarge,
+    #[error("the OCI state on stdin is not valid JSON of the OCI state schema: {0}")]
+    ParseState(serde_json::Error),
+    #[error("the OCI state has a bad container id {id:?}: {reason}")]
+    BadId { id: String, reason: &'static str },
+    #[error("the OCI state has bundle {bundle:?}, which is not an absolute path")]
+    RelativeBundle { bundle: PathBuf },
+    #[error("cannot read the container spec {path}: {source}")]
+    ReadSpec { path: PathBuf, source: std::io::Error },
+    #[error("the container spec {path} is larger than {MAX_SPEC_BYTES} bytes")]
+    SpecTooLarge { path: PathBuf },
+    #[error("the container spec {path} is not a valid OCI spec: {source}")]
+    ParseSpec { path: PathBuf, source: serde_json::Error },
+}
+
+/// The OCI runtime state, as a hook receives it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContainerState {
+    pub id: String,
+    #[serde(default)]
+    pub status: String,
+    /// The container's init process, in the runtime's pid namespace. Absent or 0 at poststop.
+    #[serde(default)]
+    pub pid: Option<i64>,
+    pub bundle: PathBuf,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl ContainerState {
+    pub fn parse(bytes: &[u8]) -> Result<ContainerState, SpecError> {
+        let state: ContainerState = serde_json::from_slice(bytes).map_err(SpecError::ParseState)?;
+        validate_container_id(&state.id)?;
+        if !state.bundle.is_absolute() {
+            return Err(SpecError::RelativeBundle { bundle: state.bundle });
+        }
+        Ok(state)
+    }
+
+    pub fn read_from(reader: impl Read) -> Result<ContainerState, SpecError> {
+        let mut bytes = Vec::new();
+        reader
+            .take(MAX_STATE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(SpecError::ReadState)?;
+        if bytes.len() as u64 > MAX_STATE_BYTES {
+            return Err(SpecError::StateTooLarge);
+        }
+        ContainerState::parse(&bytes)
+    }
+
+    /// The init pid when the runtime gave a real one.
+    pub fn init_pid(&self) -> Option<u32> {
+        self.pid
+            .filter(|&p| p > 0 && p <= i64::from(i32::MAX))
+            .map(|p| p as u32)
+    }
+}
+
+/// Container ids are shown to people and written into JSON, never used as file names; still,
+/// control characters (a forged log line) and unbounded lengths have no business in one.
+pub fn validate_container_id(id: &str) -> Result<(), SpecError> {
+    let bad = |reason| {
+        Err(SpecError::BadId {
+            id: id.chars().take(80).collect(),
+            reason,
+        })
+    };
+    if id.is_empty() {
+        return bad("it is empty");
+    }
+    if id.len() > MAX_CONTAINER_ID_LEN {
+        return bad("it is longer than 256 bytes");
+    }
+    if id.chars().any(|c| c.is_control()) {
+        return bad("it contains control characters");
+    }
+    Ok(())
+}
+
+/// The parts of `config.json` that vramgate reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SpecView {
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub process: Option<ProcessView>,
+    #[serde(default)]
+    pub linux: Option<LinuxView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ProcessView {
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct LinuxView {
+    #[serde(default)]
+    pub devices: Vec<DeviceView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct DeviceView {
+    #[serde(default)]
+    pub path: String,
+}
+
+impl SpecView {
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<SpecView, SpecError> {
+        serde_json::from_slice(bytes).map_err(|source| SpecError::ParseSpec {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Reads `<bundle>/config.json`.
+    pub fn read_bundle(bundle: &Path) -> Result<SpecView, SpecError> {
+        let path = bundle.join("config.json");
+        let bytes = read_limited(&path, MAX_SPEC_BYTES)
+            .map_err(|source| SpecError::ReadSpec {
+                path: path.clone(),
+                source,
+            })?
+            .ok_or_else(|| SpecError::SpecTooLarge { path: path.clone() })?;
+        SpecView::parse(&bytes, &path)
+    }
+
+    /// The value of `name` in `process.env`; the last one wins, as it does for the process.
+    pub fn env(&self, name: &str) -> Option<&str> {
+        self.process.as_ref()?.env.iter().rev().find_map(|entry| {
+            let (key, value) = entry.split_once('=')?;
+            (key == name).then_some(value)
+        })
+    }
+
+    pub fn device_paths(&self) -> impl Iterator<Item = &str> {
+        self.linux
+            .iter()
+            .flat_map(|l| l.devices.iter().map(|d| d.path.as_str()))
+    }
+}
+
+/// Reads a whole file of at most `limit` bytes; `Ok(None)` when it is larger.
+pub fn read_limited(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_runc_state() {
+        let s = ContainerState::parse(
+            br#"{"ociVersion":"1.0.2","id":"abc","status":"creating","pid":4242,"bundle":"/run/b","annotations":{"k":"v"}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.id, "abc");
+        assert_eq!(s.init_pid(), Some(4242));
+        assert_eq!(s.annotations["k"], "v");
+    }
+
+    #[test]
+    fn poststop_state_without_pid() {
+        let s =
+            ContainerState::parse(br#"{"ociVersion":"1.0.2","id":"abc","status":"stopped","bundle":"/b"}"#).unwrap();
+        assert_eq!(s.init_pid(), None);
+        let s = ContainerState::parse(br#"{"id":"abc","pid":0,"bundle":"/b"}"#).unwrap();
+        assert_eq!(s.init_pid(), None);
+    }
+
+    #[test]
+    fn refuses_bad_states() {
+        for bad in [
+            &br#"{"id":"","bundle":"/b"}"#[..],
+            br#"{"id":"a\nforged","bundle":"/b"}"#,
+            br#"{"id":"a","bundle":"relative"}"#,
+            br#"{"bundle":"/b"}"#,
+            br#"{"id":"a","bundle":"/b","pid":"12"}"#,
+            br#"not json"#,
+            br#""#,
+        ] {
+            let err = ContainerState::parse(bad).expect_err(&String::from_utf8_lossy(bad));
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+        let long = format!(r#"{{"id":"{}","bundle":"/b"}}"#, "x".repeat(300));
+        assert!(ContainerState::parse(long.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn spec_env_last_wins_and_unknown_fields_are_kept_out() {
+        let spec = SpecView::parse(
+            br#"{"ociVersion":"1.2.0","someFutureField":{"x":1},"process":{"env":["A=1","VRAMGATE_MEMORY=1Gi","VRAMGATE_MEMORY=2Gi","NOEQUALS"]},
+                "linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}]}}"#,
+            Path::new("/b/config.json"),
+        )
+        .unwrap();
+        assert_eq!(spec.env("VRAMGATE_MEMORY"), Some("2Gi"));
+        assert_eq!(spec.env("NOEQUALS"), None);
+        assert_eq!(spec.device_paths().collect::<Vec<_>>(), ["/dev/nvidia0"]);
+    }
+}

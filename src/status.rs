@@ -1,0 +1,234 @@
+//! `vramgate status`: what each GPU holds, who reserved it, who is waiting.
+//!
+//! Status reads the ledger without the lock (atomic renames make that safe) and changes
+//! nothing: entries whose process is gone are shown as such and left to `vramgate gc` or the
+//! next transaction.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::admission::{self, GpuAccount, Rules};
+use crate::attribution;
+use crate::config::Config;
+use crate::inventory::{GpuProcess, Inventory};
+use crate::ledger::{now_unix_ms, Ledger};
+use crate::procfs;
+use crate::quantity::{format_bytes, format_duration};
+
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    pub inventory: String,
+    pub state_dir: String,
+    pub generation: u64,
+    pub gpus: Vec<GpuStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuStatus {
+    #[serde(flatten)]
+    pub account: GpuAccount,
+    pub available: u64,
+    pub used_outside: u64,
+    pub reservations: Vec<ReservationStatus>,
+    pub queue: Vec<TicketStatus>,
+    /// GPU processes that belong to no reservation (NVML hosts only).
+    pub outside_processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReservationStatus {
+    pub container_id: String,
+    pub bytes: u64,
+    /// What the container's processes hold now, where NVML can tell.
+    pub used: Option<u64>,
+    pub over_reservation: bool,
+    pub age_ms: u64,
+    pub waited_ms: u64,
+    pub pid: u32,
+    pub alive: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TicketStatus {
+    pub position: usize,
+    pub ticket: u64,
+    pub container_id: String,
+    pub bytes: u64,
+    pub waited_ms: u64,
+    pub deadline_in_ms: u64,
+    pub waiter_pid: u32,
+    pub alive: bool,
+}
+
+pub fn build(
+    config: &Config,
+    inventory: &dyn Inventory,
+    ledger: &Ledger,
+) -> Result<StatusReport, crate::inventory::InventoryError> {
+    let snapshot = inventory.snapshot()?;
+    let attribution = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace);
+    let rules = Rules::from_config(config);
+    let now = now_unix_ms();
+    let can_see_processes = !snapshot.processes.is_empty() || inventory.describe().starts_with("NVML");
+    let gpus = snapshot
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let account = admission::account(ledger, gpu, &attribution.allocated, &rules);
+            let reservations = ledger
+                .reservations
+                .iter()
+                .filter_map(|r| {
+                    let share = r.gpus.iter().find(|s| s.uuid == gpu.uuid)?;
+                    let used = can_see_processes.then(|| {
+                        attribution
+                            .allocated
+                            .get(&(r.container_id.clone(), gpu.uuid.clone()))
+                            .copied()
+                            .unwrap_or(0)
+                    });
+                    Some(ReservationStatus {
+                        container_id: r.container_id.clone(),
+                        bytes: share.bytes,
+                        used,
+                        over_reservation: used.is_some_and(|u| u > share.bytes),
+                        age_ms: now.saturating_sub(r.created_unix_ms),
+                        waited_ms: r.waited_ms,
+                        pid: r.init.pid,
+                        alive: r.init.is_alive(),
+                    })
+                })
+                .collect();
+            let queue = ledger
+                .queue
+                .iter()
+                .filter_map(|t| Some((t, t.gpus.iter().find(|s| s.uuid == gpu.uuid)?)))
+                .enumerate()
+                .map(|(n, (t, share))| TicketStatus {
+                    position: n + 1,
+                    ticket: t.ticket,
+                    container_id: t.container_id.clone(),
+                    bytes: share.bytes,
+                    waited_ms: now.saturating_sub(t.enqueued_unix_ms),
+                    deadline_in_ms: t.deadline_unix_ms.saturating_sub(now),
+                    waiter_pid: t.waiter.pid,
+                    alive: t.waiter.is_alive(),
+                })
+                .collect();
+            GpuStatus {
+                available: account.available(),
+                used_outside: account.used_outside(),
+                account,
+                reservations,
+                queue,
+                outside_processes: attribution
+                    .outside
+                    .iter()
+                    .filter(|p| p.gpu_uuid == gpu.uuid)
+                    .cloned()
+                    .collect(),
+            }
+        })
+        .collect();
+    Ok(StatusReport {
+        inventory: inventory.describe(),
+        state_dir: config.state_dir.display().to_string(),
+        generation: ledger.generation,
+        gpus,
+    })
+}
+
+fn short_id(id: &str) -> String {
+    if id.len() > 24 && id.is_char_boundary(24) {
+        format!("{}…", &id[..24])
+    } else {
+        id.to_string()
+    }
+}
+
+/// The human table.
+pub fn render(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "inventory: {}   state: {}", report.inventory, report.state_dir);
+    for gpu in &report.gpus {
+        let a = &gpu.account;
+        let _ = writeln!(
+            out,
+            "\nGPU {}  {}\n  total {}   free now {}   reserved {} ({} containers)   available to new requests {}   used outside vramgate {}   headroom {}",
+            a.index,
+            a.uuid,
+            format_bytes(a.total),
+            format_bytes(a.free),
+            format_bytes(a.reserved),
+            a.reservations,
+            format_bytes(gpu.available),
+            format_bytes(gpu.used_outside),
+            format_bytes(a.headroom),
+        );
+        if gpu.reservations.is_empty() {
+            let _ = writeln!(out, "  no reservations");
+        } else {
+            let _ = writeln!(
+                out,
+                "  {:<26} {:>11} {:>11} {:>8} {:>8}  NOTE",
+                "CONTAINER", "RESERVED", "USED", "AGE", "PID"
+            );
+            for r in &gpu.reservations {
+                let used = r.used.map(format_bytes).unwrap_or_else(|| "-".into());
+                let mut note = String::new();
+                if !r.alive {
+                    note += "gone (reclaimed at the next transaction or `vramgate gc`) ";
+                }
+                if r.over_reservation {
+                    note += "USING MORE THAN RESERVED ";
+                }
+                if r.waited_ms > 0 {
+                    note += &format!(
+                        "waited {}",
+                        format_duration(std::time::Duration::from_millis(r.waited_ms))
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "  {:<26} {:>11} {:>11} {:>8} {:>8}  {}",
+                    short_id(&r.container_id),
+                    format_bytes(r.bytes),
+                    used,
+                    format_duration(std::time::Duration::from_secs(r.age_ms / 1000)),
+                    r.pid,
+                    note.trim_end()
+                );
+            }
+        }
+        if !gpu.queue.is_empty() {
+            let _ = writeln!(out, "  queue:");
+            let _ = writeln!(
+                out,
+                "  {:>4} {:<26} {:>11} {:>8} {:>10}",
+                "#", "CONTAINER", "REQUEST", "WAITED", "TIMEOUT IN"
+            );
+            for t in &gpu.queue {
+                let _ = writeln!(
+                    out,
+                    "  {:>4} {:<26} {:>11} {:>8} {:>10}{}",
+                    t.position,
+                    short_id(&t.container_id),
+                    format_bytes(t.bytes),
+                    format_duration(std::time::Duration::from_secs(t.waited_ms / 1000)),
+                    format_duration(std::time::Duration::from_secs(t.deadline_in_ms / 1000)),
+                    if t.alive { "" } else { "  (waiter gone)" }
+                );
+            }
+        }
+        for p in &gpu.outside_processes {
+            let _ = writeln!(
+                out,
+                "  outside any reservation: pid {} holds {}",
+                p.pid,
+                format_bytes(p.used)
+            );
+        }
+    }
+    out
+}
