@@ -152,6 +152,14 @@ impl Testbed {
         let mut all_env = vec!["PATH=/bin".to_string()];
         all_env.extend(env.iter().map(|e| e.to_string()));
         spec["process"]["env"] = json!(all_env);
+        // runc names the cgroup after the container id unless told otherwise; a path under this
+        // testbed's own name keeps two testbeds (parallel tests, two demos) from colliding.
+        let tag = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        spec["linux"]["cgroupsPath"] = json!(format!("/vramgate-testbed/{tag}/{name}"));
         spec["annotations"] = Value::Object(annotations.iter().map(|(k, v)| (k.to_string(), json!(v))).collect());
         if with_hooks {
             spec["hooks"] = self.hooks(600);

@@ -1,0 +1,284 @@
+//! The core path against real runc: busybox containers whose config.json runs vramgate-hook at
+//! createRuntime and poststop, on the simulated 24,265 MiB GPU.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vramgate::testbed::Testbed;
+
+const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+const CLI: &str = env!("CARGO_BIN_EXE_vramgate");
+const GIB: u64 = 1 << 30;
+
+fn testbed(name: &str) -> (tempfile::TempDir, Testbed) {
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(dir.path(), "");
+    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
+    (dir, bed)
+}
+
+fn status(bed: &Testbed) -> Value {
+    let out = Command::new(CLI)
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn reservations(bed: &Testbed) -> Vec<(String, u64, bool)> {
+    status(bed)["gpus"][0]["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["container_id"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+                r["alive"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (bounded) until `check` holds.
+fn eventually(what: &str, check: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn request(memory: &str) -> Vec<(&str, &str)> {
+    vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")]
+}
+
+fn spawn(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
+    let bundle = bed.bundle(id, args, annotations, &[], true).unwrap();
+    bed.runc_run(&bundle, id)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn run(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Output {
+    spawn(bed, id, args, annotations).wait_with_output().unwrap()
+}
+
+struct Cleanup<'a>(&'a Testbed);
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.0.cleanup_containers();
+    }
+}
+
+#[test]
+fn admitted_while_running_and_released_after_exit() {
+    let (_dir, bed) = testbed("vg-admit");
+    let _cleanup = Cleanup(&bed);
+    let mut child = spawn(&bed, "fits", &["sleep", "30"], &request("10Gi"));
+    eventually("the reservation shows in status", || {
+        reservations(&bed).iter().any(|r| r.0 == "fits")
+    });
+    let held = reservations(&bed);
+    assert_eq!(held, vec![("fits".to_string(), 10 * GIB, true)]);
+    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap();
+    assert!(pid > 1);
+
+    assert!(bed.runc(&["kill", "fits", "KILL"]).status().unwrap().success());
+    child.wait().unwrap();
+    assert!(reservations(&bed).is_empty(), "poststop released it");
+
+    // A normal exit releases too.
+    let out = run(&bed, "exits", &["true"], &request("1205Mi"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(reservations(&bed).is_empty());
+}
+
+#[test]
+fn refused_when_it_does_not_fit_and_never_runs() {
+    let (_dir, bed) = testbed("vg-refuse");
+    let _cleanup = Cleanup(&bed);
+    let mut holder = spawn(&bed, "holder", &["sleep", "30"], &request("20Gi"));
+    eventually("holder admitted", || reservations(&bed).len() == 1);
+
+    let out = run(&bed, "toobig", &["echo", "CONTAINER-RAN"], &request("10Gi"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("vramgate: refused container toobig: it requests 10.0 GiB"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("available to new requests") && stderr.contains("20.0 GiB reserved by 1 container"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("policy=wait"), "says what to do: {stderr}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("CONTAINER-RAN"),
+        "the container never ran"
+    );
+    assert_eq!(reservations(&bed).len(), 1, "nothing reserved for the refused one");
+
+    // More than the whole GPU: refused as impossible, not as "try later".
+    let out = run(&bed, "huge", &["echo", "CONTAINER-RAN"], &request("30Gi"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("more than the GPU can ever hold"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("CONTAINER-RAN"));
+
+    bed.runc(&["kill", "holder", "KILL"]).status().unwrap();
+    holder.wait().unwrap();
+    let runc_list = bed.runc(&["list", "-q"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&runc_list.stdout).trim().is_empty(),
+        "no container left half-started"
+    );
+}
+
+#[test]
+fn killed_runc_is_reclaimed_by_the_next_transaction() {
+    let (_dir, bed) = testbed("vg-reclaim");
+    let _cleanup = Cleanup(&bed);
+    let mut runc = spawn(&bed, "orphan", &["sleep", "300"], &request("8Gi"));
+    eventually("orphan admitted", || reservations(&bed).len() == 1);
+    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
+
+    // runc dies before it can run poststop, then the container's init dies too.
+    runc.kill().unwrap();
+    runc.wait().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually("init is gone", || {
+        !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
+    });
+    assert_eq!(
+        reservations(&bed),
+        vec![("orphan".to_string(), 8 * GIB, false)],
+        "status shows it as gone"
+    );
+
+    // The next admission's transaction reclaims it before deciding.
+    let out = run(&bed, "next", &["true"], &request("20Gi"));
+    assert!(
+        out.status.success(),
+        "20 GiB fits once the dead 8 GiB is reclaimed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(reservations(&bed).is_empty());
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("\"reclaim\"") && l.contains("\"orphan\"")),
+        "{events}"
+    );
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true)
+}
+
+#[test]
+fn gc_reclaims_without_a_container_start() {
+    let (_dir, bed) = testbed("vg-gc");
+    let _cleanup = Cleanup(&bed);
+    let mut runc = spawn(&bed, "lost", &["sleep", "300"], &request("1Gi"));
+    eventually("admitted", || reservations(&bed).len() == 1);
+    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
+    runc.kill().unwrap();
+    runc.wait().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually("init is gone", || {
+        !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
+    });
+
+    let out = Command::new(CLI)
+        .arg("gc")
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("reclaimed 1024 MiB from container lost"),
+        "{stdout}"
+    );
+    assert!(reservations(&bed).is_empty());
+    let out = Command::new(CLI)
+        .arg("gc")
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to reclaim"));
+}
+
+#[test]
+fn no_request_touches_nothing() {
+    let (_dir, bed) = testbed("vg-none");
+    let _cleanup = Cleanup(&bed);
+    let out = run(&bed, "plain", &["echo", "CONTAINER-RAN"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("CONTAINER-RAN"));
+    assert!(
+        !bed.state_dir.exists(),
+        "no lock, no ledger, not even the state directory"
+    );
+}
+
+#[test]
+fn env_request_and_release_by_hand() {
+    let (_dir, bed) = testbed("vg-env");
+    let _cleanup = Cleanup(&bed);
+    let bundle = bed
+        .bundle(
+            "envreq",
+            &["sleep", "30"],
+            &[],
+            &["VRAMGATE_MEMORY=1.5Gi", "NVIDIA_VISIBLE_DEVICES=all"],
+            true,
+        )
+        .unwrap();
+    let mut child = bed
+        .runc_run(&bundle, "envreq")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("admitted from env", || reservations(&bed).len() == 1);
+    assert_eq!(reservations(&bed)[0].1, 1_610_612_736);
+
+    let release = |id: &str| {
+        Command::new(CLI)
+            .args(["release", id])
+            .env("VRAMGATE_CONFIG", &bed.config_path)
+            .output()
+            .unwrap()
+    };
+    let out = release("envreq");
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("released envreq"));
+    let out = release("envreq");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no reservation for container \"envreq\""));
+
+    bed.runc(&["kill", "envreq", "KILL"]).status().unwrap();
+    child.wait().unwrap();
+    assert!(
+        reservations(&bed).is_empty(),
+        "poststop after a manual release is harmless"
+    );
+}
