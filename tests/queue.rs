@@ -1,0 +1,326 @@
+//! Policy `wait` against real runc: the paper's replay, timeouts, an abandoned waiter, and
+//! memory used outside vramgate holding and then letting in a waiter.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vramgate::cli::{DemoArgs, DemoPolicy};
+use vramgate::testbed::Testbed;
+
+const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+const GIB: u64 = 1 << 30;
+
+fn testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Testbed) {
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(dir.path(), config_extra);
+    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
+    (dir, bed)
+}
+
+fn ledger(bed: &Testbed) -> Value {
+    match std::fs::read(bed.state_dir.join("ledger.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
+        Err(_) => serde_json::json!({"reservations": [], "queue": []}),
+    }
+}
+
+fn reserved_ids(bed: &Testbed) -> Vec<String> {
+    ledger(bed)["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["container_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn queued(bed: &Testbed) -> Vec<(String, u32)> {
+    ledger(bed)["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["container_id"].as_str().unwrap().to_string(),
+                t["waiter"]["pid"].as_u64().unwrap() as u32,
+            )
+        })
+        .collect()
+}
+
+fn eventually(what: &str, limit: Duration, check: impl Fn() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    start.elapsed()
+}
+
+fn spawn(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
+    let mut all = vec![("vramgate.dev/gpus", "0")];
+    all.extend_from_slice(annotations);
+    let bundle = bed.bundle(id, args, &all, &[], true).unwrap();
+    bed.runc_run(&bundle, id)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+struct Cleanup<'a>(&'a Testbed);
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.0.cleanup_containers();
+    }
+}
+
+fn kill(bed: &Testbed, id: &str, child: &mut Child) {
+    bed.runc(&["kill", id, "KILL"]).status().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn paper_replay_with_wait_and_reject() {
+    let args = DemoArgs {
+        policy: DemoPolicy::Both,
+        containers: 25,
+        memory: "1205Mi".into(),
+        seconds: 2,
+        runc: "runc".into(),
+        bin_dir: Some(PathBuf::from(HOOK).parent().unwrap().to_path_buf()),
+        json: true,
+        keep: false,
+    };
+    let summaries = vramgate::demo::run(&args).unwrap();
+    let wait = &summaries[0];
+    assert_eq!(wait.policy, "wait");
+    assert_eq!((wait.completed, wait.refused, wait.failed), (25, 0, 0), "{wait:?}");
+    assert_eq!(wait.waited, 5, "20 of 1205 MiB fit on 24,265 MiB; 5 queue: {wait:?}");
+    assert!(wait.fifo, "admitted in arrival order: {wait:?}");
+    assert!(
+        wait.max_reserved_bytes <= wait.capacity_bytes && wait.samples >= 10,
+        "{wait:?}"
+    );
+    assert_eq!(wait.max_running, 20);
+
+    let reject = &summaries[1];
+    assert_eq!(
+        (reject.completed, reject.refused, reject.failed),
+        (20, 5, 0),
+        "{reject:?}"
+    );
+    assert!(reject.max_reserved_bytes <= reject.capacity_bytes);
+    assert!(
+        reject.first_refusal.as_deref().unwrap().contains("policy=wait"),
+        "{reject:?}"
+    );
+}
+
+#[test]
+fn waiter_times_out_with_the_message_and_huge_requests_fail_at_once() {
+    let (_dir, bed) = testbed("vg-timeout", "");
+    let _c = Cleanup(&bed);
+    let mut holder = spawn(&bed, "holder", &["sleep", "30"], &[("vramgate.dev/memory", "20Gi")]);
+    eventually("holder admitted", Duration::from_secs(10), || {
+        reserved_ids(&bed) == ["holder"]
+    });
+
+    let started = Instant::now();
+    let out = spawn(
+        &bed,
+        "patient",
+        &["echo", "CONTAINER-RAN"],
+        &[
+            ("vramgate.dev/memory", "10Gi"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "2s"),
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    assert!(stderr.contains("refused container patient: waited 2"), "{stderr}");
+    assert!(
+        stderr.contains("number 1 in the queue") && stderr.contains("vramgate.dev/timeout"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("CONTAINER-RAN"));
+    assert!(queued(&bed).is_empty(), "the ticket left with it");
+
+    let started = Instant::now();
+    let out = spawn(
+        &bed,
+        "huge",
+        &["true"],
+        &[
+            ("vramgate.dev/memory", "30Gi"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "60s"),
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no waiting for the impossible"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than the GPU can ever hold"));
+    kill(&bed, "holder", &mut holder);
+}
+
+#[test]
+fn abandoned_waiter_does_not_block_the_one_behind_it() {
+    let (_dir, bed) = testbed("vg-abandon", "[queue]\npoll_interval = \"200ms\"\n");
+    let _c = Cleanup(&bed);
+    let mut holder = spawn(&bed, "holder", &["sleep", "60"], &[("vramgate.dev/memory", "20Gi")]);
+    eventually("holder admitted", Duration::from_secs(10), || {
+        reserved_ids(&bed) == ["holder"]
+    });
+
+    let wait = [("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "60s")];
+    let mut first = spawn(
+        &bed,
+        "first",
+        &["sleep", "1"],
+        &[&[("vramgate.dev/memory", "10Gi")][..], &wait].concat(),
+    );
+    eventually("first queued", Duration::from_secs(10), || queued(&bed).len() == 1);
+    // 2 GiB would fit now, but "first" asked first: FIFO keeps it waiting.
+    let mut second = spawn(
+        &bed,
+        "second",
+        &["sleep", "1"],
+        &[&[("vramgate.dev/memory", "2Gi")][..], &wait].concat(),
+    );
+    eventually("second queued", Duration::from_secs(10), || queued(&bed).len() == 2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(reserved_ids(&bed), ["holder"], "FIFO: second does not pass first");
+
+    // The runtime kills first's hook (as at a hook timeout).
+    let (id, waiter) = queued(&bed)[0].clone();
+    assert_eq!(id, "first");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiter as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = first.wait_with_output().unwrap();
+    assert!(!out.status.success(), "first failed to start");
+
+    let took = eventually("second admitted", Duration::from_secs(5), || {
+        reserved_ids(&bed).contains(&"second".to_string())
+    });
+    assert!(
+        reserved_ids(&bed).contains(&"holder".to_string()),
+        "the holder never stopped: the dead ticket was simply dropped"
+    );
+    assert!(second.wait().unwrap().success());
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("\"abandon_ticket\"") && l.contains("\"first\"")),
+        "{events}"
+    );
+    println!("second admitted {took:?} after first's hook was killed");
+    kill(&bed, "holder", &mut holder);
+}
+
+fn write_config(bed: &Testbed, used_outside: &str) {
+    let text = format!(
+        "state_dir = {:?}\n[queue]\npoll_interval = \"200ms\"\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-sim\"\ntotal = \"24265Mi\"\nused_outside = {used_outside:?}\n",
+        bed.state_dir.display().to_string()
+    );
+    // Atomic, so a hook never reads half a file.
+    let temp = bed.config_path.with_extension("tmp");
+    std::fs::write(&temp, text).unwrap();
+    std::fs::rename(&temp, &bed.config_path).unwrap();
+}
+
+#[test]
+fn memory_used_outside_holds_then_lets_in_a_waiter() {
+    let (_dir, bed) = testbed("vg-foreign", "");
+    let _c = Cleanup(&bed);
+    write_config(&bed, "0");
+    write_config(&bed, "20Gi"); // something outside vramgate takes 20 GiB
+
+    let mut waiter = spawn(
+        &bed,
+        "waiter",
+        &["sleep", "1"],
+        &[
+            ("vramgate.dev/memory", "10Gi"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "60s"),
+        ],
+    );
+    eventually("queued behind outside usage", Duration::from_secs(10), || {
+        queued(&bed).len() == 1
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(reserved_ids(&bed).is_empty(), "held while the memory is used outside");
+
+    write_config(&bed, "1Gi"); // it frees most of it
+    let took = eventually("admitted once memory frees", Duration::from_secs(3), || {
+        reserved_ids(&bed) == ["waiter"]
+    });
+    println!("admitted {took:?} after the outside usage fell");
+    assert!(waiter.wait().unwrap().success());
+    assert!(reserved_ids(&bed).is_empty());
+    let status = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["gpus"][0]["used_outside"].as_u64().unwrap(), GIB);
+}
+
+#[test]
+fn status_shows_the_queue() {
+    let (_dir, bed) = testbed("vg-qstatus", "");
+    let _c = Cleanup(&bed);
+    let mut holder = spawn(&bed, "holder", &["sleep", "30"], &[("vramgate.dev/memory", "20Gi")]);
+    eventually("holder admitted", Duration::from_secs(10), || {
+        reserved_ids(&bed) == ["holder"]
+    });
+    let mut waiter = spawn(
+        &bed,
+        "waiter",
+        &["true"],
+        &[
+            ("vramgate.dev/memory", "8Gi"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "60s"),
+        ],
+    );
+    eventually("queued", Duration::from_secs(10), || queued(&bed).len() == 1);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+        .arg("status")
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("queue:") && table.contains("waiter") && table.contains("8192 MiB"),
+        "{table}"
+    );
+    assert!(table.contains("holder") && table.contains("20.0 GiB"), "{table}");
+
+    kill(&bed, "holder", &mut holder);
+    let took = eventually("waiter admitted after the release", Duration::from_secs(5), || {
+        !queued(&bed).iter().any(|q| q.0 == "waiter")
+    });
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(waiter.wait().unwrap().success());
+}
