@@ -161,19 +161,30 @@ impl Ledger {
             path: path.to_path_buf(),
             reason,
         };
-        // Read the version first, so a newer schema is reported as such and not as corruption.
-        #[derive(Deserialize)]
-        struct Version {
-            schema: u32,
-        }
-        let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
-        if version.schema != SCHEMA_VERSION {
+        let ledger: Ledger = match serde_json::from_slice(bytes) {
+            Ok(ledger) => ledger,
+            Err(e) => {
+                // Only on failure look for the version, so a newer schema is reported as such
+                // and not as corruption, while the common path parses once.
+                #[derive(Deserialize)]
+                struct Version {
+                    schema: u32,
+                }
+                return Err(match serde_json::from_slice::<Version>(bytes) {
+                    Ok(v) if v.schema != SCHEMA_VERSION => LedgerError::Schema {
+                        path: path.to_path_buf(),
+                        found: v.schema,
+                    },
+                    _ => corrupt(e.to_string()),
+                });
+            }
+        };
+        if ledger.schema != SCHEMA_VERSION {
             return Err(LedgerError::Schema {
                 path: path.to_path_buf(),
-                found: version.schema,
+                found: ledger.schema,
             });
         }
-        let ledger: Ledger = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
         if let Some(r) = ledger.reservations.iter().find(|r| r.gpus.is_empty()) {
             return Err(corrupt(format!("reservation of {:?} names no GPU", r.container_id)));
         }

@@ -1,0 +1,338 @@
+//! Benchmarks of the hook as the runtime sees it: wall time of a whole `vramgate-hook`
+//! process, spawned with the OCI state on stdin, as runc spawns it.
+//!
+//!   cargo run --release --example hook-bench -- latency  [--state-root DIR] [--live N] [--runs N]
+//!   cargo run --release --example hook-bench -- runc     [--runs N]
+//!   cargo run --release --example hook-bench -- queue    [--runs N]
+//!
+//! Run through `bench/hook-latency.sh` and `bench/queue-latency.sh`, which build first.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir};
+use vramgate::procfs::ProcessIdentity;
+use vramgate::testbed::Testbed;
+
+fn bin(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join(name)
+}
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(what: &str, mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    let median = percentile(&samples, 0.5);
+    println!(
+        "{what:<48} n={:<5} median {:>7.3} ms   p99 {:>7.3} ms   min {:>7.3} ms",
+        samples.len(),
+        median.as_secs_f64() * 1e3,
+        percentile(&samples, 0.99).as_secs_f64() * 1e3,
+        samples[0].as_secs_f64() * 1e3
+    );
+    median
+}
+
+struct Host {
+    dir: PathBuf,
+    config: PathBuf,
+    state_dir: PathBuf,
+    bundle: PathBuf,
+    empty_bundle: PathBuf,
+}
+
+fn host(root: &Path, total: &str, extra: &str) -> Host {
+    let dir = root.join(format!("vramgate-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state_dir = dir.join("state");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\n{extra}\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-bench\"\ntotal = {total:?}\n",
+            state_dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0"},"process":{"env":["PATH=/bin"]}}"#,
+    )
+    .unwrap();
+    let empty_bundle = dir.join("plain");
+    std::fs::create_dir_all(&empty_bundle).unwrap();
+    // A realistic spec without a request: runc's default spec is about 2.5 KB.
+    let plain = serde_json::json!({"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin:/bin", "TERM=xterm"], "args": ["sh"], "cwd": "/"},
+        "root": {"path": "rootfs"}, "mounts": (0..12).map(|i| serde_json::json!({"destination": format!("/m{i}"), "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec"]})).collect::<Vec<_>>(),
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}], "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list"]}});
+    std::fs::write(
+        empty_bundle.join("config.json"),
+        serde_json::to_vec_pretty(&plain).unwrap(),
+    )
+    .unwrap();
+    Host {
+        dir,
+        config,
+        state_dir,
+        bundle,
+        empty_bundle,
+    }
+}
+
+fn state(id: &str, pid: u32, bundle: &Path) -> String {
+    format!(
+        r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
+        bundle.display()
+    )
+}
+
+/// Spawns the hook and feeds it its state; returns the child.
+fn start_hook(config: &Path, stage: &str, state: &str) -> Child {
+    let mut child = Command::new(bin("vramgate-hook"))
+        .arg(stage)
+        .env("VRAMGATE_CONFIG", config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
+    child
+}
+
+fn timed_hook(config: &Path, stage: &str, state: &str) -> Duration {
+    let start = Instant::now();
+    let out = start_hook(config, stage, state).wait_with_output().unwrap();
+    let took = start.elapsed();
+    assert!(
+        out.status.success(),
+        "{stage}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+fn sleeper() -> Child {
+    Command::new("sleep").arg("3600").spawn().unwrap()
+}
+
+fn latency(args: &[String]) {
+    let root = PathBuf::from(arg(args, "--state-root", "/dev/shm"));
+    let live: usize = arg(args, "--live", "100").parse().unwrap();
+    let runs: usize = arg(args, "--runs", "500").parse().unwrap();
+    let h = host(&root, "100Ti", "");
+    let fs = Command::new("findmnt")
+        .args(["-n", "-o", "FSTYPE", "-T"])
+        .arg(&h.dir)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!(
+        "state dir {} ({fs}), {live} live reservations, {runs} runs each",
+        h.state_dir.display()
+    );
+
+    // `live` reservations held by one live process each would need `live` processes; the hook
+    // checks each entry's /proc/<pid>/stat either way, so they share a handful of sleepers.
+    let mut sleepers: Vec<Child> = (0..8).map(|_| sleeper()).collect();
+    let ids: Vec<ProcessIdentity> = sleepers.iter().map(|s| ProcessIdentity::of(s.id()).unwrap()).collect();
+    let dir = StateDir::open_or_create(&h.state_dir).unwrap();
+    let mut tx = dir.begin().unwrap();
+    tx.ledger = Ledger::default();
+    for n in 0..live {
+        tx.ledger.reservations.push(Reservation {
+            container_id: format!("{:064x}", n),
+            gpus: vec![GpuShare {
+                uuid: "GPU-bench".into(),
+                bytes: 1 << 30,
+            }],
+            init: ids[n % ids.len()],
+            created_unix_ms: vramgate::ledger::now_unix_ms(),
+            waited_ms: 0,
+        });
+    }
+    tx.commit().unwrap();
+    drop(tx);
+
+    let container = sleeper();
+    let s = state("bench-container", container.id(), &h.bundle);
+    let plain = state("plain-container", container.id(), &h.empty_bundle);
+    for _ in 0..20 {
+        timed_hook(&h.config, "createRuntime", &s);
+        timed_hook(&h.config, "poststop", &s);
+    }
+    let (mut admit, mut release, mut none) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        admit.push(timed_hook(&h.config, "createRuntime", &s));
+        release.push(timed_hook(&h.config, "poststop", &s));
+        none.push(timed_hook(&h.config, "createRuntime", &plain));
+    }
+    let ledger = dir.read().unwrap();
+    assert_eq!(
+        ledger.reservations.len(),
+        live,
+        "the bench left the ledger as it found it"
+    );
+    report("admit (createRuntime, request fits)", admit);
+    report("release (poststop)", release);
+    report("no request (createRuntime)", none);
+    // The floor: spawning a do-nothing process the same way.
+    let mut floor = Vec::new();
+    for _ in 0..runs {
+        let start = Instant::now();
+        let mut c = Command::new("/bin/true")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let _ = c.stdin.take().unwrap().write_all(s.as_bytes());
+        c.wait().unwrap();
+        floor.push(start.elapsed());
+    }
+    report("floor: /bin/true spawned the same way", floor);
+    for mut c in sleepers.drain(..).chain([container]) {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&h.dir);
+}
+
+fn runc_ratio(args: &[String]) {
+    let runs: usize = arg(args, "--runs", "40").parse().unwrap();
+    let dir = std::env::temp_dir().join(format!("vramgate-bench-runc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bed = Testbed::create(&dir, "runc", &bin("vramgate-hook"), &Testbed::default_config(&dir, "")).unwrap();
+    let with_vramgate = bed
+        .bundle(
+            "vg",
+            &["true"],
+            &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")],
+            &[],
+            true,
+        )
+        .unwrap();
+    // The same container with /bin/true as its hooks: what any hook costs runc.
+    let with_true = bed.bundle("tr", &["true"], &[], &[], true).unwrap();
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(with_true.join("config.json")).unwrap()).unwrap();
+    for stage in ["createRuntime", "poststop"] {
+        spec["hooks"][stage][0] = serde_json::json!({"path": "/bin/true", "args": ["true"]});
+    }
+    std::fs::write(with_true.join("config.json"), serde_json::to_vec(&spec).unwrap()).unwrap();
+    let (mut vg, mut tr) = (Vec::new(), Vec::new());
+    for n in 0..runs + 3 {
+        for (bundle, samples, id) in [(&with_vramgate, &mut vg, "vg"), (&with_true, &mut tr, "tr")] {
+            let start = Instant::now();
+            let out = bed.runc_run(bundle, &format!("{id}{n}")).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            if n >= 3 {
+                samples.push(start.elapsed());
+            }
+        }
+    }
+    let a = report("runc run busybox true, vramgate hooks", vg);
+    let b = report("runc run busybox true, /bin/true hooks", tr);
+    println!(
+        "ratio of medians: {:.3} (target <= 1.10)",
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn queue(args: &[String]) {
+    let runs: usize = arg(args, "--runs", "30").parse().unwrap();
+    let h = host(Path::new("/dev/shm"), "24265Mi", "[queue]\npoll_interval = \"1s\"");
+    let mut holder_init = sleeper();
+    let mut waiter_init = sleeper();
+    let holder = state("holder", holder_init.id(), &h.bundle);
+    // Requests: the holder takes 20 GiB, the waiter wants 10 GiB and must wait for the release.
+    let big = h.dir.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(
+        big.join("config.json"),
+        r#"{"annotations":{"vramgate.dev/memory":"20Gi","vramgate.dev/gpus":"0"}}"#,
+    )
+    .unwrap();
+    let waiting = h.dir.join("waiting");
+    std::fs::create_dir_all(&waiting).unwrap();
+    std::fs::write(waiting.join("config.json"), r#"{"annotations":{"vramgate.dev/memory":"10Gi","vramgate.dev/gpus":"0","vramgate.dev/policy":"wait","vramgate.dev/timeout":"5m"}}"#).unwrap();
+    let holder = holder.replace(&h.bundle.display().to_string(), &big.display().to_string());
+    let waiter = state("waiter", waiter_init.id(), &waiting);
+    let dir = StateDir::open_or_create(&h.state_dir).unwrap();
+    let queued = || dir.read().map(|l| l.queue.len() == 1).unwrap_or(false);
+
+    let mut latencies = Vec::new();
+    for _ in 0..runs {
+        timed_hook(&h.config, "createRuntime", &holder);
+        let mut w = start_hook(&h.config, "createRuntime", &waiter);
+        while !queued() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        timed_hook(&h.config, "poststop", &holder);
+        let released = Instant::now();
+        assert!(w.wait().unwrap().success());
+        latencies.push(released.elapsed());
+        timed_hook(&h.config, "poststop", &waiter);
+    }
+    report("release -> waiter admitted (hook exits)", latencies);
+
+    // CPU of a waiter that cannot get in, over 10 s.
+    timed_hook(&h.config, "createRuntime", &holder);
+    let mut w = start_hook(&h.config, "createRuntime", &waiter);
+    while !queued() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let before = ticks(w.id());
+    std::thread::sleep(Duration::from_secs(10));
+    let used = ticks(w.id()) - before;
+    let hz = 100.0; // USER_HZ on Linux
+    println!(
+        "waiting hook CPU over 10 s: {} ticks = {:.2}% of one core (target < 1%)",
+        used,
+        used as f64 / hz / 10.0 * 100.0
+    );
+    let _ = w.kill();
+    let _ = w.wait();
+    for c in [&mut holder_init, &mut waiter_init] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&h.dir);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("latency") => latency(&args),
+        Some("runc") => runc_ratio(&args),
+        Some("queue") => queue(&args),
+        _ => eprintln!("usage: hook-bench latency|runc|queue [options]"),
+    }
+}
