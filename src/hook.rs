@@ -472,21 +472,26 @@ impl Admission<'_> {
         }
     }
 
-    /// Sleeps until a transaction could succeed: the ledger changed in a way that may let this
-    /// waiter in, the poll interval passed (memory freed outside vramgate shows only in the
-    /// inventory), or the deadline came. Non-head waiters read the ledger without the lock and
-    /// go back to sleep, so a long queue costs one locked transaction per change, not one per
-    /// waiter.
+    /// Sleeps until a transaction could succeed: the deadline came, or this waiter may be
+    /// served (it heads its GPUs' queues, or someone ahead is dead) and either the ledger
+    /// changed or the poll interval passed (memory freed outside vramgate shows only in the
+    /// inventory). Waiters further back only read the ledger, without the lock, so a long queue
+    /// costs one locked transaction (and one inventory query) per change, not one per waiter.
     fn sleep_until_worth_trying(&mut self, watcher: &mut LedgerWatcher) {
-        let next_poll = Instant::now() + self.config.poll_interval;
+        let poll = self.config.poll_interval;
         let deadline = self.started + self.wait_for;
+        let mut next_poll = Instant::now() + poll;
         loop {
-            let until = next_poll.min(deadline);
             let now = Instant::now();
-            if now >= until {
+            if now >= deadline {
                 return;
             }
-            if watcher.wait(until - now) && self.may_be_served() {
+            let changed = watcher.wait(next_poll.min(deadline) - now);
+            let polled = Instant::now() >= next_poll;
+            if polled {
+                next_poll = Instant::now() + poll;
+            }
+            if (changed || polled) && self.may_be_served() {
                 return;
             }
         }
