@@ -70,7 +70,7 @@ pub fn build(
     let attribution = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace);
     let rules = Rules::from_config(config);
     let now = now_unix_ms();
-    let can_see_processes = !snapshot.processes.is_empty() || inventory.describe().starts_with("NVML");
+    let can_see_processes = inventory.sees_processes();
     let gpus = snapshot
         .gpus
         .iter()
