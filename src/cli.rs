@@ -25,6 +25,20 @@ pub enum Command {
         /// Print JSON for scripts instead of a table
         #[arg(long)]
         json: bool,
+        /// Also write what the inventory answered (GPUs, processes, their pid namespaces) and
+        /// the ledger to this file, for test fixtures
+        #[arg(long, value_name = "FILE", hide = true)]
+        record: Option<PathBuf>,
+        /// A note stored in the recording (what was running)
+        #[arg(long, requires = "record", hide = true, default_value = "")]
+        note: String,
+    },
+    /// Check the config, the GPU driver (NVML), the state directory, the hook binary and which
+    /// container engines are set up to run the hook; changes nothing
+    Doctor {
+        /// Print JSON for scripts instead of lines
+        #[arg(long)]
+        json: bool,
     },
     /// Release a container's reservation (and queue ticket) by container id
     Release {

@@ -338,7 +338,15 @@ impl Admission<'_> {
             )));
         }
 
-        let snapshot = self.inventory.snapshot()?;
+        // Process lists matter only where live reservations are (to count what those
+        // containers already allocated); everywhere else the driver's free memory says it all.
+        let reserved_on = |uuid: &str| {
+            tx.ledger
+                .reservations
+                .iter()
+                .any(|r| r.gpus.iter().any(|g| g.uuid == uuid))
+        };
+        let snapshot = self.inventory.snapshot_with_processes(&reserved_on)?;
         let shares = match shares_for(self.request, &snapshot, id) {
             Ok(s) => s,
             Err(e) => {

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod attribution;
 pub mod config;
+pub mod doctor;
 pub mod events;
 pub mod hook;
 pub mod inventory;

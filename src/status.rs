@@ -66,11 +66,21 @@ pub fn build(
     inventory: &dyn Inventory,
     ledger: &Ledger,
 ) -> Result<StatusReport, crate::inventory::InventoryError> {
+    build_with(config, inventory, ledger, procfs::pid_namespace)
+}
+
+/// `build`, with the way to read a process's pid namespace given (recorded hosts replay theirs).
+pub fn build_with(
+    config: &Config,
+    inventory: &dyn Inventory,
+    ledger: &Ledger,
+    pid_namespace: impl Fn(u32) -> Option<u64>,
+) -> Result<StatusReport, crate::inventory::InventoryError> {
     let snapshot = inventory.snapshot()?;
-    let attribution = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace);
+    let attribution = attribution::attribute(ledger, &snapshot.processes, pid_namespace);
     let rules = Rules::from_config(config);
     let now = now_unix_ms();
-    let can_see_processes = !snapshot.processes.is_empty() || inventory.describe().starts_with("NVML");
+    let can_see_processes = inventory.sees_processes();
     let gpus = snapshot
         .gpus
         .iter()

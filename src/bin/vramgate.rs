@@ -26,7 +26,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         std::env::set_var(CONFIG_ENV, path);
     }
     match cli.command {
-        Command::Status { json } => status(json),
+        Command::Status { json, record, note } => status(json, record.as_deref(), &note),
+        Command::Doctor { json } => {
+            let report = vramgate::doctor::run(&vramgate::doctor::Paths::host());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", vramgate::doctor::render(&report));
+            }
+            Ok(if report.problems() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         Command::Release { container_id } => release(&container_id),
         Command::Gc => gc(),
         Command::Ledger {
@@ -67,13 +80,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn status(json: bool) -> Result<ExitCode> {
+fn status(json: bool, record: Option<&std::path::Path>, note: &str) -> Result<ExitCode> {
     let config = Config::load()?;
     let inventory = vramgate::inventory::open(&config)?;
     let ledger = match StateDir::open_existing(&config.state_dir)? {
         Some(dir) => dir.read()?,
         None => Default::default(),
     };
+    if let Some(path) = record {
+        let host = vramgate::inventory::RecordedHost::capture(inventory.as_ref(), &ledger, note)?;
+        std::fs::write(path, serde_json::to_vec_pretty(&host)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let report = vramgate::status::build(&config, inventory.as_ref(), &ledger)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -5,11 +5,13 @@
 //! static backend; the admission rule cannot tell them apart.
 
 mod nvml;
+mod recorded;
 mod static_list;
 
 use std::path::PathBuf;
 
 pub use nvml::NvmlInventory;
+pub use recorded::{RecordedHost, RecordedInventory};
 pub use static_list::StaticInventory;
 
 use crate::config::{Backend, Config};
@@ -58,8 +60,13 @@ impl Snapshot {
 
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
-    #[error("cannot load the NVIDIA management library {library:?} ({source}): install the NVIDIA driver, set inventory.nvml_library to its path, or set inventory.backend = \"static\" in the config")]
-    NvmlLoad {
+    #[error("cannot load the NVIDIA management library {library:?} (tried {tried}): install the NVIDIA driver's user-space library (Debian/Ubuntu: libnvidia-ml1 or nvidia-utils-<version>; RHEL: nvidia-driver-NVML), set inventory.nvml_library to the full path of libnvidia-ml.so.1 (`ldconfig -p | grep libnvidia-ml` finds it), or set inventory.backend = \"static\" on a host without an NVIDIA GPU")]
+    NvmlLoad { library: String, tried: String },
+    #[error(
+        "NVML from {library} loaded but failed to start ({source}): {}",
+        nvml_init_hint(source)
+    )]
+    NvmlInit {
         library: String,
         source: nvml_wrapper::error::NvmlError,
     },
@@ -72,9 +79,32 @@ pub enum InventoryError {
     Static { path: PathBuf, message: String },
 }
 
+/// What to do about an NVML that loads but does not start.
+fn nvml_init_hint(error: &nvml_wrapper::error::NvmlError) -> &'static str {
+    use nvml_wrapper::error::NvmlError as E;
+    match error {
+        E::DriverNotLoaded => "the NVIDIA kernel driver is not loaded: load it (`modprobe nvidia`) and check with `nvidia-smi`",
+        E::NoPermission => "no permission to use the GPU: run as root, or check the /dev/nvidia* permissions",
+        E::LibRmVersionMismatch => "the library and the kernel driver are different versions (a driver upgrade without a reboot): reboot, or reload the nvidia kernel modules",
+        _ => "check that `nvidia-smi` works on this host; set inventory.backend = \"static\" to run without NVML",
+    }
+}
+
 pub trait Inventory {
     /// Memory of every GPU, taken now. Called inside the ledger lock, so it must be bounded.
     fn snapshot(&self) -> Result<Snapshot, InventoryError>;
+    /// Like `snapshot`, but lists the processes only of the devices (by UUID) for which
+    /// `processes_on` is true: process lists cost extra driver calls, and a decision needs
+    /// them only where live reservations are.
+    fn snapshot_with_processes(&self, processes_on: &dyn Fn(&str) -> bool) -> Result<Snapshot, InventoryError> {
+        let _ = processes_on;
+        self.snapshot()
+    }
+    /// True when snapshots carry the processes holding memory (so "no process" means "none
+    /// allocated", not "unknown").
+    fn sees_processes(&self) -> bool {
+        false
+    }
     /// A few words for logs and `vramgate doctor` ("NVML 580.xx", "static (simulated)").
     fn describe(&self) -> String;
 }
@@ -92,10 +122,7 @@ pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
             }
             match NvmlInventory::open(&config.nvml_library) {
                 Ok(nvml) => Ok(Box::new(nvml)),
-                Err(InventoryError::NvmlLoad {
-                    source: nvml_wrapper::error::NvmlError::LibloadingError(_),
-                    ..
-                }) => Ok(Box::new(StaticInventory::from_config(config))),
+                Err(InventoryError::NvmlLoad { .. }) => Ok(Box::new(StaticInventory::from_config(config))),
                 Err(e) => Err(e),
             }
         }

@@ -1,37 +1,111 @@
 //! The NVML backend. The library is loaded at run time (`dlopen`), so the binaries build and
 //! run on hosts without a driver; only choosing this backend there is an error.
+//!
+//! What one snapshot costs: per GPU a handle, its UUID, minor number, MIG mode and memory
+//! info; per MIG device a handle, UUID and memory info. Process lists (two more calls per
+//! device) are read only for the devices the caller asks about: the hook asks only for
+//! devices that hold live reservations, because that is the only place where knowing who
+//! allocated what changes a decision.
 
 use std::ffi::OsStr;
 
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::{Device, Nvml};
 
-use super::{GpuMemory, Inventory, InventoryError, Snapshot};
+use super::{GpuMemory, GpuProcess, Inventory, InventoryError, Snapshot};
 
 pub struct NvmlInventory {
     nvml: Nvml,
+    /// The path the library was loaded from, for `vramgate doctor`.
+    library: String,
 }
+
+/// Where distributions and the NVIDIA installers put the library, tried in this order after
+/// the loader's own search when the config names a bare file name.
+const WELL_KNOWN_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/wsl/lib",
+];
 
 fn nvml_err(what: impl Into<String>) -> impl FnOnce(NvmlError) -> InventoryError {
     let what = what.into();
     move |source| InventoryError::Nvml { what, source }
 }
 
+/// The library paths to try for the configured `nvml_library`: exactly that path when it
+/// names a directory, else the loader's search and then the well-known directories.
+pub fn candidate_paths(library: &str) -> Vec<String> {
+    if library.contains('/') {
+        return vec![library.to_string()];
+    }
+    let mut paths = vec![library.to_string()];
+    paths.extend(WELL_KNOWN_DIRS.iter().map(|dir| format!("{dir}/{library}")));
+    paths
+}
+
 impl NvmlInventory {
     pub fn open(library: &str) -> Result<NvmlInventory, InventoryError> {
-        let nvml = Nvml::builder()
-            .lib_path(OsStr::new(library))
-            .init()
-            .map_err(|source| InventoryError::NvmlLoad {
-                library: library.to_string(),
-                source,
-            })?;
-        Ok(NvmlInventory { nvml })
+        let mut load_errors = Vec::new();
+        for path in candidate_paths(library) {
+            // A well-known path that is not there is not worth a dlopen (nor a line in the error).
+            if path.contains('/') && path != library && !std::path::Path::new(&path).exists() {
+                continue;
+            }
+            match Nvml::builder().lib_path(OsStr::new(&path)).init() {
+                Ok(nvml) => return Ok(NvmlInventory { nvml, library: path }),
+                Err(NvmlError::LibloadingError(e)) => load_errors.push(e.to_string()),
+                Err(source) => return Err(InventoryError::NvmlInit { library: path, source }),
+            }
+        }
+        Err(InventoryError::NvmlLoad {
+            library: library.to_string(),
+            tried: load_errors.join("; "),
+        })
     }
+
+    pub fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// The driver and NVML versions, for `vramgate doctor`.
+    pub fn versions(&self) -> (Option<String>, Option<String>) {
+        (self.nvml.sys_driver_version().ok(), self.nvml.sys_nvml_version().ok())
+    }
+}
+
+/// The compute processes on one device (a GPU, or a MIG device through its own handle, which
+/// lists only the processes in that MIG instance).
+fn processes_of(device: &Device, uuid: &str) -> Result<Vec<GpuProcess>, InventoryError> {
+    // nvmlDeviceGetComputeRunningProcesses_v3: drivers 510 and later.
+    let listed = device.running_compute_processes().map_err(nvml_err(format!(
+        "listing the processes on {uuid} (needs NVIDIA driver 510 or later)"
+    )))?;
+    Ok(listed
+        .into_iter()
+        .map(|p| GpuProcess {
+            gpu_uuid: uuid.to_string(),
+            pid: p.pid,
+            // Unavailable (never on Linux as root) counts as nothing allocated: the
+            // reservation then stays wholly unallocated, the safe direction.
+            used: match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => bytes,
+                UsedGpuMemory::Unavailable => 0,
+            },
+        })
+        .collect())
 }
 
 impl Inventory for NvmlInventory {
     fn snapshot(&self) -> Result<Snapshot, InventoryError> {
+        self.snapshot_with_processes(&|_| true)
+    }
+
+    fn snapshot_with_processes(&self, processes_on: &dyn Fn(&str) -> bool) -> Result<Snapshot, InventoryError> {
         let count = self.nvml.device_count().map_err(nvml_err("counting GPUs"))?;
         let mut snapshot = Snapshot::default();
         for index in 0..count {
@@ -43,6 +117,8 @@ impl Inventory for NvmlInventory {
                 .uuid()
                 .map_err(nvml_err(format!("reading the UUID of GPU {index}")))?;
             let minor = device.minor_number().ok();
+            // NotSupported (GPUs without MIG) and errors alike mean "not in MIG mode": such a
+            // GPU is then admitted as a whole, which is what its memory info describes.
             let mig_enabled = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);
             if mig_enabled {
                 snapshot.mig_parents.push(index);
@@ -60,6 +136,9 @@ impl Inventory for NvmlInventory {
                     let memory = mig
                         .memory_info()
                         .map_err(nvml_err(format!("reading the memory of MIG device {mig_uuid}")))?;
+                    if processes_on(&mig_uuid) {
+                        snapshot.processes.extend(processes_of(&mig, &mig_uuid)?);
+                    }
                     snapshot.gpus.push(GpuMemory {
                         index,
                         mig_index: Some(mig_index),
@@ -74,6 +153,9 @@ impl Inventory for NvmlInventory {
             let memory = device
                 .memory_info()
                 .map_err(nvml_err(format!("reading the memory of GPU {index}")))?;
+            if processes_on(&uuid) {
+                snapshot.processes.extend(processes_of(&device, &uuid)?);
+            }
             snapshot.gpus.push(GpuMemory {
                 index,
                 mig_index: None,
@@ -91,5 +173,9 @@ impl Inventory for NvmlInventory {
             Ok(v) => format!("NVML (driver {v})"),
             Err(_) => "NVML".to_string(),
         }
+    }
+
+    fn sees_processes(&self) -> bool {
+        true
     }
 }

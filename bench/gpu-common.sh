@@ -1,0 +1,90 @@
+# Sourced by the gpu-*.sh scripts: finds runc and the binaries, makes a work dir and a spec
+# template. GPU containers use the host's / read-only as rootfs (see gpu_bundle.py).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=${VRAMGATE_BIN:-$here/../target/release}
+PY=$(command -v python3)
+WORK=${WORK:-/var/tmp/vramgate-gpu-bench}   # not under /tmp: containers get a fresh /tmp
+mkdir -p "$WORK"
+RUNC_ROOT=/run/vramgate-bench-runc
+
+# runc from PATH, else from the .debs in $DEBS (apt-get download runc libseccomp2).
+if [ -z "${RUNC:-}" ]; then
+    if command -v runc >/dev/null; then
+        RUNC=$(command -v runc)
+    else
+        for deb in "${DEBS:-$here/../debs}"/*.deb; do dpkg -x "$deb" "$WORK/debs"; done
+        export LD_LIBRARY_PATH="$WORK/debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        RUNC=$WORK/debs/usr/sbin/runc
+    fi
+fi
+runc_() { LD_LIBRARY_PATH="$WORK/debs/usr/lib/x86_64-linux-gnu" "$RUNC" --root "$RUNC_ROOT" "$@"; }
+# `runc run` flags; --no-pivot is added below when pivot_root is refused on this host.
+RUN_FLAGS=()
+cp "$here/gpu_job.py" "$WORK/gpu_job.py"
+
+# State directories live on a tmpfs, as the default /run/vramgate does on any systemd host
+# (on this VM /run is not a tmpfs, and fsync on its disk would be measured instead).
+STATE_BASE=/run/vramgate-bench
+mkdir -p "$STATE_BASE"
+mountpoint -q "$STATE_BASE" || mount -t tmpfs -o mode=0755 tmpfs "$STATE_BASE"
+
+# The containers' rootfs: the host's / bound on a directory of its own (pivot_root cannot
+# switch to the very mount it runs on), read-only in the container.
+ROOTFS=$WORK/rootfs
+mkdir -p "$ROOTFS"
+if ! mountpoint -q "$ROOTFS"; then
+    mount --rbind / "$ROOTFS" && mount --make-rslave "$ROOTFS"
+fi
+if [ ! -f "$WORK/template/config.json" ]; then
+    mkdir -p "$WORK/template"
+    (cd "$WORK/template" && LD_LIBRARY_PATH="$WORK/debs/usr/lib/x86_64-linux-gnu" "$RUNC" spec)
+fi
+
+# write_config FILE STATE_DIR POLICY
+write_config() {
+    cat >"$1" <<TOML
+state_dir = "$2"
+policy = "$3"
+wait_timeout = "10m"
+max_wait_timeout = "1h"
+[inventory]
+backend = "nvml"
+TOML
+}
+
+# bundle DIR CONFIG|- REQUEST|- JOB_GIB JOB_SECONDS [extra gpu_bundle args...]
+bundle() {
+    local dir=$1 config=$2 request=$3 gib=$4 secs=$5
+    shift 5
+    local hook=()
+    [ "$config" != - ] && hook=(--hook "$BIN/vramgate-hook" --config "$config")
+    local ann=()
+    [ "$request" != - ] && ann=(--annotation "vramgate.dev/memory=$request")
+    "$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$dir" "${hook[@]}" "${ann[@]}" \
+        --env NVIDIA_VISIBLE_DEVICES=0 --env JOB_GIB="$gib" --env JOB_SECONDS="$secs" "$@" -- "$PY" "$WORK/gpu_job.py"
+}
+
+# start_container DIR ID: runs it in the background; writes DIR/log and DIR/rc ("rc start end").
+start_container() {
+    local dir=$1 id=$2
+    (
+        s=$(date +%s.%N)
+        runc_ run "${RUN_FLAGS[@]}" --bundle "$dir" "$id" </dev/null >"$dir/log" 2>&1
+        rc=$?
+        echo "$rc $s $(date +%s.%N)" >"$dir/rc"
+    ) &
+}
+
+# Probe: a GPU container that only lists the GPU, with pivot_root and else without it.
+probe_dir=$WORK/probe
+rm -rf "$probe_dir"
+"$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$probe_dir" \
+    -- "$PY" -c 'import torch; print("probe", torch.cuda.get_device_name(0))' >/dev/null
+if ! runc_ run --bundle "$probe_dir" vramgate-probe-$$ </dev/null >"$probe_dir/log" 2>&1; then
+    runc_ delete --force vramgate-probe-$$ 2>/dev/null
+    echo "runc with pivot_root failed ($(tail -1 "$probe_dir/log")); trying --no-pivot" >&2
+    RUN_FLAGS=(--no-pivot)
+    runc_ run --no-pivot --bundle "$probe_dir" vramgate-probe-$$ </dev/null >"$probe_dir/log" 2>&1 ||
+        { echo "cannot run a GPU container here: $(cat "$probe_dir/log")" >&2; exit 1; }
+fi
+echo "container probe: $(cat "$probe_dir/log") ${RUN_FLAGS[*]}" >&2
