@@ -7,9 +7,33 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 const ABOUT: &str = "GPU memory (VRAM) admission control for containers";
 
+/// Shown after `vramgate --help` and in vramgate(8): the commands an admin types first.
+const CLI_EXAMPLES: &str = "\
+Examples:
+  vramgate status                  GPUs, reservations and the wait queue
+  vramgate status --json           the same, for scripts
+  vramgate release 3f2a9c0d1e      release one container's reservation by hand
+  vramgate gc                      reclaim reservations of containers that are gone";
+
+/// Shown after `vramgate-hook --help` and in vramgate-hook(8).
+const HOOK_EXAMPLES: &str = "\
+Engines run it, admins do not. The package installs hooks.d entries for podman and CRI-O
+(/usr/share/containers/oci/hooks.d/vramgate-*.json) that run it for containers with the
+annotation vramgate.dev/memory; vramgate-runtime adds it to the specs of Docker and containerd.
+
+Exit status: 0 admitted, released, or no request; 1 refused or failed (one line on stderr);
+2 usage error.";
+
 /// The administrator's tool.
 #[derive(Debug, Parser)]
-#[command(name = "vramgate", version, about = ABOUT, long_about = "vramgate reserves GPU memory for containers before they start, so that containers sharing a GPU cannot run each other out of memory. This tool shows and manages the reservations; the vramgate-hook OCI hook makes them.")]
+#[command(
+    name = "vramgate",
+    version,
+    propagate_version = true,
+    about = ABOUT,
+    long_about = "vramgate reserves GPU memory for containers before they start, so that containers sharing a GPU cannot run each other out of memory. This tool shows and manages the reservations; the vramgate-hook OCI hook makes them.",
+    after_help = CLI_EXAMPLES
+)]
 pub struct Cli {
     /// Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)
     #[arg(long, global = true, value_name = "PATH")]
@@ -42,7 +66,8 @@ pub enum Command {
     },
     /// Release a container's reservation (and queue ticket) by container id
     Release {
-        /// The container id, as the runtime knows it
+        /// The container id, as the runtime knows it (`vramgate status` lists them)
+        #[arg(value_name = "CONTAINER_ID")]
         container_id: String,
     },
     /// Reclaim reservations and tickets whose processes are gone
@@ -108,10 +133,12 @@ pub struct DemoArgs {
     name = "vramgate-hook",
     version,
     about = "OCI hook that reserves GPU memory before a container starts and releases it after",
-    long_about = "The runtime (runc, crun, podman, CRI-O) runs vramgate-hook at the named stage with the OCI state JSON on stdin. At createRuntime or prestart it reserves the container's VRAM request in the ledger, or refuses the start (exit 1, one line on stderr); at poststop it releases it. A container without a request is left alone."
+    long_about = "The runtime (runc, crun, podman, CRI-O) runs vramgate-hook at the named stage with the OCI state JSON on stdin. At createRuntime or prestart it reserves the container's VRAM request in the ledger, or refuses the start (exit 1, one line on stderr); at poststop it releases it. A container without a request is left alone.",
+    after_help = HOOK_EXAMPLES
 )]
 pub struct HookCli {
     /// The hook stage: createRuntime, prestart, createContainer or poststop
+    #[arg(value_name = "STAGE")]
     pub stage: String,
     /// The timeout, in seconds, that the runtime gives this hook; waits end before it
     #[arg(long, value_name = "SECONDS")]

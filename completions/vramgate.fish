@@ -1,0 +1,81 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_vramgate_global_optspecs
+    string join \n config= h/help V/version
+end
+
+function __fish_vramgate_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_vramgate_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_vramgate_using_subcommand
+    set -l cmd (__fish_vramgate_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c vramgate -n "__fish_vramgate_needs_command" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c vramgate -n "__fish_vramgate_needs_command" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "ledger" -d 'Inspect or repair the ledger'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l json -d 'Print JSON for scripts instead of a table'
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand release" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand release" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand release" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -f -a "show" -d 'Print the raw ledger JSON'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -f -a "repair" -d 'Set an unreadable ledger aside (renamed, never deleted) and start an empty one'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from show" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from repair" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from repair" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from repair" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from help" -f -a "show" -d 'Print the raw ledger JSON'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from help" -f -a "repair" -d 'Set an unreadable ledger aside (renamed, never deleted) and start an empty one'
+complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l policy -d 'Which policy to demonstrate' -r -f -a "wait\t'Queue containers that do not fit until memory frees up'
+reject\t'Refuse containers that do not fit'
+both\t'Run both, one after the other'"
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l containers -d 'How many containers start at once' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l memory -d 'What each container requests' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l seconds -d 'How long each container runs, in seconds' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l runc -d 'The runc binary to use' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l bin-dir -d 'Directory holding vramgate-hook (default: next to this binary)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l json -d 'Print the summary as JSON (for tests and scripts)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l keep -d 'Keep the demo\'s work directory instead of deleting it'
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "ledger" -d 'Inspect or repair the ledger'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status release gc ledger demo help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "show" -d 'Print the raw ledger JSON'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "repair" -d 'Set an unreadable ledger aside (renamed, never deleted) and start an empty one'

@@ -1,0 +1,102 @@
+//! `packaging/config.toml` becomes the package's `/etc/vramgate/config.toml`. It must parse,
+//! the defaults it shows in comments must be the real defaults, and it, the README's
+//! configuration reference and vramgate.toml(5) must name the same keys.
+
+use std::path::{Path, PathBuf};
+
+use vramgate::config::Config;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn shipped() -> PathBuf {
+    root().join("packaging/config.toml")
+}
+
+/// Settings are commented as `#key = value` (no space), prose as `# text`: uncommenting the
+/// former gives the file an admin gets by uncommenting every setting.
+fn uncomment_settings(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.strip_prefix('#') {
+            Some(rest) if rest.starts_with(|c: char| c.is_ascii_lowercase() || c == '[') => rest,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn without_source(config: Config) -> String {
+    format!("{:?}", Config { source: None, ..config })
+}
+
+/// Keys set in a TOML text, commented or not: `key = ...` at the start of a line.
+fn keys(text: &str) -> Vec<String> {
+    let mut keys: Vec<String> = text
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[test]
+fn shipped_config_parses_to_the_defaults() {
+    let config = Config::load_from(&shipped()).expect("packaging/config.toml parses");
+    assert_eq!(config.source.as_deref(), Some(shipped().as_path()));
+    assert_eq!(without_source(config), without_source(Config::default()));
+}
+
+#[test]
+fn the_commented_defaults_are_the_real_defaults() {
+    let text = uncomment_settings(&std::fs::read_to_string(shipped()).unwrap());
+    assert!(
+        text.contains("\nstate_dir = ") && text.contains("\n[[inventory.gpus]]"),
+        "{text}"
+    );
+    let config = Config::parse(&text, Path::new("uncommented.toml"))
+        .unwrap_or_else(|e| panic!("packaging/config.toml with every setting uncommented: {e}"));
+    // The one example that is not a default: the static GPU table.
+    assert_eq!(config.static_gpus.len(), 1);
+    assert_eq!(config.static_gpus[0].total, 80 << 30);
+    let config = Config {
+        static_gpus: Vec::new(),
+        ..config
+    };
+    assert_eq!(without_source(config), without_source(Config::default()));
+}
+
+#[test]
+fn readme_shipped_config_and_man_page_name_the_same_keys() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme
+        .find("## Configuration")
+        .expect("README has a Configuration section");
+    let block = &readme[start..];
+    let block = &block[block.find("```toml").expect("with a toml block") + 7..];
+    let block = &block[..block.find("```").unwrap()];
+    let readme_keys = keys(block);
+    assert!(readme_keys.len() >= 10, "{readme_keys:?}");
+
+    let shipped_keys = keys(&std::fs::read_to_string(shipped()).unwrap());
+    let missing: Vec<_> = readme_keys.iter().filter(|k| !shipped_keys.contains(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "packaging/config.toml lacks the README's keys {missing:?}"
+    );
+
+    // roff escapes '-' but not '_', so the keys appear as written.
+    let page = std::fs::read_to_string(root().join("man/vramgate.toml.5")).unwrap();
+    let undocumented: Vec<_> = shipped_keys
+        .iter()
+        .filter(|k| !page.contains(&format!(".B {k}")) && !page.contains(&format!(".BR {k} ")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "man/vramgate.toml.5 does not describe {undocumented:?}"
+    );
+}
