@@ -19,6 +19,9 @@ _vramgate() {
             vramgate,demo)
                 cmd="vramgate__subcmd__demo"
                 ;;
+            vramgate,doctor)
+                cmd="vramgate__subcmd__doctor"
+                ;;
             vramgate,gc)
                 cmd="vramgate__subcmd__gc"
                 ;;
@@ -36,6 +39,9 @@ _vramgate() {
                 ;;
             vramgate__subcmd__help,demo)
                 cmd="vramgate__subcmd__help__subcmd__demo"
+                ;;
+            vramgate__subcmd__help,doctor)
+                cmd="vramgate__subcmd__help__subcmd__doctor"
                 ;;
             vramgate__subcmd__help,gc)
                 cmd="vramgate__subcmd__help__subcmd__gc"
@@ -83,7 +89,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status release gc ledger demo help"
+            opts="-h -V --config --help --version status doctor release gc ledger demo help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -142,6 +148,24 @@ _vramgate() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        vramgate__subcmd__doctor)
+            opts="-h -V --json --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         vramgate__subcmd__gc)
             opts="-h -V --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -161,7 +185,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status release gc ledger demo help"
+            opts="status doctor release gc ledger demo help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -175,6 +199,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__demo)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__doctor)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -415,12 +453,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__status)
-            opts="-h -V --json --config --help --version"
+            opts="-h -V --json --record --note --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --record)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --note)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
