@@ -517,6 +517,8 @@ pub fn run(args: &[OsString]) -> RuntimeError {
                 .replace("level=error", "level=warning");
                 let _ = std::fs::OpenOptions::new()
                     .append(true)
+                    .create(true)
+                    .mode(0o600)
                     .open(log)
                     .and_then(|mut f| f.write_all(line.as_bytes()));
             }
