@@ -176,9 +176,9 @@ pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
     stages
 }
 
-/// Host directories a daemon creates at fixed paths whatever its flags (`/run/containerd/s`
-/// for shim sockets, `/run/docker/plugins`): those that did not exist before the test are
-/// removed after it when empty.
+/// Host paths an engine creates at fixed places whatever its flags (`/run/containerd/s` for
+/// shim sockets, `/run/docker/plugins`, podman's blob-info cache): those that did not exist
+/// before the test are removed after it, in the order given (files, then empty directories).
 pub struct HostDirs(Vec<(PathBuf, bool)>);
 
 impl HostDirs {
@@ -196,7 +196,11 @@ impl Drop for HostDirs {
     fn drop(&mut self) {
         for (path, existed) in &self.0 {
             if !existed {
-                let _ = std::fs::remove_dir(path); // only when empty
+                if path.is_dir() {
+                    let _ = std::fs::remove_dir(path); // only when empty
+                } else {
+                    let _ = std::fs::remove_file(path);
+                }
             }
         }
     }
