@@ -266,23 +266,50 @@ fn plan_docker(options: &SetupOptions) -> Result<Plan> {
     Ok(plan)
 }
 
+pub const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+
 /// The drop-in (containerd config version 2, read by containerd 1.x and migrated by 2.x).
-pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool) -> String {
-    let cri = "plugins.\"io.containerd.grpc.v1.cri\".containerd";
-    let runtime = toml_string(&runtime_path.to_string_lossy());
-    let mut text = format!(
-        "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n\
-         version = 2\n\n"
-    );
+///
+/// containerd before 2.0 merges an imported file per plugin, not per key: a drop-in that sets
+/// anything under the CRI plugin replaces the host's whole CRI section (containerd issue
+/// #5837; fixed in 2.0). So the drop-in carries the host's CRI section (`host_cri`, from the
+/// main config) with vramgate's runtime added; re-run setup after editing that section.
+pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: Option<&toml::Table>) -> String {
+    let mut cri = host_cri.cloned().unwrap_or_default();
+    let containerd = table_at(&mut cri, "containerd");
     if set_as_default {
-        text += &format!("[{cri}]\n  default_runtime_name = \"{RUNTIME_NAME}\"\n\n");
+        containerd.insert("default_runtime_name".into(), RUNTIME_NAME.into());
     }
-    text += &format!(
-        "[{cri}.runtimes.{RUNTIME_NAME}]\n  runtime_type = \"io.containerd.runc.v2\"\n  \
-         pod_annotations = [\"{ANNOTATION_PATTERN}\"]\n  container_annotations = [\"{ANNOTATION_PATTERN}\"]\n\n\
-         [{cri}.runtimes.{RUNTIME_NAME}.options]\n  BinaryName = {runtime}\n"
-    );
-    text
+    let runtime = table_at(table_at(containerd, "runtimes"), RUNTIME_NAME);
+    runtime.insert("runtime_type".into(), "io.containerd.runc.v2".into());
+    let allow = toml::Value::Array(vec![ANNOTATION_PATTERN.into()]);
+    runtime.insert("pod_annotations".into(), allow.clone());
+    runtime.insert("container_annotations".into(), allow);
+    let options = table_at(runtime, "options");
+    options.insert("BinaryName".into(), runtime_path.to_string_lossy().into_owned().into());
+    let mut plugins = toml::Table::new();
+    plugins.insert(CRI_PLUGIN.into(), toml::Value::Table(cri));
+    let mut doc = toml::Table::new();
+    doc.insert("version".into(), 2.into());
+    doc.insert("plugins".into(), toml::Value::Table(plugins));
+    format!(
+        "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n\
+         # It repeats the CRI section of the main config (containerd 1.x replaces a plugin's whole\n\
+         # section with an imported one): run setup again after editing that section.\n{}",
+        toml::to_string(&doc).expect("a TOML table serializes")
+    )
+}
+
+/// The table under `key`, created when missing; a non-table there is replaced (the runtime
+/// entry must be a table for containerd to read it).
+fn table_at<'a>(table: &'a mut toml::Table, key: &str) -> &'a mut toml::Table {
+    let entry = table
+        .entry(key.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if !entry.is_table() {
+        *entry = toml::Value::Table(toml::Table::new());
+    }
+    entry.as_table_mut().expect("just made a table")
 }
 
 fn toml_string(s: &str) -> String {
@@ -311,12 +338,16 @@ fn import_covers(entry: &str, file: &Path) -> bool {
     }
 }
 
-fn imports_of(text: &str, path: &Path) -> Result<Vec<String>> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| SetupError::Parse {
+fn parse_toml(text: &str, path: &Path) -> Result<toml::Table> {
+    toml::from_str(text).map_err(|e| SetupError::Parse {
         path: path.to_path_buf(),
         format: "TOML",
         message: e.message().to_string(),
-    })?;
+    })
+}
+
+fn imports_of(text: &str, path: &Path) -> Result<Vec<String>> {
+    let table = parse_toml(text, path)?;
     match table.get("imports") {
         None => Ok(Vec::new()),
         Some(toml::Value::Array(items)) => items
@@ -430,6 +461,24 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
         None => String::new(),
     };
     let imports = imports_of(&main_text, &main)?;
+    let main_table = parse_toml(&main_text, &main)?;
+    match main_table.get("version").and_then(toml::Value::as_integer) {
+        Some(2) => {}
+        None if main_current.is_none() || main_text.trim().is_empty() => {}
+        other => {
+            return Err(SetupError::Shape {
+                path: main.clone(),
+                what: format!(
+                    "containerd config version {} is not one setup writes for (it writes version 2, for containerd 1.5 to 1.7); add the runtime by hand as the README shows",
+                    other.map_or("1 (no version key)".to_string(), |v| v.to_string())
+                ),
+            })
+        }
+    }
+    let host_cri = main_table
+        .get("plugins")
+        .and_then(|p| p.get(CRI_PLUGIN))
+        .and_then(toml::Value::as_table);
     let main_wanted = if options.remove {
         if imports.iter().any(|i| i == &drop_in_str) {
             Some(without_import(&main_text, &drop_in_str).into_bytes())
@@ -441,8 +490,8 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
     } else {
         Some(with_import(&main_text, &drop_in_str, &main)?.into_bytes())
     };
-    let drop_in_wanted =
-        (!options.remove).then(|| containerd_drop_in(&options.runtime_path, options.set_as_default).into_bytes());
+    let drop_in_wanted = (!options.remove)
+        .then(|| containerd_drop_in(&options.runtime_path, options.set_as_default, host_cri).into_bytes());
     plan.want(&drop_in, read_optional(&drop_in)?, drop_in_wanted, false);
     plan.want(&main, main_current, main_wanted, true);
     plan.next_steps.push(
@@ -639,6 +688,11 @@ mod tests {
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
         assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
         assert_eq!(rt["pod_annotations"][0].as_str(), Some("vramgate.dev/*"));
+        // The host's CRI settings ride along, or containerd 1.x would drop them.
+        assert_eq!(
+            d["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
+            Some("x")
+        );
         assert!(run(&o).changes.is_empty());
         o.remove = true;
         run(&o);
