@@ -79,6 +79,37 @@ pub enum Command {
     },
     /// Replay the published failure on a simulated GPU with real runc containers
     Demo(DemoArgs),
+    /// Wire vramgate into an engine: docker, containerd, podman or crio
+    Setup(SetupArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetupArgs {
+    /// The engine to configure
+    #[arg(value_enum)]
+    pub engine: crate::setup::Engine,
+    /// Print what would change, and the new content, without writing anything
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Undo what setup did
+    #[arg(long)]
+    pub remove: bool,
+    /// Make vramgate the engine's default runtime (docker, containerd)
+    #[arg(long)]
+    pub set_as_default: bool,
+    /// The file to edit (docker: daemon.json; containerd: the drop-in) or directory (podman,
+    /// crio: hooks.d) instead of the engine's default
+    #[arg(long, value_name = "PATH")]
+    pub config_path: Option<PathBuf>,
+    /// containerd's main config, which must import the drop-in
+    #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_CONFIG)]
+    pub containerd_config: PathBuf,
+    /// The vramgate-runtime binary the engine runs (default: next to this binary, else /usr/bin)
+    #[arg(long, value_name = "PATH")]
+    pub runtime_path: Option<PathBuf>,
+    /// The vramgate-hook binary hooks.d points at (default: next to this binary, else /usr/bin)
+    #[arg(long, value_name = "PATH")]
+    pub hook_path: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

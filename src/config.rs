@@ -104,6 +104,29 @@ pub struct Config {
     pub backend: Backend,
     pub nvml_library: String,
     pub static_gpus: Vec<StaticGpu>,
+    /// `[runtime]`: what `vramgate-runtime` runs next and which hook it injects.
+    pub runtime: RuntimeConfig,
+}
+
+/// The `[runtime]` table, read by the `vramgate-runtime` wrapper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// Runtimes to exec after the spec is edited, in order; the first found on PATH (or, for an
+    /// absolute path, existing) wins. `nvidia-container-runtime` first chains with the NVIDIA
+    /// toolkit, which itself runs runc.
+    pub runtimes: Vec<String>,
+    /// The hook binary written into specs; `None` means the `vramgate-hook` next to the
+    /// wrapper, else `/usr/bin/vramgate-hook`.
+    pub hook_path: Option<PathBuf>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            runtimes: vec!["nvidia-container-runtime".to_string(), "runc".to_string()],
+            hook_path: None,
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -119,6 +142,15 @@ struct RawConfig {
     queue: RawQueue,
     #[serde(default)]
     inventory: RawInventory,
+    #[serde(default)]
+    runtime: RawRuntime,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    runtimes: Option<Vec<String>>,
+    hook_path: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default)]
@@ -164,6 +196,7 @@ impl Default for Config {
             backend: Backend::Auto,
             nvml_library: "libnvidia-ml.so.1".to_string(),
             static_gpus: Vec::new(),
+            runtime: RuntimeConfig::default(),
         }
     }
 }
@@ -311,6 +344,37 @@ impl Config {
                 minor: gpu.minor.unwrap_or(gpu.index),
             });
         }
+        if let Some(runtimes) = raw.runtime.runtimes {
+            let listed = format!("{runtimes:?}");
+            if runtimes.is_empty() {
+                return Err(bad(
+                    "runtime.runtimes",
+                    &listed,
+                    "must name at least one runtime, e.g. [\"runc\"]".into(),
+                ));
+            }
+            if let Some(name) = runtimes
+                .iter()
+                .find(|r| r.trim().is_empty() || r.contains('\0') || (r.contains('/') && !r.starts_with('/')))
+            {
+                return Err(bad(
+                    "runtime.runtimes",
+                    name,
+                    "each entry must be a command name found on PATH or an absolute path".into(),
+                ));
+            }
+            config.runtime.runtimes = runtimes;
+        }
+        if let Some(hook) = raw.runtime.hook_path {
+            if !hook.is_absolute() {
+                return Err(bad(
+                    "runtime.hook_path",
+                    &hook.display().to_string(),
+                    "must be an absolute path".into(),
+                ));
+            }
+            config.runtime.hook_path = Some(hook);
+        }
         Ok(config)
     }
 
@@ -389,6 +453,19 @@ minor = 5
         assert_eq!(c.static_gpus.len(), 2);
         assert_eq!(c.static_gpus[0].used_outside, 1 << 30);
         assert_eq!(c.static_gpus[1].minor, 5);
+        assert_eq!(c.runtime, RuntimeConfig::default());
+    }
+
+    #[test]
+    fn runtime_table() {
+        let c = parse("[runtime]\nruntimes = [\"/opt/bin/crun\", \"runc\"]\nhook_path = \"/opt/bin/vramgate-hook\"")
+            .unwrap();
+        assert_eq!(c.runtime.runtimes, ["/opt/bin/crun", "runc"]);
+        assert_eq!(c.runtime.hook_path, Some(PathBuf::from("/opt/bin/vramgate-hook")));
+        assert_eq!(
+            parse("").unwrap().runtime.runtimes,
+            ["nvidia-container-runtime", "runc"]
+        );
     }
 
     #[test]
@@ -410,6 +487,10 @@ minor = 5
                 "colour",
             ),
             ("wait_timeout = \"2h\"", "max_wait_timeout"),
+            ("[runtime]\nruntimes = []", "runtime.runtimes"),
+            ("[runtime]\nruntimes = [\"bin/runc\"]", "runtime.runtimes"),
+            ("[runtime]\nhook_path = \"vramgate-hook\"", "runtime.hook_path"),
+            ("[runtime]\nruntime = [\"runc\"]", "runtime"),
             ("this is not toml", "config.toml"),
         ];
         for (text, needle) in cases {

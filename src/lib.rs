@@ -17,6 +17,8 @@ pub mod ledger;
 pub mod procfs;
 pub mod quantity;
 pub mod request;
+pub mod runtime;
+pub mod setup;
 pub mod spec;
 pub mod status;
 

@@ -70,6 +70,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Setup(args) => setup(&args),
         Command::Demo(args) => {
             let summaries = vramgate::demo::run(&args)?;
             let ok = summaries
@@ -154,5 +155,34 @@ fn gc() -> Result<ExitCode> {
     if reclaimed.reservations.is_empty() && reclaimed.tickets.is_empty() {
         println!("nothing to reclaim");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn setup(args: &vramgate::cli::SetupArgs) -> Result<ExitCode> {
+    use vramgate::setup::{self, SetupOptions};
+    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let config = Config::load()?;
+    let options =
+        SetupOptions {
+            engine: args.engine,
+            remove: args.remove,
+            set_as_default: args.set_as_default,
+            config_path: args.config_path.as_deref().map(absolute),
+            containerd_config: Some(absolute(&args.containerd_config)),
+            runtime_path: args
+                .runtime_path
+                .as_deref()
+                .map(absolute)
+                .unwrap_or_else(|| setup::sibling_or(setup::RUNTIME_BINARY, setup::DEFAULT_RUNTIME_PATH)),
+            hook_path: args.hook_path.as_deref().map(absolute).unwrap_or_else(|| {
+                setup::sibling_or(vramgate::runtime::HOOK_BINARY, vramgate::runtime::DEFAULT_HOOK_PATH)
+            }),
+            hook_timeout_secs: vramgate::runtime::hook_timeout_secs(&config),
+        };
+    let plan = setup::plan(&options)?;
+    if !args.dry_run {
+        setup::apply(&plan)?;
+    }
+    print!("{}", setup::describe(&plan, args.dry_run));
     Ok(ExitCode::SUCCESS)
 }

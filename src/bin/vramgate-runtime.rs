@@ -1,0 +1,15 @@
+//! The runc-compatible wrapper: edit the spec on `create`, then become the next runtime.
+//!
+//! `exec` (not spawn-and-wait) because the engine talks to the runtime as its own child: it
+//! waits on this pid, sends it signals, and passes it the console socket and other inherited
+//! file descriptors. Replacing this process keeps all of that exactly as the engine set it up,
+//! and adds no process that could outlive or hide the real runtime's exit status.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    // Returns only when it could not exec; the error is already on stderr and in runc's log.
+    let _error = vramgate::runtime::run(&args);
+    ExitCode::from(1)
+}

@@ -1,0 +1,753 @@
+//! `vramgate setup <engine>`: wire vramgate into Docker, containerd, podman or CRI-O the way
+//! each engine expects, like `nvidia-ctk runtime configure`.
+//!
+//! Every engine is planned first (what each file would become) and applied second, so
+//! `--dry-run` prints exactly what a real run writes. A file already in the wanted state is not
+//! rewritten; a file that is changed keeps every key vramgate does not own, and its previous
+//! content is kept as `<file>.vramgate-backup`. `--remove` undoes what setup did.
+//!
+//! - Docker: the `vramgate` runtime in `/etc/docker/daemon.json` (edited as an order-preserving
+//!   JSON tree). dockerd re-reads runtimes on SIGHUP.
+//! - containerd: a drop-in with a runc-v2 runtime whose `BinaryName` is `vramgate-runtime`, and
+//!   the CRI annotation pass-lists (containerd passes no pod annotations to the spec unless a
+//!   runtime allows them), imported from the main config.
+//! - podman and CRI-O: the hooks.d JSON in `/usr/share/containers/oci/hooks.d`, the directory
+//!   both read by default (podman reads `/etc/containers/oci/hooks.d` only when configured).
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use crate::runtime::write_atomically;
+
+pub const DOCKER_DAEMON_JSON: &str = "/etc/docker/daemon.json";
+pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+pub const CONTAINERD_DROP_IN: &str = "/etc/containerd/conf.d/vramgate.toml";
+pub const HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+pub const RUNTIME_NAME: &str = "vramgate";
+pub const RUNTIME_BINARY: &str = "vramgate-runtime";
+pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/vramgate-runtime";
+pub const BACKUP_SUFFIX: &str = ".vramgate-backup";
+/// Annotations the CRI plugin copies from pods and containers into the OCI spec.
+pub const ANNOTATION_PATTERN: &str = "vramgate.dev/*";
+const PRESTART_JSON: &str = include_str!("../hooks/vramgate-prestart.json");
+const POSTSTOP_JSON: &str = include_str!("../hooks/vramgate-poststop.json");
+pub const PRESTART_FILE: &str = "vramgate-prestart.json";
+pub const POSTSTOP_FILE: &str = "vramgate-poststop.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    Docker,
+    Containerd,
+    Podman,
+    Crio,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not valid {format}: {message}; fix it by hand, then run setup again")]
+    Parse {
+        path: PathBuf,
+        format: &'static str,
+        message: String,
+    },
+    #[error("{path}: {what}; fix it by hand, then run setup again")]
+    Shape { path: PathBuf, what: String },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot remove {path}: {source}")]
+    Remove { path: PathBuf, source: std::io::Error },
+}
+
+pub type Result<T, E = SetupError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone)]
+pub struct SetupOptions {
+    pub engine: Engine,
+    pub remove: bool,
+    pub set_as_default: bool,
+    /// The file (Docker: daemon.json; containerd: the drop-in) or directory (podman, CRI-O:
+    /// hooks.d) to edit instead of the engine's default.
+    pub config_path: Option<PathBuf>,
+    /// containerd's main config, which must import the drop-in.
+    pub containerd_config: Option<PathBuf>,
+    pub runtime_path: PathBuf,
+    pub hook_path: PathBuf,
+    /// Seconds the engine gives the admission hook (hooks.d only; the wrapper computes its own).
+    pub hook_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Write(Vec<u8>),
+    Remove,
+}
+
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub path: PathBuf,
+    pub action: Action,
+    /// Where the previous content goes (files that exist and hold more than vramgate's part).
+    pub backup: Option<PathBuf>,
+    /// The previous content, written to `backup`.
+    pub previous: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub changes: Vec<Change>,
+    /// Files that are already as wanted.
+    pub unchanged: Vec<PathBuf>,
+    /// What the operator does next (reload the engine, how to use it).
+    pub next_steps: Vec<String>,
+}
+
+/// A binary next to the running one, else its packaged path.
+pub fn sibling_or(name: &str, packaged: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(name)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(packaged))
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SetupError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+impl Plan {
+    /// Adds a change that makes `path` hold `wanted` (`None`: not exist), when it does not.
+    fn want(&mut self, path: &Path, current: Option<Vec<u8>>, wanted: Option<Vec<u8>>, backup: bool) {
+        if current == wanted {
+            self.unchanged.push(path.to_path_buf());
+            return;
+        }
+        let backup = (backup && current.is_some()).then(|| {
+            let mut p = path.as_os_str().to_os_string();
+            p.push(BACKUP_SUFFIX);
+            PathBuf::from(p)
+        });
+        self.changes.push(Change {
+            path: path.to_path_buf(),
+            action: match wanted {
+                Some(bytes) => Action::Write(bytes),
+                None => Action::Remove,
+            },
+            backup,
+            previous: current,
+        });
+    }
+}
+
+pub fn plan(options: &SetupOptions) -> Result<Plan> {
+    match options.engine {
+        Engine::Docker => plan_docker(options),
+        Engine::Containerd => plan_containerd(options),
+        Engine::Podman | Engine::Crio => plan_hooks_d(options),
+    }
+}
+
+/// Writes the plan: backups first, then each file atomically (keeping its mode).
+pub fn apply(plan: &Plan) -> Result<()> {
+    for change in &plan.changes {
+        let write_err = |source| SetupError::Write {
+            path: change.path.clone(),
+            source,
+        };
+        if let (Some(backup), Some(previous)) = (&change.backup, &change.previous) {
+            write_atomically(backup, previous, 0o600, None).map_err(|source| SetupError::Write {
+                path: backup.clone(),
+                source,
+            })?;
+        }
+        match &change.action {
+            Action::Write(bytes) => {
+                if let Some(dir) = change.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(write_err)?;
+                }
+                let mode = std::fs::metadata(&change.path).map(|m| m.mode()).unwrap_or(0o644);
+                write_atomically(&change.path, bytes, mode, None).map_err(write_err)?;
+            }
+            Action::Remove => match std::fs::remove_file(&change.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(SetupError::Remove {
+                        path: change.path.clone(),
+                        source,
+                    })
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
+fn plan_docker(options: &SetupOptions) -> Result<Plan> {
+    let path = options
+        .config_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DOCKER_DAEMON_JSON));
+    let current = read_optional(&path)?;
+    let mut doc: Value = match &current {
+        Some(bytes) if !bytes.iter().all(u8::is_ascii_whitespace) => {
+            serde_json::from_slice(bytes).map_err(|e| SetupError::Parse {
+                path: path.clone(),
+                format: "JSON",
+                message: e.to_string(),
+            })?
+        }
+        _ => json!({}),
+    };
+    let shape = |what: &str| SetupError::Shape {
+        path: path.clone(),
+        what: what.to_string(),
+    };
+    let root = doc
+        .as_object_mut()
+        .ok_or_else(|| shape("the top level is not a JSON object"))?;
+    if options.remove {
+        if let Some(runtimes) = root.get_mut("runtimes").and_then(Value::as_object_mut) {
+            runtimes.shift_remove(RUNTIME_NAME);
+            if runtimes.is_empty() {
+                root.shift_remove("runtimes");
+            }
+        }
+        if root.get("default-runtime").and_then(Value::as_str) == Some(RUNTIME_NAME) {
+            root.shift_remove("default-runtime");
+        }
+    } else {
+        let runtimes = root.entry("runtimes").or_insert_with(|| json!({}));
+        let runtimes = runtimes
+            .as_object_mut()
+            .ok_or_else(|| shape("\"runtimes\" is not a JSON object"))?;
+        let entry = runtimes.entry(RUNTIME_NAME).or_insert_with(|| json!({}));
+        let entry = entry
+            .as_object_mut()
+            .ok_or_else(|| shape("\"runtimes\".\"vramgate\" is not a JSON object"))?;
+        // Keeps runtimeArgs or anything else an operator added to the entry.
+        entry.insert("path".into(), json!(options.runtime_path.to_string_lossy()));
+        if options.set_as_default {
+            root.insert("default-runtime".into(), json!(RUNTIME_NAME));
+        }
+    }
+    let wanted = if current.is_none() && doc.as_object().is_some_and(Map::is_empty) {
+        None // --remove of a file setup never created
+    } else {
+        let mut text = serde_json::to_vec_pretty(&doc).expect("a Value serializes");
+        text.push(b'\n');
+        // Unchanged content keeps its own layout rather than being reformatted.
+        match &current {
+            Some(bytes) if serde_json::from_slice::<Value>(bytes).ok().as_ref() == Some(&doc) => Some(bytes.clone()),
+            _ => Some(text),
+        }
+    };
+    let mut plan = Plan::default();
+    plan.want(&path, current, wanted, true);
+    plan.next_steps.push(
+        "reload dockerd so it reads the runtimes again (containers keep running): `systemctl reload docker` or `kill -HUP $(cat /var/run/docker.pid)`".into(),
+    );
+    if !options.remove {
+        plan.next_steps.push(format!(
+            "run GPU containers with `docker run --runtime {RUNTIME_NAME} -e VRAMGATE_MEMORY=6Gi -e NVIDIA_VISIBLE_DEVICES=0 ...`{}",
+            if options.set_as_default { " (or without --runtime: it is the default)" } else { "" }
+        ));
+    }
+    Ok(plan)
+}
+
+pub const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+
+/// The drop-in (containerd config version 2, read by containerd 1.x and migrated by 2.x).
+///
+/// containerd before 2.0 merges an imported file per plugin, not per key: a drop-in that sets
+/// anything under the CRI plugin replaces the host's whole CRI section (containerd issue
+/// #5837; fixed in 2.0). So the drop-in carries the host's CRI section (`host_cri`, from the
+/// main config) with vramgate's runtime added; re-run setup after editing that section.
+pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: Option<&toml::Table>) -> String {
+    let mut cri = host_cri.cloned().unwrap_or_default();
+    let containerd = table_at(&mut cri, "containerd");
+    if set_as_default {
+        containerd.insert("default_runtime_name".into(), RUNTIME_NAME.into());
+    }
+    let runtime = table_at(table_at(containerd, "runtimes"), RUNTIME_NAME);
+    runtime.insert("runtime_type".into(), "io.containerd.runc.v2".into());
+    let allow = toml::Value::Array(vec![ANNOTATION_PATTERN.into()]);
+    runtime.insert("pod_annotations".into(), allow.clone());
+    runtime.insert("container_annotations".into(), allow);
+    let options = table_at(runtime, "options");
+    options.insert("BinaryName".into(), runtime_path.to_string_lossy().into_owned().into());
+    let mut plugins = toml::Table::new();
+    plugins.insert(CRI_PLUGIN.into(), toml::Value::Table(cri));
+    let mut doc = toml::Table::new();
+    doc.insert("version".into(), 2.into());
+    doc.insert("plugins".into(), toml::Value::Table(plugins));
+    format!(
+        "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n\
+         # It repeats the CRI section of the main config (containerd 1.x replaces a plugin's whole\n\
+         # section with an imported one): run setup again after editing that section.\n{}",
+        toml::to_string(&doc).expect("a TOML table serializes")
+    )
+}
+
+/// The table under `key`, created when missing; a non-table there is replaced (the runtime
+/// entry must be a table for containerd to read it).
+fn table_at<'a>(table: &'a mut toml::Table, key: &str) -> &'a mut toml::Table {
+    let entry = table
+        .entry(key.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if !entry.is_table() {
+        *entry = toml::Value::Table(toml::Table::new());
+    }
+    entry.as_table_mut().expect("just made a table")
+}
+
+fn toml_string(s: &str) -> String {
+    // A JSON string is a valid TOML basic string for everything a path holds.
+    json!(s).to_string()
+}
+
+/// Whether containerd's `imports` entry (a path or a glob of one directory) covers `file`.
+fn import_covers(entry: &str, file: &Path) -> bool {
+    if Path::new(entry) == file {
+        return true;
+    }
+    let entry = Path::new(entry);
+    match (
+        entry.parent(),
+        entry.file_name().and_then(|n| n.to_str()),
+        file.file_name().and_then(|n| n.to_str()),
+    ) {
+        (Some(dir), Some(pattern), Some(name)) if Some(dir) == file.parent() => match pattern.split_once('*') {
+            Some((prefix, suffix)) if !suffix.contains('*') => {
+                name.len() >= prefix.len() + suffix.len() && name.starts_with(prefix) && name.ends_with(suffix)
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn parse_toml(text: &str, path: &Path) -> Result<toml::Table> {
+    toml::from_str(text).map_err(|e| SetupError::Parse {
+        path: path.to_path_buf(),
+        format: "TOML",
+        message: e.message().to_string(),
+    })
+}
+
+fn imports_of(text: &str, path: &Path) -> Result<Vec<String>> {
+    let table = parse_toml(text, path)?;
+    match table.get("imports") {
+        None => Ok(Vec::new()),
+        Some(toml::Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| SetupError::Shape {
+                    path: path.to_path_buf(),
+                    what: "\"imports\" holds something other than strings".into(),
+                })
+            })
+            .collect(),
+        Some(_) => Err(SetupError::Shape {
+            path: path.to_path_buf(),
+            what: "\"imports\" is not an array".into(),
+        }),
+    }
+}
+
+/// The line index of the top-level `imports = [...]` (one line), if any: the lines before the
+/// first table header are the top level.
+fn imports_line(lines: &[&str]) -> Option<usize> {
+    lines
+        .iter()
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix("imports")
+                .is_some_and(|rest| rest.trim_start().starts_with('=') && l.trim_end().ends_with(']'))
+        })
+}
+
+/// The main config text with `file` imported (text edit, so comments and layout survive; the
+/// result is parsed again to check).
+fn with_import(text: &str, file: &str, path: &Path) -> Result<String> {
+    let quoted = toml_string(file);
+    let several_lines = || SetupError::Shape {
+        path: path.to_path_buf(),
+        what: format!("its \"imports\" spans several lines; add {quoted} to it"),
+    };
+    let mut lines: Vec<&str> = text.lines().collect();
+    let new_line;
+    match imports_line(&lines) {
+        None if text.lines().any(|l| l.trim_start().starts_with("imports")) => return Err(several_lines()),
+        Some(i) => {
+            let (key, list) = lines[i].split_once('[').expect("the line holds '['");
+            let inner = list.trim_end().strip_suffix(']').unwrap_or(list).trim();
+            new_line = if inner.is_empty() {
+                format!("{key}[{quoted}]")
+            } else {
+                format!("{key}[{inner}, {quoted}]")
+            };
+            lines[i] = &new_line;
+        }
+        None if text.trim().is_empty() => {
+            new_line = format!("version = 2\nimports = [{quoted}]");
+            lines = vec![&new_line];
+        }
+        None => {
+            new_line = format!("imports = [{quoted}]");
+            // After `version = N` when the file starts with it, else first.
+            let at = lines
+                .iter()
+                .position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+                .filter(|&i| lines[i].trim_start().starts_with("version"))
+                .map_or(0, |i| i + 1);
+            lines.insert(at, &new_line);
+        }
+    }
+    let out = lines.join("\n") + "\n";
+    if !imports_of(&out, path)?.iter().any(|i| i == file) {
+        return Err(several_lines());
+    }
+    Ok(out)
+}
+
+fn without_import(text: &str, file: &str) -> String {
+    let quoted = toml_string(file);
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    if let Some(i) = imports_line(&lines.iter().map(String::as_str).collect::<Vec<_>>()) {
+        let line = lines[i]
+            .replace(&format!("{quoted}, "), "")
+            .replace(&format!(", {quoted}"), "")
+            .replace(&quoted, "");
+        if line.replace(' ', "") == "imports=[]" {
+            lines.remove(i);
+        } else {
+            lines[i] = line;
+        }
+    }
+    lines.join("\n") + "\n"
+}
+
+fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
+    let drop_in = options
+        .config_path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(CONTAINERD_DROP_IN));
+    let main = options
+        .containerd_config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(CONTAINERD_CONFIG));
+    let drop_in_str = drop_in.to_string_lossy().into_owned();
+    let mut plan = Plan::default();
+    let main_current = read_optional(&main)?;
+    let main_text = match &main_current {
+        Some(b) => String::from_utf8(b.clone()).map_err(|_| SetupError::Parse {
+            path: main.clone(),
+            format: "UTF-8 TOML",
+            message: "it is not UTF-8".into(),
+        })?,
+        None => String::new(),
+    };
+    let imports = imports_of(&main_text, &main)?;
+    let main_table = parse_toml(&main_text, &main)?;
+    match main_table.get("version").and_then(toml::Value::as_integer) {
+        Some(2) => {}
+        None if main_current.is_none() || main_text.trim().is_empty() => {}
+        other => {
+            return Err(SetupError::Shape {
+                path: main.clone(),
+                what: format!(
+                    "containerd config version {} is not one setup writes for (it writes version 2, for containerd 1.5 to 1.7); add the runtime by hand as the README shows",
+                    other.map_or("1 (no version key)".to_string(), |v| v.to_string())
+                ),
+            })
+        }
+    }
+    let host_cri = main_table
+        .get("plugins")
+        .and_then(|p| p.get(CRI_PLUGIN))
+        .and_then(toml::Value::as_table);
+    let main_wanted = if options.remove {
+        if imports.iter().any(|i| i == &drop_in_str) {
+            Some(without_import(&main_text, &drop_in_str).into_bytes())
+        } else {
+            main_current.clone()
+        }
+    } else if imports.iter().any(|i| import_covers(i, &drop_in)) {
+        main_current.clone()
+    } else {
+        Some(with_import(&main_text, &drop_in_str, &main)?.into_bytes())
+    };
+    let drop_in_wanted = (!options.remove)
+        .then(|| containerd_drop_in(&options.runtime_path, options.set_as_default, host_cri).into_bytes());
+    plan.want(&drop_in, read_optional(&drop_in)?, drop_in_wanted, false);
+    plan.want(&main, main_current, main_wanted, true);
+    plan.next_steps.push(
+        "restart containerd, which reads its config only at start (running containers keep running): `systemctl restart containerd`".into(),
+    );
+    if !options.remove {
+        plan.next_steps.push(format!(
+            "Kubernetes: a RuntimeClass with handler \"{RUNTIME_NAME}\" and the pod annotation vramgate.dev/memory; ctr: `ctr run --runc-binary {} --env VRAMGATE_MEMORY=6Gi ...`",
+            options.runtime_path.display()
+        ));
+    }
+    Ok(plan)
+}
+
+/// A hooks.d file from the repository's template, pointing at `hook` with `timeout` seconds.
+pub fn hooks_d_file(template: &str, hook: &Path, timeout: Option<u64>) -> Vec<u8> {
+    let mut doc: Value = serde_json::from_str(template).expect("the hooks/ templates are valid JSON");
+    doc["hook"]["path"] = json!(hook.to_string_lossy());
+    if let Some(secs) = timeout {
+        doc["hook"]["args"] = json!(["vramgate-hook", "prestart", "--hook-timeout", secs.to_string()]);
+        doc["hook"]["timeout"] = json!(secs);
+    }
+    let mut out = serde_json::to_vec_pretty(&doc).expect("a Value serializes");
+    out.push(b'\n');
+    out
+}
+
+fn plan_hooks_d(options: &SetupOptions) -> Result<Plan> {
+    let dir = options.config_path.clone().unwrap_or_else(|| PathBuf::from(HOOKS_DIR));
+    let mut plan = Plan::default();
+    let files = [
+        (
+            PRESTART_FILE,
+            hooks_d_file(PRESTART_JSON, &options.hook_path, Some(options.hook_timeout_secs)),
+        ),
+        (POSTSTOP_FILE, hooks_d_file(POSTSTOP_JSON, &options.hook_path, None)),
+    ];
+    for (name, content) in files {
+        let path = dir.join(name);
+        let current = read_optional(&path)?;
+        plan.want(&path, current, (!options.remove).then_some(content), false);
+    }
+    plan.next_steps.push(match options.engine {
+        Engine::Crio => format!(
+            "CRI-O reads {} by default and notices new files there (else `systemctl restart crio`); pods request memory with the annotation vramgate.dev/memory",
+            dir.display()
+        ),
+        _ => format!(
+            "podman reads {} on every run: nothing to reload; `podman run --annotation vramgate.dev/memory=6Gi --annotation vramgate.dev/gpus=0 ...`",
+            dir.display()
+        ),
+    });
+    Ok(plan)
+}
+
+/// What a plan does, for people: one line per file, and the new content on `--dry-run`.
+pub fn describe(plan: &Plan, dry_run: bool) -> String {
+    let mut out = String::new();
+    let verb = |now: &'static str, would: &'static str| if dry_run { would } else { now };
+    for change in &plan.changes {
+        match &change.action {
+            Action::Write(bytes) => {
+                out += &format!("{} {}", verb("wrote", "would write"), change.path.display());
+                if let Some(b) = &change.backup {
+                    out += &format!(" (previous content {} {})", verb("kept in", "kept in"), b.display());
+                }
+                out += "\n";
+                if dry_run {
+                    out += &String::from_utf8_lossy(bytes);
+                    if !bytes.ends_with(b"\n") {
+                        out += "\n";
+                    }
+                }
+            }
+            Action::Remove => out += &format!("{} {}\n", verb("removed", "would remove"), change.path.display()),
+        }
+    }
+    for path in &plan.unchanged {
+        out += &format!("{} is already as wanted; left alone\n", path.display());
+    }
+    if !plan.changes.is_empty() {
+        for step in &plan.next_steps {
+            out += &format!("next: {step}\n");
+        }
+    }
+    out
+}
+
+/// Mode bits of an existing file, for tests and callers that check setup kept them.
+pub fn mode_of(path: &Path) -> Option<u32> {
+    std::fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o7777)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(engine: Engine, dir: &Path) -> SetupOptions {
+        SetupOptions {
+            engine,
+            remove: false,
+            set_as_default: false,
+            config_path: Some(dir.join(match engine {
+                Engine::Docker => "daemon.json",
+                Engine::Containerd => "conf.d/vramgate.toml",
+                _ => "hooks.d",
+            })),
+            containerd_config: Some(dir.join("config.toml")),
+            runtime_path: PathBuf::from("/usr/bin/vramgate-runtime"),
+            hook_path: PathBuf::from("/usr/bin/vramgate-hook"),
+            hook_timeout_secs: 3660,
+        }
+    }
+
+    fn run(o: &SetupOptions) -> Plan {
+        let p = plan(o).unwrap();
+        apply(&p).unwrap();
+        p
+    }
+
+    #[test]
+    fn docker_keeps_keys_backs_up_and_is_reversible() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("daemon.json");
+        let original = "{\"zz-first\": true, \"runtimes\": {\"nvidia\": {\"path\": \"nvidia-container-runtime\"}}, \"log-driver\": \"journald\"}\n";
+        std::fs::write(&path, original).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let mut o = options(Engine::Docker, dir.path());
+        o.set_as_default = true;
+        assert_eq!(run(&o).changes.len(), 1);
+        let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["zz-first", "runtimes", "log-driver", "default-runtime"]);
+        assert_eq!(v["runtimes"]["nvidia"]["path"], "nvidia-container-runtime");
+        assert_eq!(v["runtimes"]["vramgate"]["path"], "/usr/bin/vramgate-runtime");
+        assert_eq!(v["default-runtime"], "vramgate");
+        assert_eq!(mode_of(&path), Some(0o640));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("daemon.json.vramgate-backup")).unwrap(),
+            original
+        );
+        // Twice: nothing to do.
+        let again = run(&o);
+        assert!(again.changes.is_empty() && again.unchanged == [path.clone()]);
+        o.remove = true;
+        run(&o);
+        let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v, serde_json::from_str::<Value>(original).unwrap());
+        assert!(run(&o).changes.is_empty());
+    }
+
+    #[test]
+    fn docker_refuses_what_it_cannot_edit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("daemon.json");
+        for (bad, needle) in [
+            ("{not json", "not valid JSON"),
+            ("[]", "not a JSON object"),
+            ("{\"runtimes\": 1}", "\"runtimes\""),
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let err = plan(&options(Engine::Docker, dir.path())).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("daemon.json"), "{err}");
+        }
+        // Missing file: created; removing again leaves nothing behind.
+        std::fs::remove_file(&path).unwrap();
+        let mut o = options(Engine::Docker, dir.path());
+        run(&o);
+        assert!(path.exists());
+        o.remove = true;
+        run(&o);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), "{}");
+    }
+
+    #[test]
+    fn containerd_imports_and_drop_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.toml");
+        let original = "# host config\nversion = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    sandbox_image = \"x\"\n";
+        std::fs::write(&main, original).unwrap();
+        let mut o = options(Engine::Containerd, dir.path());
+        run(&o);
+        let text = std::fs::read_to_string(&main).unwrap();
+        let drop_in = dir.path().join("conf.d/vramgate.toml");
+        assert!(
+            text.starts_with(&format!(
+                "# host config\nversion = 2\nimports = [{}]\n",
+                toml_string(&drop_in.to_string_lossy())
+            )),
+            "{text}"
+        );
+        let d: toml::Table = toml::from_str(&std::fs::read_to_string(&drop_in).unwrap()).unwrap();
+        let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"];
+        assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
+        assert_eq!(rt["pod_annotations"][0].as_str(), Some("vramgate.dev/*"));
+        // The host's CRI settings ride along, or containerd 1.x would drop them.
+        assert_eq!(
+            d["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
+            Some("x")
+        );
+        assert!(run(&o).changes.is_empty());
+        o.remove = true;
+        run(&o);
+        assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+        assert!(!drop_in.exists());
+    }
+
+    #[test]
+    fn containerd_import_edits() {
+        let p = Path::new("/etc/containerd/config.toml");
+        let f = "/etc/containerd/conf.d/vramgate.toml";
+        assert_eq!(
+            with_import("", f, p).unwrap(),
+            format!("version = 2\nimports = [\"{f}\"]\n")
+        );
+        assert_eq!(
+            with_import("version = 2\nimports = [\"/a.toml\"]\n[x]\n", f, p).unwrap(),
+            format!("version = 2\nimports = [\"/a.toml\", \"{f}\"]\n[x]\n")
+        );
+        assert_eq!(
+            with_import("imports = []\n", f, p).unwrap(),
+            format!("imports = [\"{f}\"]\n")
+        );
+        assert!(with_import("imports = [\n  \"/a.toml\",\n]\n", f, p)
+            .unwrap_err()
+            .to_string()
+            .contains("several lines"));
+        assert_eq!(
+            without_import(&format!("imports = [\"/a\", \"{f}\"]\n"), f),
+            "imports = [\"/a\"]\n"
+        );
+        assert!(import_covers("/etc/containerd/conf.d/*.toml", Path::new(f)));
+        assert!(!import_covers("/etc/containerd/other/*.toml", Path::new(f)));
+    }
+
+    #[test]
+    fn hooks_d_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(Engine::Podman, dir.path());
+        o.hook_path = PathBuf::from("/opt/vg/vramgate-hook");
+        o.hook_timeout_secs = 960;
+        run(&o);
+        let pre: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("hooks.d").join(PRESTART_FILE)).unwrap()).unwrap();
+        assert_eq!(pre["hook"]["path"], "/opt/vg/vramgate-hook");
+        assert_eq!(pre["hook"]["timeout"], 960);
+        assert_eq!(pre["hook"]["args"][3], "960");
+        assert_eq!(pre["stages"], json!(["prestart"]));
+        assert_eq!(pre["when"]["annotations"]["^vramgate\\.dev/memory$"], ".+");
+        let post: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("hooks.d").join(POSTSTOP_FILE)).unwrap()).unwrap();
+        assert_eq!(post["stages"], json!(["poststop"]));
+        assert!(run(&o).changes.is_empty());
+        o.remove = true;
+        run(&o);
+        assert_eq!(std::fs::read_dir(dir.path().join("hooks.d")).unwrap().count(), 0);
+    }
+}

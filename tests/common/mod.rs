@@ -1,0 +1,207 @@
+//! What the engine tests (docker, podman, containerd) share: a testbed with a simulated GPU,
+//! reading `vramgate status --json`, waiting with a bound, and stopping daemons the tests
+//! started.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vramgate::testbed::Testbed;
+
+pub const VRAMGATE: &str = env!("CARGO_BIN_EXE_vramgate");
+pub const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+pub const RUNTIME: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
+/// The simulated GPU of the default static inventory: 24,265 MiB.
+pub const GPU_MIB: u64 = 24_265;
+
+/// The engines and runc live in sbin on Debian; cargo's PATH may not have it.
+pub fn path_with_sbin() -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    format!("{path}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+}
+
+/// Fails (never skips) when a tool the test drives is missing: CI installs them.
+pub fn require(tool: &str) {
+    let found = std::env::split_paths(&path_with_sbin()).any(|d| d.join(tool).is_file());
+    assert!(found, "{tool} is not installed: run scripts/install-deps (as root)");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the engine tests run as root: sudo scripts/test"
+    );
+}
+
+/// A testbed (private state dir, busybox rootfs) on the static simulated GPU.
+pub fn testbed(dir: &Path) -> Testbed {
+    let config = Testbed::default_config(dir, "[inventory]\nbackend = \"static\"");
+    Testbed::create(dir, "runc", Path::new(HOOK), &config).expect("testbed")
+}
+
+/// The busybox rootfs as a tar, for `docker import` / `podman import`.
+pub fn rootfs_tar(tb: &Testbed) -> PathBuf {
+    let tar = tb.dir.join("rootfs.tar");
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(&tb.rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
+    tar
+}
+
+/// The reservations `vramgate status --json` lists: (container id, bytes).
+pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
+    let out = Command::new(VRAMGATE)
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &tb.config_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vramgate status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["reservations"].as_array().cloned().unwrap_or_default())
+        .map(|r| {
+            (
+                r["container_id"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Polls `check` every 100 ms for at most `limit`; panics with `what` and the last state.
+pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, mut check: impl FnMut() -> (bool, T)) -> T {
+    let start = Instant::now();
+    loop {
+        let (done, state) = check();
+        if done {
+            return state;
+        }
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting until {what}; last: {state:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn wait_released(tb: &Testbed, id: &str) {
+    wait_until(&format!("{id} is released"), Duration::from_secs(15), || {
+        let r = reservations(tb);
+        (!r.iter().any(|(c, _)| c == id), r)
+    });
+}
+
+pub fn wait_reserved(tb: &Testbed, id: &str, bytes: u64) {
+    wait_until(&format!("{id} holds {bytes} bytes"), Duration::from_secs(15), || {
+        let r = reservations(tb);
+        (r.iter().any(|(c, b)| c == id && *b == bytes), r)
+    });
+}
+
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// SIGTERM, up to `grace` to exit, then SIGKILL. `pid` is a child of this process or not.
+pub fn stop_pid(pid: i32, grace: Duration) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(pid);
+    if kill(pid, Signal::SIGTERM).is_err() {
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < grace {
+        // Reaps it if it is our child; a non-child disappears from /proc by itself.
+        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        if kill(pid, None).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = kill(pid, Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(pid, None);
+}
+
+/// Unmounts whatever a daemon left mounted under `dir` (deepest first), so it can be removed.
+pub fn unmount_under(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return;
+    };
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = Command::new("umount").arg("-l").arg(p).status();
+    }
+}
+
+/// Which vramgate hook stages a bundle's `config.json` carries.
+pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
+    let spec: Value = serde_json::from_slice(&std::fs::read(config_json).unwrap()).unwrap();
+    let mut stages = Vec::new();
+    if let Some(hooks) = spec.get("hooks").and_then(Value::as_object) {
+        for (stage, entries) in hooks {
+            let ours = entries
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["path"].as_str().is_some_and(|p| p.ends_with("/vramgate-hook")));
+            if ours {
+                stages.push(stage.clone());
+            }
+        }
+    }
+    stages
+}
+
+/// Host paths an engine creates at fixed places whatever its flags (`/run/containerd/s` for
+/// shim sockets, `/run/docker/plugins`, podman's blob-info cache): those that did not exist
+/// before the test are removed after it, in the order given (files, then empty directories).
+pub struct HostDirs(Vec<(PathBuf, bool)>);
+
+impl HostDirs {
+    pub fn note(paths: &[&str]) -> HostDirs {
+        HostDirs(
+            paths
+                .iter()
+                .map(|p| (PathBuf::from(p), Path::new(p).exists()))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for HostDirs {
+    fn drop(&mut self) {
+        for (path, existed) in &self.0 {
+            if !existed {
+                if path.is_dir() {
+                    let _ = std::fs::remove_dir(path); // only when empty
+                } else {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! containerd: the config `vramgate setup containerd` writes is read by the installed
+//! containerd (`config dump` shows the runtime, its annotation pass-lists, and the host's own
+//! CRI settings intact), and a container run through `ctr run --runc-binary vramgate-runtime`
+//! on a private containerd is admitted, refused and released.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// A host CRI section with values that differ from containerd's defaults, so that losing
+/// them (containerd 1.x replaces a plugin section wholesale on import) would show.
+const HOST_CONFIG: &str = r#"# the host's own config
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.example/pause:host"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+"#;
+
+fn setup_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(VRAMGATE);
+    cmd.arg("setup").arg("containerd").args(args);
+    cmd
+}
+
+#[test]
+fn setup_writes_a_config_containerd_reads() {
+    require("containerd");
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("config.toml");
+    let drop_in = dir.path().join("conf.d/vramgate.toml");
+    std::fs::write(&main, HOST_CONFIG).unwrap();
+    let paths = [
+        "--config-path",
+        drop_in.to_str().unwrap(),
+        "--containerd-config",
+        main.to_str().unwrap(),
+        "--runtime-path",
+        RUNTIME,
+    ];
+
+    // --dry-run prints the drop-in and writes nothing.
+    let printed = run_ok(setup_cmd(&paths).arg("--dry-run"));
+    assert!(
+        printed.contains("would write") && printed.contains("BinaryName"),
+        "{printed}"
+    );
+    assert!(!drop_in.exists());
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), HOST_CONFIG);
+
+    run_ok(&mut setup_cmd(&paths));
+    let dump = run_ok(
+        Command::new("containerd")
+            .arg("--config")
+            .arg(&main)
+            .args(["config", "dump"]),
+    );
+    let dumped: toml::Table = toml::from_str(&dump).expect("containerd's dump is TOML");
+    let imports = dumped["imports"].as_array().unwrap();
+    assert!(imports.iter().any(|i| i.as_str() == drop_in.to_str()), "{imports:?}");
+    let cri = &dumped["plugins"]["io.containerd.grpc.v1.cri"];
+    let runtime = &cri["containerd"]["runtimes"]["vramgate"];
+    assert_eq!(runtime["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+    assert_eq!(runtime["options"]["BinaryName"].as_str(), Some(RUNTIME));
+    for key in ["pod_annotations", "container_annotations"] {
+        assert_eq!(
+            runtime[key].as_array().unwrap()[0].as_str(),
+            Some("vramgate.dev/*"),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        cri["sandbox_image"].as_str(),
+        Some("registry.example/pause:host"),
+        "host CRI setting lost"
+    );
+    assert_eq!(
+        cri["cni"]["bin_dir"].as_str(),
+        Some("/usr/lib/cni"),
+        "host CRI setting lost"
+    );
+    assert_eq!(
+        cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(cri["containerd"]["default_runtime_name"].as_str(), Some("runc"));
+
+    // Idempotent; --set-as-default makes it the CRI default; --remove restores the host file.
+    let again = run_ok(&mut setup_cmd(&paths));
+    assert!(
+        again.contains("already as wanted") && !again.contains("wrote"),
+        "{again}"
+    );
+    run_ok(setup_cmd(&paths).arg("--set-as-default"));
+    let dump = run_ok(
+        Command::new("containerd")
+            .arg("--config")
+            .arg(&main)
+            .args(["config", "dump"]),
+    );
+    let dumped: toml::Table = toml::from_str(&dump).unwrap();
+    assert_eq!(
+        dumped["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"].as_str(),
+        Some("vramgate")
+    );
+    run_ok(setup_cmd(&paths).arg("--remove"));
+    assert!(!drop_in.exists());
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), HOST_CONFIG);
+}
+
+struct Containerd {
+    child: Option<Child>,
+    address: PathBuf,
+    state: PathBuf,
+    tb: vramgate::testbed::Testbed,
+    _host: HostDirs,
+}
+
+impl Containerd {
+    fn start(tb: vramgate::testbed::Testbed) -> Containerd {
+        // ctr and the runc shim keep fifos and runc state under /run/containerd whatever
+        // containerd's --state is.
+        let host = HostDirs::note(&[
+            "/run/containerd/runc/default",
+            "/run/containerd/runc",
+            "/run/containerd/fifo",
+            "/run/containerd/s",
+            "/run/containerd",
+        ]);
+        let dir = tb.dir.join("containerd");
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.toml");
+        // No CRI plugin here: ctr does not need it, and it would set up CNI.
+        std::fs::write(
+            &config,
+            format!(
+                "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
+                dir.join("opt").display().to_string()
+            ),
+        )
+        .unwrap();
+        let address = dir.join("containerd.sock");
+        let state = dir.join("state");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .arg("--root")
+            .arg(dir.join("root"))
+            .arg("--state")
+            .arg(&state)
+            .arg("--address")
+            .arg(&address)
+            .env("VRAMGATE_CONFIG", &tb.config_path)
+            .env("PATH", path_with_sbin())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
+            .spawn()
+            .expect("starting containerd");
+        wait_until("containerd listens", Duration::from_secs(20), || (address.exists(), ()));
+        Containerd {
+            child: Some(child),
+            address,
+            state,
+            tb,
+            _host: host,
+        }
+    }
+
+    fn ctr(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address").arg(&self.address).args(args).stdin(Stdio::null());
+        cmd
+    }
+
+    /// `ctr run --rootfs --runc-binary vramgate-runtime [extra] ROOTFS id cmd...`
+    fn run(&self, extra: &[&str], id: &str, cmd: &[&str]) -> Command {
+        let mut c = self.ctr(&["run", "--rootfs", "--runc-binary", RUNTIME]);
+        c.args(extra).arg(&self.tb.rootfs).arg(id).args(cmd);
+        c
+    }
+
+    fn remove(&self, id: &str) {
+        let _ = self.ctr(&["task", "kill", "-s", "SIGKILL", id]).output();
+        wait_until(&format!("task {id} stopped"), Duration::from_secs(10), || {
+            let out = self.ctr(&["task", "ls"]).output().unwrap();
+            let listing = String::from_utf8_lossy(&out.stdout).to_string();
+            let running = listing.lines().any(|l| l.starts_with(id) && l.contains("RUNNING"));
+            (!running, listing)
+        });
+        let _ = self.ctr(&["task", "delete", id]).output();
+        let _ = self.ctr(&["container", "delete", id]).output();
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if let Ok(out) = self.ctr(&["container", "ls", "-q"]).output() {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                self.remove(id);
+            }
+        }
+        if let Some(child) = self.child.take() {
+            stop_pid(child.id() as i32, Duration::from_secs(10));
+        }
+        unmount_under(&self.tb.dir);
+    }
+}
+
+#[test]
+fn ctr_run_through_the_wrapper_is_admitted_and_released() {
+    require("containerd");
+    require("ctr");
+    require("runc");
+    let dir = tempfile::tempdir().unwrap();
+    let c = Containerd::start(testbed(dir.path()));
+
+    // Annotations reach the spec through ctr; admitted while it runs.
+    run_ok(&mut c.run(
+        &[
+            "-d",
+            "--annotation",
+            "vramgate.dev/memory=20Gi",
+            "--annotation",
+            "vramgate.dev/gpus=0",
+        ],
+        "big",
+        &["/bin/sleep", "300"],
+    ));
+    wait_reserved(&c.tb, "big", 20 << 30);
+    let bundle = c.state.join("io.containerd.runtime.v2.task/default/big/config.json");
+    assert_eq!(vramgate_hook_stages(&bundle), ["createRuntime", "poststop"]);
+
+    // Over capacity (env request this time): ctr fails with vramgate's message.
+    let out = c
+        .run(
+            &[
+                "--rm",
+                "--env",
+                "VRAMGATE_MEMORY=5Gi",
+                "--env",
+                "NVIDIA_VISIBLE_DEVICES=0",
+            ],
+            "refused",
+            &["/bin/true"],
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("vramgate: refused container refused: it requests 5120 MiB"),
+        "{stderr}"
+    );
+    assert_eq!(reservations(&c.tb), [("big".to_string(), 20 << 30)]);
+
+    // Killed and deleted: released by the poststop hook the wrapper added.
+    c.remove("big");
+    wait_released(&c.tb, "big");
+
+    // Without a request: no hooks in its spec, nothing reserved.
+    run_ok(&mut c.run(&["-d"], "plain", &["/bin/sleep", "300"]));
+    let bundle = c.state.join("io.containerd.runtime.v2.task/default/plain/config.json");
+    assert!(vramgate_hook_stages(&bundle).is_empty());
+    assert!(reservations(&c.tb).is_empty());
+    c.remove("plain");
+}

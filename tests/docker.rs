@@ -1,0 +1,327 @@
+//! Docker through `vramgate-runtime`: a private dockerd (own data-root, exec-root, socket,
+//! pidfile, daemon.json) on a private containerd, both started here, with the `vramgate`
+//! runtime pointing at the built wrapper and the wrapper's config (VRAMGATE_CONFIG in the
+//! daemons' environment) pointing at a testbed with a simulated GPU. One daemon serves every
+//! case: starting one costs seconds.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use vramgate::testbed::Testbed;
+
+const IMAGE: &str = "vramgate-busybox:test";
+/// dockerd 20.10 writes its trust key here whatever its data-root; removed if we caused it.
+const DOCKER_KEY: &str = "/etc/docker/key.json";
+
+struct Daemons {
+    tb: Testbed,
+    dir: PathBuf,
+    socket: PathBuf,
+    docker_config: PathBuf,
+    containerd_state: PathBuf,
+    containerd: Option<Child>,
+    dockerd: Option<Child>,
+    key_existed: bool,
+    _host_dirs: HostDirs,
+}
+
+impl Daemons {
+    fn start(tb: Testbed) -> Daemons {
+        let dir = tb.dir.join("docker");
+        for d in ["data", "exec", "ctd-root", "ctd-state", "opt", "cli"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let key_existed = Path::new(DOCKER_KEY).exists();
+        let host_dirs = HostDirs::note(&[
+            "/run/containerd/s",
+            "/run/containerd",
+            "/run/docker/plugins",
+            "/run/docker",
+        ]);
+        // containerd: no CRI plugin (it would set up CNI), and its opt dir inside the temp dir.
+        let ctd_config = dir.join("containerd.toml");
+        std::fs::write(
+            &ctd_config,
+            format!(
+                "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
+                dir.join("opt").display().to_string()
+            ),
+        )
+        .unwrap();
+        let ctd_socket = dir.join("containerd.sock");
+        let containerd_state = dir.join("ctd-state");
+        let containerd = Command::new("containerd")
+            .arg("--config")
+            .arg(&ctd_config)
+            .arg("--root")
+            .arg(dir.join("ctd-root"))
+            .arg("--state")
+            .arg(&containerd_state)
+            .arg("--address")
+            .arg(&ctd_socket)
+            // The shim, and so the wrapper and the hooks, inherit this.
+            .env("VRAMGATE_CONFIG", &tb.config_path)
+            .env("PATH", path_with_sbin())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
+            .spawn()
+            .expect("starting containerd");
+        let mut daemons = Daemons {
+            socket: dir.join("docker.sock"),
+            docker_config: dir.join("cli"),
+            containerd_state,
+            dir: dir.clone(),
+            tb,
+            containerd: Some(containerd),
+            dockerd: None,
+            key_existed,
+            _host_dirs: host_dirs,
+        };
+        wait_until("containerd listens", Duration::from_secs(20), || {
+            (ctd_socket.exists(), ())
+        });
+
+        // A second runtime whose wrapper reads a config naming no runtime that exists: shows
+        // how the wrapper's own errors reach the docker user.
+        let broken = dir.join("broken.toml");
+        std::fs::write(&broken, "[runtime]\nruntimes = [\"no-such-runtime-anywhere\"]\n").unwrap();
+        let misconfigured = dir.join("vramgate-misconfigured");
+        std::fs::write(
+            &misconfigured,
+            format!(
+                "#!/bin/sh\nVRAMGATE_CONFIG={} exec {RUNTIME} \"$@\"\n",
+                broken.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&misconfigured, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+        let daemon_json = dir.join("daemon.json");
+        let config = json!({
+            "storage-driver": "vfs",
+            "bridge": "none",
+            "iptables": false,
+            "ip6tables": false,
+            "ip-forward": false,
+            "ip-masq": false,
+            "userland-proxy": false,
+            "default-ulimits": {"nofile": {"Name": "nofile", "Hard": 20000, "Soft": 20000}},
+            "runtimes": {
+                "vramgate": {"path": RUNTIME},
+                "vramgate-misconfigured": {"path": misconfigured},
+            },
+        });
+        std::fs::write(&daemon_json, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let dockerd = Command::new("dockerd")
+            .arg("--config-file")
+            .arg(&daemon_json)
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("-H")
+            .arg(format!("unix://{}", daemons.socket.display()))
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .arg("--containerd")
+            .arg(&ctd_socket)
+            .env("VRAMGATE_CONFIG", &daemons.tb.config_path)
+            .env("PATH", path_with_sbin())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
+            .spawn()
+            .expect("starting dockerd");
+        daemons.dockerd = Some(dockerd);
+        wait_until("dockerd answers", Duration::from_secs(60), || {
+            let ok = daemons
+                .docker(&["version", "--format", "{{.Server.Version}}"])
+                .stderr(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success());
+            let log = std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default();
+            (ok, log.lines().last().unwrap_or_default().to_string())
+        });
+        let tar = rootfs_tar(&daemons.tb);
+        run_ok(daemons.docker(&["import"]).arg(&tar).arg(IMAGE));
+        daemons
+    }
+
+    fn docker(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("docker");
+        cmd.args(args)
+            .env("DOCKER_HOST", format!("unix://{}", self.socket.display()))
+            .env("DOCKER_CONFIG", &self.docker_config)
+            .env("PATH", path_with_sbin())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `docker run --runtime vramgate --network none [extra] IMAGE cmd...`.
+    fn run(&self, runtime: &str, extra: &[&str], cmd: &[&str]) -> Command {
+        let mut c = self.docker(&["run", "--runtime", runtime, "--network", "none"]);
+        c.args(extra).arg(IMAGE).args(cmd);
+        c
+    }
+
+    /// The spec containerd handed the runtime for a running container.
+    fn bundle_config(&self, id: &str) -> PathBuf {
+        self.containerd_state
+            .join("io.containerd.runtime.v2.task/moby")
+            .join(id)
+            .join("config.json")
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        if let Ok(out) = self.docker(&["ps", "-aq"]).output() {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = self.docker(&["rm", "-f", id]).stderr(Stdio::null()).output();
+            }
+        }
+        // dockerd by its pid file, as an operator would; then its containerd.
+        let pid = std::fs::read_to_string(self.dir.join("docker.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+            .or_else(|| self.dockerd.as_ref().map(|c| c.id() as i32));
+        if let Some(pid) = pid {
+            stop_pid(pid, Duration::from_secs(20));
+        }
+        if let Some(mut c) = self.dockerd.take() {
+            let _ = c.try_wait();
+        }
+        if let Some(c) = self.containerd.take() {
+            stop_pid(c.id() as i32, Duration::from_secs(10));
+        }
+        unmount_under(&self.tb.dir);
+        if !self.key_existed {
+            let _ = std::fs::remove_file(DOCKER_KEY);
+        }
+    }
+}
+
+fn container_id(out: String) -> String {
+    let id = out.lines().last().unwrap_or_default().trim().to_string();
+    assert_eq!(id.len(), 64, "a container id: {out:?}");
+    id
+}
+
+#[test]
+fn docker_runs_through_vramgate_runtime() {
+    require("dockerd");
+    require("containerd");
+    require("docker");
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemons::start(testbed(dir.path()));
+    let gpu = ["-e", "NVIDIA_VISIBLE_DEVICES=0"];
+    let req = |amount: &str| format!("VRAMGATE_MEMORY={amount}");
+
+    // A container without a request: the wrapper leaves its spec alone, nothing is reserved.
+    let plain = container_id(run_ok(&mut d.run(
+        "vramgate",
+        &["-d", "-e", "NVIDIA_VISIBLE_DEVICES=0"],
+        &["sleep", "300"],
+    )));
+    assert_eq!(vramgate_hook_stages(&d.bundle_config(&plain)), Vec::<String>::new());
+    assert!(reservations(&d.tb).is_empty());
+
+    // Admitted, visible in status while it runs, with the hooks the wrapper added.
+    let big = container_id(run_ok(&mut d.run(
+        "vramgate",
+        &["-d", "-e", &req("20Gi"), gpu[0], gpu[1]],
+        &["sleep", "300"],
+    )));
+    wait_reserved(&d.tb, &big, 20 << 30);
+    assert_eq!(
+        vramgate_hook_stages(&d.bundle_config(&big)),
+        ["createRuntime", "poststop"]
+    );
+
+    // Over capacity: `docker run` fails and the user sees vramgate's refusal.
+    let out = d
+        .run("vramgate", &["--rm", "-e", &req("5Gi"), gpu[0], gpu[1]], &["true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an over-capacity container started");
+    assert!(
+        stderr.contains("vramgate: refused container") && stderr.contains("it requests 5"),
+        "docker's error does not show vramgate's message: {stderr}"
+    );
+    assert_eq!(reservations(&d.tb).len(), 1, "the refused container holds nothing");
+
+    // `docker rm -f` of a running container releases it.
+    run_ok(&mut d.docker(&["rm", "-f", &big]));
+    wait_released(&d.tb, &big);
+
+    // `docker kill`.
+    let killed = container_id(run_ok(&mut d.run(
+        "vramgate",
+        &["-d", "-e", &req("2Gi"), gpu[0], gpu[1]],
+        &["sleep", "300"],
+    )));
+    wait_reserved(&d.tb, &killed, 2 << 30);
+    run_ok(&mut d.docker(&["kill", &killed]));
+    wait_released(&d.tb, &killed);
+    run_ok(&mut d.docker(&["rm", &killed]));
+
+    // `--rm`, in the foreground: reserved while it runs, released when `docker run` returns.
+    let cidfile = d.dir.join("rm.cid");
+    let cid_arg = cidfile.display().to_string();
+    let mut fg = d
+        .run(
+            "vramgate",
+            &["--rm", "--cidfile", &cid_arg, "-e", &req("3Gi"), gpu[0], gpu[1]],
+            &["sleep", "2"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rm_id = wait_until("the --rm container has an id", Duration::from_secs(15), || {
+        let id = std::fs::read_to_string(&cidfile).unwrap_or_default();
+        (id.trim().len() == 64, id.trim().to_string())
+    });
+    wait_reserved(&d.tb, &rm_id, 3 << 30);
+    assert!(fg.wait().unwrap().success());
+    wait_released(&d.tb, &rm_id);
+
+    // A normal exit without --rm: released when the process ends, before `docker rm`.
+    let exits = container_id(run_ok(&mut d.run(
+        "vramgate",
+        &["-d", "-e", &req("4Gi"), gpu[0], gpu[1]],
+        &["sleep", "2"],
+    )));
+    wait_reserved(&d.tb, &exits, 4 << 30);
+    assert_eq!(run_ok(&mut d.docker(&["wait", &exits])), "0");
+    wait_released(&d.tb, &exits);
+    run_ok(&mut d.docker(&["rm", &exits]));
+
+    // The wrapper's own errors reach the docker user through runc's --log.
+    let out = d
+        .run(
+            "vramgate-misconfigured",
+            &["--rm", "-e", &req("1Gi"), gpu[0], gpu[1]],
+            &["true"],
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("vramgate: no runtime to run next") && stderr.contains("no-such-runtime-anywhere"),
+        "{stderr}"
+    );
+
+    run_ok(&mut d.docker(&["rm", "-f", &plain]));
+    assert!(
+        reservations(&d.tb).is_empty(),
+        "nothing left reserved: {:?}",
+        reservations(&d.tb)
+    );
+}

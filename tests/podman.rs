@@ -1,0 +1,151 @@
+//! podman with runc and the repository's hooks.d JSON (rewritten to run the built hook with the
+//! testbed's config): `podman run --annotation vramgate.dev/memory=...` is admitted, refused
+//! with vramgate's message in front of the user, and released when the container ends.
+//! Everything podman keeps lives in the temp dir (`--root`, `--runroot`, `--tmpdir`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::{json, Value};
+use vramgate::testbed::Testbed;
+
+const IMAGE: &str = "localhost/vramgate-busybox:test";
+
+struct Podman {
+    tb: Testbed,
+    dir: PathBuf,
+    hooks: PathBuf,
+    _host: HostDirs,
+}
+
+impl Podman {
+    fn new(tb: Testbed) -> Podman {
+        let host = HostDirs::note(&[
+            "/var/lib/containers/cache/blob-info-cache-v1.boltdb",
+            "/var/lib/containers/cache",
+            "/var/lib/containers",
+            "/run/containers/networks",
+            "/run/containers",
+        ]);
+        let dir = tb.dir.join("podman");
+        let hooks = dir.join("hooks.d");
+        std::fs::create_dir_all(&hooks).unwrap();
+        // The hard nofile limit here is 20000; podman's default ulimits ask for more.
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\ndefault_ulimits = []\n[network]\nnetwork_config_dir = {:?}\n",
+                dir.join("networks").display().to_string()
+            ),
+        )
+        .unwrap();
+        // The repo's hooks.d files, as packaged, pointed at the built hook and the testbed.
+        let repo_hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
+        for name in ["vramgate-prestart.json", "vramgate-poststop.json"] {
+            let mut doc: Value = serde_json::from_slice(&std::fs::read(repo_hooks.join(name)).unwrap()).unwrap();
+            doc["hook"]["path"] = json!(HOOK);
+            doc["hook"]["env"] = json!([format!("VRAMGATE_CONFIG={}", tb.config_path.display())]);
+            std::fs::write(hooks.join(name), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+        }
+        let podman = Podman {
+            tb,
+            dir,
+            hooks,
+            _host: host,
+        };
+        let tar = rootfs_tar(&podman.tb);
+        run_ok(podman.podman(&["import"]).arg(&tar).arg(IMAGE));
+        podman
+    }
+
+    fn podman(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("runroot"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .arg("--hooks-dir")
+            .arg(&self.hooks)
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--runtime",
+                "runc",
+                "--cgroup-manager",
+                "cgroupfs",
+            ])
+            .args(["--events-backend", "none"])
+            .args(args)
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env("PATH", path_with_sbin())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, extra: &[&str], memory: Option<&str>, cmd: &[&str]) -> Command {
+        let mut c = self.podman(&["run", "--network", "none"]);
+        if let Some(m) = memory {
+            c.arg("--annotation")
+                .arg(format!("vramgate.dev/memory={m}"))
+                .arg("--annotation")
+                .arg("vramgate.dev/gpus=0");
+        }
+        c.args(extra).arg(IMAGE).args(cmd);
+        c
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.podman(&["rm", "-f", "-a", "-t", "0"]).output();
+        unmount_under(&self.tb.dir);
+    }
+}
+
+#[test]
+fn podman_admits_refuses_and_releases() {
+    require("podman");
+    require("runc");
+    let dir = tempfile::tempdir().unwrap();
+    let p = Podman::new(testbed(dir.path()));
+
+    // Admitted: visible in status while it runs.
+    let big = run_ok(&mut p.run(&["-d"], Some("20Gi"), &["sleep", "300"]));
+    wait_reserved(&p.tb, &big, 20 << 30);
+
+    // Refused: podman fails and prints vramgate's message; nothing more is reserved.
+    let out = p.run(&["--rm"], Some("5Gi"), &["true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an over-capacity container started");
+    assert!(
+        stderr.contains("vramgate: refused container") && stderr.contains("it requests 5120 MiB"),
+        "podman's error does not show vramgate's message: {stderr}"
+    );
+    assert_eq!(reservations(&p.tb), [(big.clone(), 20 << 30)]);
+
+    // Released on `podman rm -f`.
+    run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &big]));
+    wait_released(&p.tb, &big);
+
+    // Released on a normal exit (before the container is removed).
+    let short = run_ok(&mut p.run(&["-d"], Some("6Gi"), &["sleep", "2"]));
+    wait_reserved(&p.tb, &short, 6 << 30);
+    assert_eq!(run_ok(&mut p.podman(&["wait", &short])), "0");
+    wait_released(&p.tb, &short);
+    run_ok(&mut p.podman(&["rm", &short]));
+
+    // `--rm` in the foreground; the container's own exit status comes through.
+    let out = p.run(&["--rm"], Some("1Gi"), &["sh", "-c", "exit 7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Without the annotation the hooks do not even run: nothing is reserved.
+    let plain = run_ok(&mut p.run(&["-d"], None, &["sleep", "300"]));
+    assert!(reservations(&p.tb).is_empty());
+    run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &plain]));
+    assert!(reservations(&p.tb).is_empty(), "nothing left reserved");
+}
