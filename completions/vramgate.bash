@@ -34,6 +34,9 @@ _vramgate() {
             vramgate,release)
                 cmd="vramgate__subcmd__release"
                 ;;
+            vramgate,setup)
+                cmd="vramgate__subcmd__setup"
+                ;;
             vramgate,status)
                 cmd="vramgate__subcmd__status"
                 ;;
@@ -54,6 +57,9 @@ _vramgate() {
                 ;;
             vramgate__subcmd__help,release)
                 cmd="vramgate__subcmd__help__subcmd__release"
+                ;;
+            vramgate__subcmd__help,setup)
+                cmd="vramgate__subcmd__help__subcmd__setup"
                 ;;
             vramgate__subcmd__help,status)
                 cmd="vramgate__subcmd__help__subcmd__status"
@@ -89,7 +95,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc ledger demo help"
+            opts="-h -V --config --help --version status doctor release gc ledger demo setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -185,7 +191,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc ledger demo help"
+            opts="status doctor release gc ledger demo setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -297,6 +303,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__release)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__setup)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -441,6 +461,40 @@ _vramgate() {
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__setup)
+            opts="-h -V --dry-run --remove --set-as-default --config-path --containerd-config --runtime-path --hook-path --config --help --version docker containerd podman crio"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --containerd-config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --runtime-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --hook-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -33,6 +33,7 @@ complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "release" -d 'Rele
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "ledger" -d 'Inspect or repair the ledger'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l record -d 'Also write what the inventory answered (GPUs, processes, their pid namespaces) and the ledger to this file, for test fixtures' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l note -d 'A note stored in the recording (what was running)' -r
@@ -78,12 +79,23 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l json -d 'Prin
 complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -l keep -d 'Keep the demo\'s work directory instead of deleting it'
 complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s V -l version -d 'Print version'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "ledger" -d 'Inspect or repair the ledger'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l config-path -d 'The file to edit (docker: daemon.json; containerd: the drop-in) or directory (podman, crio: hooks.d) instead of the engine\'s default' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l containerd-config -d 'containerd\'s main config, which must import the drop-in' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l runtime-path -d 'The vramgate-runtime binary the engine runs (default: next to this binary, else /usr/bin)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l hook-path -d 'The vramgate-hook binary hooks.d points at (default: next to this binary, else /usr/bin)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l dry-run -d 'Print what would change, and the new content, without writing anything'
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l remove -d 'Undo what setup did'
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l set-as-default -d 'Make vramgate the engine\'s default runtime (docker, containerd)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "ledger" -d 'Inspect or repair the ledger'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "show" -d 'Print the raw ledger JSON'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "repair" -d 'Set an unreadable ledger aside (renamed, never deleted) and start an empty one'
