@@ -62,6 +62,8 @@ pub struct GpuAccount {
     pub reserved: u64,
     pub unallocated: u64,
     pub headroom: u64,
+    /// How many reservations hold memory on this GPU (status lists them under `reservations`).
+    #[serde(rename = "reservation_count")]
     pub reservations: usize,
 }
 

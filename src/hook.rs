@@ -376,7 +376,7 @@ impl Admission<'_> {
                     gpus: shares.clone(),
                     init: self.init,
                     created_unix_ms: now,
-                    waited_ms: waited.as_millis() as u64,
+                    waited_ms: if waited_in_queue { waited.as_millis() as u64 } else { 0 },
                 });
                 tx.commit()?;
                 let kind = if waited_in_queue {

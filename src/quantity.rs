@@ -245,7 +245,10 @@ pub fn format_duration(d: Duration) -> String {
 pub fn format_bytes(bytes: u64) -> String {
     const MI: u64 = 1 << 20;
     const GI: u64 = 1 << 30;
-    if bytes >= 10 * GI {
+    const TI: u64 = 1 << 40;
+    if bytes >= 10 * TI {
+        format!("{:.1} TiB", bytes as f64 / TI as f64)
+    } else if bytes >= 10 * GI {
         format!("{:.1} GiB", bytes as f64 / GI as f64)
     } else if bytes >= MI {
         let mib = bytes as f64 / MI as f64;
@@ -374,5 +377,6 @@ mod tests {
         assert_eq!(format_bytes(1205 * MI), "1205 MiB");
         assert_eq!(format_bytes(24_265 * MI), "23.7 GiB");
         assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(100 << 40), "100.0 TiB");
     }
 }
