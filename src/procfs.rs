@@ -22,9 +22,18 @@ struct Stat {
 }
 
 fn read_stat(pid: u32) -> Option<Stat> {
+    use std::io::Read;
     let path: PathBuf = [PROC, &pid.to_string(), "stat"].iter().collect();
-    let text = std::fs::read_to_string(path).ok()?;
-    parse_stat(&text)
+    // One read into a stack buffer: a transaction checks every reservation's process, and
+    // `read_to_string` would spend a stat and five growing reads on each (seen with strace).
+    // A stat line is a few hundred bytes; a comm full of spaces still fits in 4 KiB.
+    let mut buf = [0u8; 4096];
+    let mut file = std::fs::File::open(path).ok()?;
+    let n = file.read(&mut buf).ok()?;
+    if n == buf.len() {
+        return None;
+    }
+    parse_stat(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
 /// Parses `/proc/<pid>/stat`. The command name (field 2) may hold spaces and parentheses, so
