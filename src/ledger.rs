@@ -287,11 +287,14 @@ impl StateDir {
     }
 
     /// Opens a file in the state directory, never following a symlink, and checks that it is
-    /// a regular file of ours that others cannot write.
+    /// a regular file of ours that others cannot write. `O_NONBLOCK` is there for a FIFO put
+    /// in a file's place: opening one blocks until the other end opens, which would hang every
+    /// container start; with it the open returns and the type check refuses the FIFO. On a
+    /// regular file the flag changes nothing.
     pub fn open_file(&self, name: &str, options: &mut OpenOptions) -> Result<File> {
         let path = self.path.join(name);
         let file = options
-            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC)
+            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC | libc_flags::O_NONBLOCK)
             .mode(0o600)
             .open(&path)
             .map_err(|e| {
@@ -419,6 +422,7 @@ impl StateDir {
 mod libc_flags {
     pub const O_NOFOLLOW: i32 = nix::fcntl::OFlag::O_NOFOLLOW.bits();
     pub const O_CLOEXEC: i32 = nix::fcntl::OFlag::O_CLOEXEC.bits();
+    pub const O_NONBLOCK: i32 = nix::fcntl::OFlag::O_NONBLOCK.bits();
     pub const ELOOP: i32 = nix::errno::Errno::ELOOP as i32;
 }
 
@@ -499,6 +503,23 @@ mod tests {
         // An unchanged transaction writes nothing.
         assert!(!state.begin().unwrap().commit().unwrap());
         assert_eq!(state.read().unwrap().generation, 1);
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_the_ledger_is_refused_not_waited_on() {
+        let (_d, state) = temp_state();
+        nix::unistd::mkfifo(&state.ledger_path(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Without O_NONBLOCK this open blocks until something writes to the FIFO: forever.
+        let err = state.read().unwrap_err();
+        assert!(err.to_string().contains("is not a regular file"), "{err}");
+        nix::unistd::mkfifo(
+            &state.path().join("events.jsonl"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(state
+            .open_file("events.jsonl", OpenOptions::new().append(true).create(true))
+            .is_err());
     }
 
     #[test]
