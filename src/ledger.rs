@@ -146,14 +146,14 @@ impl Ledger {
         Some(self.queue.remove(at))
     }
 
-    /// Sum of reserved bytes on one GPU.
+    /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
+    /// `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
     pub fn reserved_on(&self, uuid: &str) -> u64 {
         self.reservations
             .iter()
             .flat_map(|r| &r.gpus)
             .filter(|s| s.uuid == uuid)
-            .map(|s| s.bytes)
-            .sum()
+            .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
     }
 
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Ledger> {
@@ -503,6 +503,13 @@ mod tests {
         // An unchanged transaction writes nothing.
         assert!(!state.begin().unwrap().commit().unwrap());
         assert_eq!(state.read().unwrap().generation, 1);
+    }
+
+    #[test]
+    fn reserved_sum_saturates_instead_of_wrapping() {
+        let mut ledger = Ledger::default();
+        ledger.reservations = vec![reservation("a", 1, u64::MAX - 1), reservation("b", 2, 5)];
+        assert_eq!(ledger.reserved_on("GPU-a"), u64::MAX);
     }
 
     #[test]
