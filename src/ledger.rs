@@ -25,6 +25,13 @@ pub const LOCK_FILE: &str = "lock";
 const TEMP_FILE: &str = "ledger.json.tmp";
 /// A ledger larger than this is refused as corrupt; 10,000 reservations take about 3 MiB.
 pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
+/// Opt-in audit trail for tests and debugging: when set (an absolute path), every committed
+/// ledger is appended to that file as one JSON line, while the lock is still held, so the
+/// file holds every generation in order. Watching the state directory with inotify cannot
+/// promise that: two commits can land between a watcher's wake-up and its read, and the
+/// middle state is never seen. Only the runtime's hook entry (written by the admin) sets a
+/// hook's environment, never a container.
+pub const AUDIT_LOG_ENV: &str = "VRAMGATE_AUDIT_LOG";
 /// How long a transaction waits for the lock before giving up. Holders keep it for
 /// milliseconds; reaching this means a holder is stuck, and saying so beats hanging a start.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,8 +40,12 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum LedgerError {
     #[error("state directory {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("state directory {path} is unsafe: {reason}; fix or remove it (it must be a real directory owned by root, mode 0700)")]
-    Unsafe { path: PathBuf, reason: String },
+    #[error("{} {path} is unsafe: it {reason}; fix or remove it (it must be {})", unsafe_kind(.is_dir), unsafe_want(.is_dir))]
+    Unsafe {
+        path: PathBuf,
+        is_dir: bool,
+        reason: String,
+    },
     #[error("ledger {path} is corrupt ({reason}); nothing was changed: inspect it, then run `vramgate ledger repair` to set it aside and start a new one")]
     Corrupt { path: PathBuf, reason: String },
     #[error("ledger {path} has schema version {found}, this vramgate reads {SCHEMA_VERSION}: upgrade vramgate, or run `vramgate ledger repair` to start a new ledger")]
@@ -44,6 +55,22 @@ pub enum LedgerError {
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
+
+fn unsafe_kind(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "state directory"
+    } else {
+        "state file"
+    }
+}
+
+fn unsafe_want(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "a real directory owned by root, mode 0700"
+    } else {
+        "a regular file owned by root that others cannot write"
+    }
+}
 
 /// The bytes one container holds (or asks for) on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,31 +229,26 @@ fn check_owned(path: &Path, meta: &std::fs::Metadata, want_dir: bool) -> Result<
     let unsafe_because = |reason: String| {
         Err(LedgerError::Unsafe {
             path: path.to_path_buf(),
+            is_dir: want_dir,
             reason,
         })
     };
     if meta.file_type().is_symlink() {
-        return unsafe_because(format!("{} is a symbolic link", path.display()));
+        return unsafe_because("is a symbolic link".into());
     }
     if want_dir && !meta.is_dir() {
-        return unsafe_because(format!("{} is not a directory", path.display()));
+        return unsafe_because("is not a directory".into());
     }
     if !want_dir && !meta.is_file() {
-        return unsafe_because(format!("{} is not a regular file", path.display()));
+        return unsafe_because("is not a regular file".into());
     }
     let euid = nix::unistd::geteuid().as_raw();
     if meta.uid() != euid {
-        return unsafe_because(format!(
-            "{} is owned by uid {}, not {}",
-            path.display(),
-            meta.uid(),
-            euid
-        ));
+        return unsafe_because(format!("is owned by uid {}, not {}", meta.uid(), euid));
     }
     if meta.mode() & 0o022 != 0 {
         return unsafe_because(format!(
-            "{} is writable by group or others (mode {:o})",
-            path.display(),
+            "is writable by group or others (mode {:o})",
             meta.mode() & 0o7777
         ));
     }
@@ -239,7 +261,8 @@ impl StateDir {
         if !path.is_absolute() {
             return Err(LedgerError::Unsafe {
                 path: path.to_path_buf(),
-                reason: "it is not an absolute path".into(),
+                is_dir: true,
+                reason: "is not an absolute path".into(),
             });
         }
         match std::fs::symlink_metadata(path) {
@@ -301,7 +324,8 @@ impl StateDir {
                 if e.raw_os_error() == Some(libc_flags::ELOOP) {
                     LedgerError::Unsafe {
                         path: path.clone(),
-                        reason: format!("{} is a symbolic link", path.display()),
+                        is_dir: false,
+                        reason: "is a symbolic link".into(),
                     }
                 } else {
                     io_err(&path)(e)
@@ -371,8 +395,8 @@ impl StateDir {
         })
     }
 
-    /// Writes `ledger` atomically. Only call while holding the lock.
-    fn write(&self, ledger: &Ledger) -> Result<()> {
+    /// Writes `ledger` atomically and returns the bytes written. Only call while holding the lock.
+    fn write(&self, ledger: &Ledger) -> Result<Vec<u8>> {
         let temp_path = self.path.join(TEMP_FILE);
         let bytes = serde_json::to_vec(ledger).expect("the ledger serializes");
         // A temp file left by a hook killed mid-write is ours to replace: we hold the lock.
@@ -391,7 +415,7 @@ impl StateDir {
         File::open(&self.path)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.path))?;
-        Ok(())
+        Ok(bytes)
     }
 
     /// Sets a ledger that cannot be read aside (renamed, never deleted) and starts an empty one.
@@ -446,9 +470,39 @@ impl Transaction {
             return Ok(false);
         }
         self.ledger.generation = self.original.generation + 1;
-        self.dir.write(&self.ledger)?;
+        let bytes = self.dir.write(&self.ledger)?;
         self.original = self.ledger.clone();
+        if let Some(path) = std::env::var_os(AUDIT_LOG_ENV) {
+            append_audit(Path::new(&path), &bytes);
+        }
         Ok(true)
+    }
+}
+
+/// Appends one committed ledger to the audit log (see [`AUDIT_LOG_ENV`]). Best effort: the
+/// commit already happened, so a failure is reported and the transaction stands.
+fn append_audit(path: &Path, ledger_json: &[u8]) {
+    let result = if path.is_absolute() {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC)
+            .open(path)
+            .and_then(|mut f| {
+                let mut line = Vec::with_capacity(ledger_json.len() + 1);
+                line.extend_from_slice(ledger_json);
+                line.push(b'\n');
+                f.write_all(&line)
+            })
+    } else {
+        Err(std::io::Error::other("it is not an absolute path"))
+    };
+    if let Err(e) = result {
+        eprintln!(
+            "vramgate: warning: cannot append to the audit log {}: {e}",
+            path.display()
+        );
     }
 }
 
