@@ -13,6 +13,7 @@ pub mod events;
 pub mod hook;
 pub mod inventory;
 pub mod ledger;
+pub mod privilege;
 pub mod procfs;
 pub mod quantity;
 pub mod request;
