@@ -186,7 +186,7 @@ impl Ledger {
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Ledger> {
         let corrupt = |reason: String| LedgerError::Corrupt {
             path: path.to_path_buf(),
-            reason,
+            reason: crate::one_line(&reason),
         };
         // Read the version first, so a newer schema is reported as such and not as corruption.
         #[derive(Deserialize)]
@@ -602,7 +602,7 @@ mod tests {
     #[test]
     fn corrupt_ledger_is_an_error_and_is_left_alone() {
         let (_d, state) = temp_state();
-        for bad in [&b"{not json"[..], b"", b"{\"schema\":1}", b"[]", b"{\"schema\":1,\"generation\":0,\"next_ticket\":1,\"reservations\":[{\"container_id\":\"x\",\"gpus\":[],\"init\":{\"pid\":1,\"start_time\":1},\"created_unix_ms\":0}],\"queue\":[]}"] {
+        for bad in [&b"{not json"[..], b"", b"{\"schema\":1,\"g\\neneration\":0}", b"{\"schema\":1}", b"[]", b"{\"schema\":1,\"generation\":0,\"next_ticket\":1,\"reservations\":[{\"container_id\":\"x\",\"gpus\":[],\"init\":{\"pid\":1,\"start_time\":1},\"created_unix_ms\":0}],\"queue\":[]}"] {
             std::fs::write(state.ledger_path(), bad).unwrap();
             let err = state.begin().err().expect("corrupt").to_string();
             assert!(err.contains("corrupt") && err.contains("vramgate ledger repair"), "{err}");

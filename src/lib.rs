@@ -25,3 +25,16 @@ pub mod status;
 pub mod cli;
 pub mod demo;
 pub mod testbed;
+
+/// Makes a message from a parser one line: control characters (a newline inside an unknown
+/// key that serde or toml quotes verbatim) are escaped. A hook's error is one line on the
+/// runtime's output, and a raw newline there could forge a second, fake message.
+pub(crate) fn one_line(message: &str) -> String {
+    message
+        .chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
+}
