@@ -24,12 +24,16 @@ for target in "${targets[@]}"; do
   # A scratch corpus, so the committed one only gets the minimized result.
   work="$(mktemp -d)"
   cp -r "corpus/$target/." "$work/"
+  status=0
   cargo fuzz run -s none -a -O "$target" "$work" -- \
     -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 -max_len=4096 \
-    -print_final_stats=1 2>&1 | grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|thread)" || true
-  if compgen -G "artifacts/$target/crash-*" >/dev/null || compgen -G "artifacts/$target/timeout-*" >/dev/null; then
-    echo "FOUND A CRASH in $target: see fuzz/artifacts/$target/"; rm -rf "$work"; exit 1
+    -print_final_stats=1 >"$work.log" 2>&1 || status=$?
+  grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|thread)" "$work.log" || true
+  if [ "$status" != 0 ]; then
+    tail -20 "$work.log"
+    echo "FOUND A CRASH in $target (exit $status): see fuzz/artifacts/$target/"; rm -rf "$work" "$work.log"; exit 1
   fi
+  rm -f "$work.log"
   # Merge: keep only inputs that add coverage.
   cargo fuzz cmin -s none -a -O "$target" "$work" >/dev/null 2>&1 || true
   rm -rf "corpus/$target"; mkdir -p "corpus/$target"
