@@ -229,7 +229,9 @@ impl Config {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             // toml's message spans lines (a snippet of the file); one line is what a hook can print.
-            message: e.message().to_string() + &e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default(),
+            // And a key or value quoted in the message may itself hold a newline.
+            message: crate::one_line(e.message())
+                + &e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default(),
         })?;
         let mut config = Config {
             source: Some(path.to_path_buf()),
@@ -492,6 +494,7 @@ minor = 5
             ("[runtime]\nhook_path = \"vramgate-hook\"", "runtime.hook_path"),
             ("[runtime]\nruntime = [\"runc\"]", "runtime"),
             ("this is not toml", "config.toml"),
+            ("\"a\\nb\" = 1", "unknown field"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text).to_string();

@@ -58,7 +58,7 @@ pub enum HookError {
     Inventory(#[from] InventoryError),
     #[error("{0}")]
     Ledger(#[from] LedgerError),
-    #[error("container {container}: the runtime passed no init pid in the OCI state at stage {stage}; run the vramgate hook at createRuntime or prestart")]
+    #[error("container {container}: the runtime passed no init pid in the OCI state (status {stage:?}); run the vramgate hook at createRuntime or prestart")]
     NoPid { container: String, stage: String },
     #[error("container {container}: its init process {pid} is already gone")]
     InitGone { container: String, pid: u32 },

@@ -25,6 +25,13 @@ pub const LOCK_FILE: &str = "lock";
 const TEMP_FILE: &str = "ledger.json.tmp";
 /// A ledger larger than this is refused as corrupt; 10,000 reservations take about 3 MiB.
 pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
+/// Opt-in audit trail for tests and debugging: when set (an absolute path), every committed
+/// ledger is appended to that file as one JSON line, while the lock is still held, so the
+/// file holds every generation in order. Watching the state directory with inotify cannot
+/// promise that: two commits can land between a watcher's wake-up and its read, and the
+/// middle state is never seen. Only the runtime's hook entry (written by the admin) sets a
+/// hook's environment, never a container.
+pub const AUDIT_LOG_ENV: &str = "VRAMGATE_AUDIT_LOG";
 /// How long a transaction waits for the lock before giving up. Holders keep it for
 /// milliseconds; reaching this means a holder is stuck, and saying so beats hanging a start.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,8 +40,12 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum LedgerError {
     #[error("state directory {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("state directory {path} is unsafe: {reason}; fix or remove it (it must be a real directory owned by root, mode 0700)")]
-    Unsafe { path: PathBuf, reason: String },
+    #[error("{} {path} is unsafe: it {reason}; fix or remove it (it must be {})", unsafe_kind(.is_dir), unsafe_want(.is_dir))]
+    Unsafe {
+        path: PathBuf,
+        is_dir: bool,
+        reason: String,
+    },
     #[error("ledger {path} is corrupt ({reason}); nothing was changed: inspect it, then run `vramgate ledger repair` to set it aside and start a new one")]
     Corrupt { path: PathBuf, reason: String },
     #[error("ledger {path} has schema version {found}, this vramgate reads {SCHEMA_VERSION}: upgrade vramgate, or run `vramgate ledger repair` to start a new ledger")]
@@ -44,6 +55,22 @@ pub enum LedgerError {
 }
 
 type Result<T> = std::result::Result<T, LedgerError>;
+
+fn unsafe_kind(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "state directory"
+    } else {
+        "state file"
+    }
+}
+
+fn unsafe_want(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "a real directory owned by root, mode 0700"
+    } else {
+        "a regular file owned by root that others cannot write"
+    }
+}
 
 /// The bytes one container holds (or asks for) on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,20 +173,20 @@ impl Ledger {
         Some(self.queue.remove(at))
     }
 
-    /// Sum of reserved bytes on one GPU.
+    /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
+    /// `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
     pub fn reserved_on(&self, uuid: &str) -> u64 {
         self.reservations
             .iter()
             .flat_map(|r| &r.gpus)
             .filter(|s| s.uuid == uuid)
-            .map(|s| s.bytes)
-            .sum()
+            .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
     }
 
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Ledger> {
         let corrupt = |reason: String| LedgerError::Corrupt {
             path: path.to_path_buf(),
-            reason,
+            reason: crate::one_line(&reason),
         };
         let ledger: Ledger = match serde_json::from_slice(bytes) {
             Ok(ledger) => ledger,
@@ -213,31 +240,26 @@ fn check_owned(path: &Path, meta: &std::fs::Metadata, want_dir: bool) -> Result<
     let unsafe_because = |reason: String| {
         Err(LedgerError::Unsafe {
             path: path.to_path_buf(),
+            is_dir: want_dir,
             reason,
         })
     };
     if meta.file_type().is_symlink() {
-        return unsafe_because(format!("{} is a symbolic link", path.display()));
+        return unsafe_because("is a symbolic link".into());
     }
     if want_dir && !meta.is_dir() {
-        return unsafe_because(format!("{} is not a directory", path.display()));
+        return unsafe_because("is not a directory".into());
     }
     if !want_dir && !meta.is_file() {
-        return unsafe_because(format!("{} is not a regular file", path.display()));
+        return unsafe_because("is not a regular file".into());
     }
     let euid = nix::unistd::geteuid().as_raw();
     if meta.uid() != euid {
-        return unsafe_because(format!(
-            "{} is owned by uid {}, not {}",
-            path.display(),
-            meta.uid(),
-            euid
-        ));
+        return unsafe_because(format!("is owned by uid {}, not {}", meta.uid(), euid));
     }
     if meta.mode() & 0o022 != 0 {
         return unsafe_because(format!(
-            "{} is writable by group or others (mode {:o})",
-            path.display(),
+            "is writable by group or others (mode {:o})",
             meta.mode() & 0o7777
         ));
     }
@@ -250,7 +272,8 @@ impl StateDir {
         if !path.is_absolute() {
             return Err(LedgerError::Unsafe {
                 path: path.to_path_buf(),
-                reason: "it is not an absolute path".into(),
+                is_dir: true,
+                reason: "is not an absolute path".into(),
             });
         }
         match std::fs::symlink_metadata(path) {
@@ -298,18 +321,22 @@ impl StateDir {
     }
 
     /// Opens a file in the state directory, never following a symlink, and checks that it is
-    /// a regular file of ours that others cannot write.
+    /// a regular file of ours that others cannot write. `O_NONBLOCK` is there for a FIFO put
+    /// in a file's place: opening one blocks until the other end opens, which would hang every
+    /// container start; with it the open returns and the type check refuses the FIFO. On a
+    /// regular file the flag changes nothing.
     pub fn open_file(&self, name: &str, options: &mut OpenOptions) -> Result<File> {
         let path = self.path.join(name);
         let file = options
-            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC)
+            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC | libc_flags::O_NONBLOCK)
             .mode(0o600)
             .open(&path)
             .map_err(|e| {
                 if e.raw_os_error() == Some(libc_flags::ELOOP) {
                     LedgerError::Unsafe {
                         path: path.clone(),
-                        reason: format!("{} is a symbolic link", path.display()),
+                        is_dir: false,
+                        reason: "is a symbolic link".into(),
                     }
                 } else {
                     io_err(&path)(e)
@@ -379,8 +406,8 @@ impl StateDir {
         })
     }
 
-    /// Writes `ledger` atomically. Only call while holding the lock.
-    fn write(&self, ledger: &Ledger) -> Result<()> {
+    /// Writes `ledger` atomically and returns the bytes written. Only call while holding the lock.
+    fn write(&self, ledger: &Ledger) -> Result<Vec<u8>> {
         let temp_path = self.path.join(TEMP_FILE);
         let bytes = serde_json::to_vec(ledger).expect("the ledger serializes");
         // A temp file left by a hook killed mid-write is ours to replace: we hold the lock.
@@ -399,7 +426,7 @@ impl StateDir {
         File::open(&self.path)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.path))?;
-        Ok(())
+        Ok(bytes)
     }
 
     /// Sets a ledger that cannot be read aside (renamed, never deleted) and starts an empty one.
@@ -430,6 +457,7 @@ impl StateDir {
 mod libc_flags {
     pub const O_NOFOLLOW: i32 = nix::fcntl::OFlag::O_NOFOLLOW.bits();
     pub const O_CLOEXEC: i32 = nix::fcntl::OFlag::O_CLOEXEC.bits();
+    pub const O_NONBLOCK: i32 = nix::fcntl::OFlag::O_NONBLOCK.bits();
     pub const ELOOP: i32 = nix::errno::Errno::ELOOP as i32;
 }
 
@@ -453,9 +481,39 @@ impl Transaction {
             return Ok(false);
         }
         self.ledger.generation = self.original.generation + 1;
-        self.dir.write(&self.ledger)?;
+        let bytes = self.dir.write(&self.ledger)?;
         self.original = self.ledger.clone();
+        if let Some(path) = std::env::var_os(AUDIT_LOG_ENV) {
+            append_audit(Path::new(&path), &bytes);
+        }
         Ok(true)
+    }
+}
+
+/// Appends one committed ledger to the audit log (see [`AUDIT_LOG_ENV`]). Best effort: the
+/// commit already happened, so a failure is reported and the transaction stands.
+fn append_audit(path: &Path, ledger_json: &[u8]) {
+    let result = if path.is_absolute() {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc_flags::O_NOFOLLOW | libc_flags::O_CLOEXEC)
+            .open(path)
+            .and_then(|mut f| {
+                let mut line = Vec::with_capacity(ledger_json.len() + 1);
+                line.extend_from_slice(ledger_json);
+                line.push(b'\n');
+                f.write_all(&line)
+            })
+    } else {
+        Err(std::io::Error::other("it is not an absolute path"))
+    };
+    if let Err(e) = result {
+        eprintln!(
+            "vramgate: warning: cannot append to the audit log {}: {e}",
+            path.display()
+        );
     }
 }
 
@@ -513,6 +571,30 @@ mod tests {
     }
 
     #[test]
+    fn reserved_sum_saturates_instead_of_wrapping() {
+        let mut ledger = Ledger::default();
+        ledger.reservations = vec![reservation("a", 1, u64::MAX - 1), reservation("b", 2, 5)];
+        assert_eq!(ledger.reserved_on("GPU-a"), u64::MAX);
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_the_ledger_is_refused_not_waited_on() {
+        let (_d, state) = temp_state();
+        nix::unistd::mkfifo(&state.ledger_path(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Without O_NONBLOCK this open blocks until something writes to the FIFO: forever.
+        let err = state.read().unwrap_err();
+        assert!(err.to_string().contains("is not a regular file"), "{err}");
+        nix::unistd::mkfifo(
+            &state.path().join("events.jsonl"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(state
+            .open_file("events.jsonl", OpenOptions::new().append(true).create(true))
+            .is_err());
+    }
+
+    #[test]
     fn creates_state_dir_private() {
         let (_d, state) = temp_state();
         let mode = std::fs::metadata(state.path()).unwrap().permissions().mode();
@@ -531,7 +613,7 @@ mod tests {
     #[test]
     fn corrupt_ledger_is_an_error_and_is_left_alone() {
         let (_d, state) = temp_state();
-        for bad in [&b"{not json"[..], b"", b"{\"schema\":1}", b"[]", b"{\"schema\":1,\"generation\":0,\"next_ticket\":1,\"reservations\":[{\"container_id\":\"x\",\"gpus\":[],\"init\":{\"pid\":1,\"start_time\":1},\"created_unix_ms\":0}],\"queue\":[]}"] {
+        for bad in [&b"{not json"[..], b"", b"{\"schema\":1,\"g\\neneration\":0}", b"{\"schema\":1}", b"[]", b"{\"schema\":1,\"generation\":0,\"next_ticket\":1,\"reservations\":[{\"container_id\":\"x\",\"gpus\":[],\"init\":{\"pid\":1,\"start_time\":1},\"created_unix_ms\":0}],\"queue\":[]}"] {
             std::fs::write(state.ledger_path(), bad).unwrap();
             let err = state.begin().err().expect("corrupt").to_string();
             assert!(err.contains("corrupt") && err.contains("vramgate ledger repair"), "{err}");

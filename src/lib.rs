@@ -14,6 +14,7 @@ pub mod events;
 pub mod hook;
 pub mod inventory;
 pub mod ledger;
+pub mod privilege;
 pub mod procfs;
 pub mod quantity;
 pub mod request;
@@ -27,3 +28,16 @@ pub mod status;
 pub mod cli;
 pub mod demo;
 pub mod testbed;
+
+/// Makes a message from a parser one line: control characters (a newline inside an unknown
+/// key that serde or toml quotes verbatim) are escaped. A hook's error is one line on the
+/// runtime's output, and a raw newline there could forge a second, fake message.
+pub(crate) fn one_line(message: &str) -> String {
+    message
+        .chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
+}

@@ -8,6 +8,12 @@ use vramgate::cli::HookCli;
 use vramgate::hook::{self, HookError, HookOptions, Outcome, Stage};
 
 fn main() -> ExitCode {
+    // First, before reading any input: a hook bug must not be able to use root's powers.
+    // A failure is reported and the hook goes on, since refusing every container start over
+    // hardening would take the host's containers down with it.
+    if let Err(e) = vramgate::privilege::drop_for_hook() {
+        eprintln!("vramgate: warning: could not drop capabilities: {e}");
+    }
     let cli = HookCli::parse();
     let Some(stage) = Stage::parse(&cli.stage) else {
         eprintln!(
