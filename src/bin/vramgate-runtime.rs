@@ -9,6 +9,11 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
+    // Edit the spec with no effective capabilities: it is input from whoever made the bundle.
+    // The runtime exec'd at the end gets root's full set back from the kernel.
+    if let Err(e) = vramgate::privilege::drop_for_runtime_wrapper() {
+        eprintln!("vramgate-runtime: warning: {e}; continuing with full privileges");
+    }
     // Returns only when it could not exec; the error is already on stderr and in runc's log.
     let _error = vramgate::runtime::run(&args);
     ExitCode::from(1)
