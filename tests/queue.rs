@@ -187,7 +187,7 @@ fn abandoned_waiter_does_not_block_the_one_behind_it() {
     });
 
     let wait = [("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "60s")];
-    let mut first = spawn(
+    let first = spawn(
         &bed,
         "first",
         &["sleep", "1"],
