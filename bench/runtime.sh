@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${2:-300}
 hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
+command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
 command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
 wrapper=$PWD/target/release/vramgate-runtime
 # A machine with the binaries but no toolchain (a quiet benchmark host) skips the build.
