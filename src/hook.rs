@@ -150,7 +150,7 @@ fn release(state: &ContainerState) -> Result<Outcome, HookError> {
 pub fn release_in(dir: &StateDir, container_id: &str, why: &str) -> Result<(bool, Option<Reservation>), LedgerError> {
     let mut tx = dir.begin()?;
     let mut log = Vec::new();
-    let reclaimed = tx.ledger.reclaim_dead();
+    let (reclaimed, _) = tx.ledger.reclaim_routine();
     let removed = tx.ledger.remove_reservation(container_id);
     let tickets: Vec<u64> = tx
         .ledger
@@ -318,9 +318,17 @@ impl Admission<'_> {
     fn attempt(&mut self) -> Result<Step, HookError> {
         let id = self.state.id.as_str();
         let mut tx = self.dir.begin()?;
-        let reclaimed = tx.ledger.reclaim_dead();
+        let (mut reclaimed, checked_all) = tx.ledger.reclaim_routine();
         let mut log: Vec<Event> = Vec::new();
 
+        // A reservation under this id from a container that is gone (outside the routine
+        // reclaim's window in a large ledger) is reclaimed now, not mistaken for a live one.
+        if let Some(existing) = tx.ledger.reservation(id) {
+            if existing.init != self.init && !existing.init.is_alive() {
+                let gone = tx.ledger.remove_reservation(id).expect("found above");
+                reclaimed.reservations.push(gone);
+            }
+        }
         if let Some(existing) = tx.ledger.reservation(id) {
             // The same container seen at a second stage (createRuntime and prestart both
             // configured): admission is idempotent.
@@ -355,17 +363,19 @@ impl Admission<'_> {
                 return Err(e);
             }
         };
-        let allocated = attribution::attribute(&tx.ledger, &snapshot.processes, procfs::pid_namespace).allocated;
         let now = now_unix_ms();
-        let decision = admission::decide(
-            &tx.ledger,
-            &snapshot,
-            &allocated,
-            &self.rules,
-            &shares,
-            self.ticket,
-            now,
-        );
+        let decide = |ledger: &crate::ledger::Ledger| {
+            let allocated = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace).allocated;
+            admission::decide(ledger, &snapshot, &allocated, &self.rules, &shares, self.ticket, now)
+        };
+        let mut decision = decide(&tx.ledger);
+        if matches!(decision, Decision::NoRoom { .. }) && !checked_all {
+            // Only part of a large ledger was checked; before anyone is refused or queued for
+            // lack of room, every reservation is. Reclaiming only adds room, so a request
+            // admitted without this would be admitted with it too.
+            reclaimed.extend(tx.ledger.reclaim_dead());
+            decision = decide(&tx.ledger);
+        }
         let waited = self.started.elapsed();
         let outcome = match decision {
             Decision::Admit => {

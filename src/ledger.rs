@@ -131,6 +131,11 @@ impl Default for Ledger {
     }
 }
 
+/// Reservations whose liveness one transaction checks when the ledger holds more: reading
+/// `/proc/<pid>/stat` costs about 10 us of system time each, which at 1,000 reservations
+/// would be most of a container start's hook time.
+pub const RECLAIM_WINDOW: usize = 64;
+
 /// What a reclaim pass removed.
 #[derive(Debug, Default)]
 pub struct Reclaimed {
@@ -138,25 +143,66 @@ pub struct Reclaimed {
     pub tickets: Vec<Ticket>,
 }
 
+impl Reclaimed {
+    pub fn extend(&mut self, more: Reclaimed) {
+        self.reservations.extend(more.reservations);
+        self.tickets.extend(more.tickets);
+    }
+}
+
 impl Ledger {
-    /// Drops reservations whose container init and tickets whose waiter have exited.
+    /// Drops every reservation whose container init, and every ticket whose waiter, has exited.
     pub fn reclaim_dead(&mut self) -> Reclaimed {
         self.reclaim_with(|p| p.is_alive())
     }
 
     pub fn reclaim_with(&mut self, is_alive: impl Fn(&ProcessIdentity) -> bool) -> Reclaimed {
+        self.reclaim_window_with(usize::MAX, is_alive).0
+    }
+
+    /// The reclaim every transaction starts with: every ticket, and the reservations of a window
+    /// of at most [`RECLAIM_WINDOW`] that moves on with each write (all of them in a ledger no
+    /// larger than that). Returns whether every reservation was checked. A transaction whose
+    /// request does not fit checks the rest before it refuses or queues anyone (see
+    /// `hook.rs`), so the window changes only how soon a dead entry leaves the file, never a
+    /// decision.
+    pub fn reclaim_routine(&mut self) -> (Reclaimed, bool) {
+        self.reclaim_window_with(RECLAIM_WINDOW, |p| p.is_alive())
+    }
+
+    pub fn reclaim_window_with(
+        &mut self,
+        window: usize,
+        is_alive: impl Fn(&ProcessIdentity) -> bool,
+    ) -> (Reclaimed, bool) {
+        let n = self.reservations.len();
+        let complete = n <= window;
+        // Window start: successive generations cover successive slices, so a dead entry in a
+        // ledger of n reservations is found within ceil(n / window) writes.
+        let start = if complete {
+            0
+        } else {
+            (self.generation as usize).wrapping_mul(window) % n
+        };
+        let in_window = |index: usize| complete || (index + n - start) % n < window;
         let mut reclaimed = Reclaimed::default();
-        let (live, dead): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
-            .into_iter()
-            .partition(|r| is_alive(&r.init));
-        self.reservations = live;
-        reclaimed.reservations = dead;
+        let mut index = 0;
+        let mut kept = Vec::with_capacity(n);
+        for r in std::mem::take(&mut self.reservations) {
+            if in_window(index) && !is_alive(&r.init) {
+                reclaimed.reservations.push(r);
+            } else {
+                kept.push(r);
+            }
+            index += 1;
+        }
+        self.reservations = kept;
         let (live, dead): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
             .partition(|t| is_alive(&t.waiter));
         self.queue = live;
         reclaimed.tickets = dead;
-        reclaimed
+        (reclaimed, complete)
     }
 
     pub fn reservation(&self, container_id: &str) -> Option<&Reservation> {
@@ -599,6 +645,38 @@ mod tests {
         let (_d, state) = temp_state();
         let mode = std::fs::metadata(state.path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn routine_reclaim_covers_a_large_ledger_in_windows() {
+        let mut ledger = Ledger::default();
+        ledger.reservations = (0..200).map(|n| reservation(&format!("c{n}"), n + 1, 1)).collect();
+        let dead_pid = 150;
+        let checked = std::cell::Cell::new(0);
+        let mut found_after = None;
+        for write in 0..4 {
+            let (reclaimed, complete) = ledger.reclaim_window_with(RECLAIM_WINDOW, |p| {
+                checked.set(checked.get() + 1);
+                p.pid != dead_pid
+            });
+            assert!(!complete);
+            assert!(
+                checked.get() <= RECLAIM_WINDOW * (write + 1),
+                "bounded work per transaction"
+            );
+            if !reclaimed.reservations.is_empty() {
+                found_after = Some(write);
+                break;
+            }
+            ledger.generation += 1;
+        }
+        assert!(found_after.is_some(), "found within ceil(200 / 64) = 4 writes");
+        assert_eq!(ledger.reservations.len(), 199);
+        // A small ledger is checked whole, every time.
+        let mut small = Ledger::default();
+        small.reservations = (0..10).map(|n| reservation(&format!("c{n}"), n + 1, 1)).collect();
+        let (reclaimed, complete) = small.reclaim_window_with(RECLAIM_WINDOW, |p| p.pid != 3);
+        assert!(complete && reclaimed.reservations.len() == 1);
     }
 
     #[test]

@@ -22,28 +22,36 @@ struct Stat {
 }
 
 fn read_stat(pid: u32) -> Option<Stat> {
-    use std::io::Read;
-    let path: PathBuf = [PROC, &pid.to_string(), "stat"].iter().collect();
-    // One read into a stack buffer: a transaction checks every reservation's process, and
-    // `read_to_string` would spend a stat and five growing reads on each (seen with strace).
-    // A stat line is a few hundred bytes; a comm full of spaces still fits in 4 KiB.
-    let mut buf = [0u8; 4096];
-    let mut file = std::fs::File::open(path).ok()?;
-    let n = file.read(&mut buf).ok()?;
-    if n == buf.len() {
-        return None;
-    }
-    parse_stat(std::str::from_utf8(&buf[..n]).ok()?)
+    use std::io::{Read, Write};
+    // Every transaction checks every reservation's process, so this is the hook's innermost
+    // loop: no allocation, and one read into a small stack buffer (`read_to_string` spent a
+    // stat and five growing reads per file; a large zeroed buffer cost more than the read).
+    let mut path = [0u8; 32];
+    let mut cursor = &mut path[..];
+    write!(cursor, "{PROC}/{pid}/stat").ok()?;
+    let len = 32 - cursor.len();
+    let path = std::str::from_utf8(&path[..len]).ok()?;
+    // The start time (field 22) always lies in the first 512 bytes: the command name is at
+    // most 16 bytes and the 19 numeric fields before it at most 21 bytes each.
+    let mut buf = [0u8; 512];
+    let n = std::fs::File::open(path).ok()?.read(&mut buf).ok()?;
+    parse_stat(&buf[..n])
 }
 
 /// Parses `/proc/<pid>/stat`. The command name (field 2) may hold spaces and parentheses, so
 /// fields are counted from the last `)`.
-fn parse_stat(text: &str) -> Option<Stat> {
-    let after_comm = &text[text.rfind(')')? + 1..];
-    let mut fields = after_comm.split_ascii_whitespace();
-    let state = fields.next()?.bytes().next()?;
+fn parse_stat(bytes: &[u8]) -> Option<Stat> {
+    let after_comm = &bytes[bytes.iter().rposition(|&b| b == b')')? + 1..];
+    let mut fields = after_comm.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let state = *fields.next()?.first()?;
     // After the state (field 3) comes field 4; start time is field 22, i.e. 18 further on.
-    let start_time = fields.nth(18)?.parse().ok()?;
+    let start_time = fields.nth(18)?;
+    if start_time.is_empty() || start_time.len() > 20 || !start_time.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let start_time = start_time
+        .iter()
+        .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
     Some(Stat { state, start_time })
 }
 
@@ -87,11 +95,11 @@ mod tests {
     #[test]
     fn parses_stat_with_hostile_comm() {
         let line = "1234 (a) b) (c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100 18446744073709551615";
-        let stat = parse_stat(line).unwrap();
+        let stat = parse_stat(line.as_bytes()).unwrap();
         assert_eq!(stat.state, b'S');
         assert_eq!(stat.start_time, 987654);
-        assert!(parse_stat("garbage").is_none());
-        assert!(parse_stat("1 (x) S 1 2").is_none());
+        assert!(parse_stat(b"garbage").is_none());
+        assert!(parse_stat(b"1 (x) S 1 2").is_none());
     }
 
     #[test]
