@@ -438,7 +438,7 @@ impl StateDir {
                         });
                     }
                     std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(5));
+                    pause = (pause * 2).min(Duration::from_millis(1));
                 }
                 Err(std::fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
             }
