@@ -317,8 +317,13 @@ impl Admission<'_> {
     /// One locked transaction: reclaim, decide, and admit, refuse or (re)queue.
     fn attempt(&mut self) -> Result<Step, HookError> {
         let id = self.state.id.as_str();
-        let mut tx = self.dir.begin()?;
-        let (mut reclaimed, checked_all) = tx.ledger.reclaim_routine();
+        // Which recorded processes are gone is read from /proc before the lock is taken, on
+        // an unlocked copy of the ledger: the lock then only applies the verdicts, and other
+        // container starts wait that much less for it.
+        let peek = self.dir.peek()?;
+        let liveness = peek.ledger.check_window();
+        let mut tx = self.dir.begin_after(Some(peek))?;
+        let (mut reclaimed, checked_all) = tx.ledger.reclaim_known(&liveness);
         let mut log: Vec<Event> = Vec::new();
 
         // A reservation under this id from a container that is gone (outside the routine

@@ -136,6 +136,21 @@ impl Default for Ledger {
 /// would be most of a container start's hook time.
 pub const RECLAIM_WINDOW: usize = 64;
 
+/// An unlocked read of the ledger: its bytes and what they parse to.
+pub struct Peek {
+    bytes: Option<Vec<u8>>,
+    pub ledger: Ledger,
+}
+
+/// Which recorded processes a look at `/proc` found alive or gone. A process found gone
+/// stays gone (its identity includes its start time), so verdicts taken outside the lock may
+/// be applied inside it.
+#[derive(Debug, Default)]
+pub struct Liveness {
+    dead: std::collections::HashSet<ProcessIdentity>,
+    live: std::collections::HashSet<ProcessIdentity>,
+}
+
 /// What a reclaim pass removed.
 #[derive(Debug, Default)]
 pub struct Reclaimed {
@@ -157,7 +172,18 @@ impl Ledger {
     }
 
     pub fn reclaim_with(&mut self, is_alive: impl Fn(&ProcessIdentity) -> bool) -> Reclaimed {
-        self.reclaim_window_with(usize::MAX, is_alive).0
+        let (live, dead): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
+            .into_iter()
+            .partition(|r| is_alive(&r.init));
+        self.reservations = live;
+        let (live_tickets, dead_tickets): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|t| is_alive(&t.waiter));
+        self.queue = live_tickets;
+        Reclaimed {
+            reservations: dead,
+            tickets: dead_tickets,
+        }
     }
 
     /// The reclaim every transaction starts with: every ticket, and the reservations of a window
@@ -167,41 +193,49 @@ impl Ledger {
     /// `hook.rs`), so the window changes only how soon a dead entry leaves the file, never a
     /// decision.
     pub fn reclaim_routine(&mut self) -> (Reclaimed, bool) {
-        self.reclaim_window_with(RECLAIM_WINDOW, |p| p.is_alive())
+        let liveness = self.check_window();
+        self.reclaim_known(&liveness)
     }
 
-    pub fn reclaim_window_with(
-        &mut self,
-        window: usize,
-        is_alive: impl Fn(&ProcessIdentity) -> bool,
-    ) -> (Reclaimed, bool) {
+    /// The `/proc` half of [`Ledger::reclaim_routine`], on a copy read without the lock.
+    pub fn check_window(&self) -> Liveness {
+        self.check_window_with(|p| p.is_alive())
+    }
+
+    pub fn check_window_with(&self, is_alive: impl Fn(&ProcessIdentity) -> bool) -> Liveness {
+        let mut liveness = Liveness::default();
         let n = self.reservations.len();
-        let complete = n <= window;
-        // Window start: successive generations cover successive slices, so a dead entry in a
-        // ledger of n reservations is found within ceil(n / window) writes.
-        let start = if complete {
+        let start = if n <= RECLAIM_WINDOW {
             0
         } else {
-            (self.generation as usize).wrapping_mul(window) % n
+            (self.generation as usize).wrapping_mul(RECLAIM_WINDOW) % n
         };
-        let in_window = |index: usize| complete || (index + n - start) % n < window;
-        let mut reclaimed = Reclaimed::default();
-        let mut index = 0;
-        let mut kept = Vec::with_capacity(n);
-        for r in std::mem::take(&mut self.reservations) {
-            if in_window(index) && !is_alive(&r.init) {
-                reclaimed.reservations.push(r);
+        for r in self.reservations.iter().cycle().skip(start).take(n.min(RECLAIM_WINDOW)) {
+            if is_alive(&r.init) {
+                liveness.live.insert(r.init);
             } else {
-                kept.push(r);
+                liveness.dead.insert(r.init);
             }
-            index += 1;
         }
-        self.reservations = kept;
+        liveness
+    }
+
+    /// The ledger half, under the lock: drops the reservations `liveness` found gone, checks
+    /// every ticket (the queue is short), and returns whether every remaining reservation is
+    /// known to be alive.
+    pub fn reclaim_known(&mut self, liveness: &Liveness) -> (Reclaimed, bool) {
+        let mut reclaimed = Reclaimed::default();
+        let (dead, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
+            .into_iter()
+            .partition(|r| liveness.dead.contains(&r.init));
+        self.reservations = live;
+        reclaimed.reservations = dead;
         let (live, dead): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|t| is_alive(&t.waiter));
+            .partition(|t| t.waiter.is_alive());
         self.queue = live;
         reclaimed.tickets = dead;
+        let complete = self.reservations.iter().all(|r| liveness.live.contains(&r.init));
         (reclaimed, complete)
     }
 
@@ -395,10 +429,15 @@ impl StateDir {
 
     /// Reads the ledger without locking: a consistent snapshot, thanks to atomic renames.
     pub fn read(&self) -> Result<Ledger> {
+        Ok(self.peek()?.ledger)
+    }
+
+    /// The ledger file's bytes, `None` when there is none yet.
+    fn read_bytes(&self) -> Result<Option<Vec<u8>>> {
         let path = self.ledger_path();
         let file = match self.open_file(LEDGER_FILE, OpenOptions::new().read(true)) {
             Ok(f) => f,
-            Err(LedgerError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => return Ok(Ledger::default()),
+            Err(LedgerError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         let mut bytes = Vec::new();
@@ -418,11 +457,33 @@ impl StateDir {
                 reason: "it is empty".into(),
             });
         }
-        Ledger::parse(&bytes, &path)
+        Ok(Some(bytes))
+    }
+
+    fn parse_bytes(&self, bytes: &Option<Vec<u8>>) -> Result<Ledger> {
+        match bytes {
+            None => Ok(Ledger::default()),
+            Some(bytes) => Ledger::parse(bytes, &self.ledger_path()),
+        }
+    }
+
+    /// Reads the ledger without the lock, keeping the bytes so that a transaction begun after
+    /// it can tell whether the file changed in between (see [`StateDir::begin_after`]).
+    pub fn peek(&self) -> Result<Peek> {
+        let bytes = self.read_bytes()?;
+        let ledger = self.parse_bytes(&bytes)?;
+        Ok(Peek { bytes, ledger })
     }
 
     /// Starts a transaction: takes the lock (waiting at most `LOCK_TIMEOUT`) and reads the ledger.
     pub fn begin(&self) -> Result<Transaction> {
+        self.begin_after(None)
+    }
+
+    /// Starts a transaction after an unlocked [`StateDir::peek`]: under the lock the file is
+    /// read again, and when its bytes are the same the peeked parse is used as it is, so work
+    /// done on the peek (reading `/proc`) stays outside the lock without a second parse.
+    pub fn begin_after(&self, peek: Option<Peek>) -> Result<Transaction> {
         let lock = self.open_file(LOCK_FILE, OpenOptions::new().read(true).write(true).create(true))?;
         let lock_path = self.path.join(LOCK_FILE);
         let started = Instant::now();
@@ -443,7 +504,11 @@ impl StateDir {
                 Err(std::fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
             }
         }
-        let ledger = self.read()?;
+        let bytes = self.read_bytes()?;
+        let ledger = match peek {
+            Some(peek) if peek.bytes == bytes => peek.ledger,
+            _ => self.parse_bytes(&bytes)?,
+        };
         Ok(Transaction {
             dir: self.clone(),
             _lock: lock,
@@ -655,10 +720,11 @@ mod tests {
         let checked = std::cell::Cell::new(0);
         let mut found_after = None;
         for write in 0..4 {
-            let (reclaimed, complete) = ledger.reclaim_window_with(RECLAIM_WINDOW, |p| {
+            let liveness = ledger.check_window_with(|p| {
                 checked.set(checked.get() + 1);
                 p.pid != dead_pid
             });
+            let (reclaimed, complete) = ledger.reclaim_known(&liveness);
             assert!(!complete);
             assert!(
                 checked.get() <= RECLAIM_WINDOW * (write + 1),
@@ -675,7 +741,7 @@ mod tests {
         // A small ledger is checked whole, every time.
         let mut small = Ledger::default();
         small.reservations = (0..10).map(|n| reservation(&format!("c{n}"), n + 1, 1)).collect();
-        let (reclaimed, complete) = small.reclaim_window_with(RECLAIM_WINDOW, |p| p.pid != 3);
+        let (reclaimed, complete) = small.reclaim_known(&small.check_window_with(|p| p.pid != 3));
         assert!(complete && reclaimed.reservations.len() == 1);
     }
 
