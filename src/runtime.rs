@@ -112,6 +112,18 @@ fn takes_value(name: &[u8], flags: &[&str]) -> bool {
 /// Flags are read the way runc's CLI library reads them: one or two dashes, the value after a
 /// space or an `=`; so `runc --root create create -b create id` has verb `create` and bundle
 /// `create`.
+/// The value of a flag that takes one: after `=` (`--bundle=/b`), else the next argument
+/// (`--bundle /b`), which `i` then steps over.
+fn flag_value(inline: Option<&OsStr>, args: &[OsString], i: &mut usize) -> Option<OsString> {
+    match inline {
+        Some(v) => Some(v.to_os_string()),
+        None => {
+            *i += 1;
+            args.get(*i - 1).cloned()
+        }
+    }
+}
+
 pub fn parse_args(args: &[OsString]) -> Invocation {
     let mut inv = Invocation::default();
     let mut i = 0;
@@ -125,13 +137,7 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
         if !takes_value(name, GLOBAL_VALUE_FLAGS) {
             continue;
         }
-        let value = match inline {
-            Some(v) => Some(v.to_os_string()),
-            None => {
-                i += 1;
-                args.get(i - 1).cloned()
-            }
-        };
+        let value = flag_value(inline, args, &mut i);
         if name == LOG_FLAG.as_bytes() {
             inv.log = value.map(PathBuf::from);
         } else if name == LOG_FORMAT_FLAG.as_bytes() {
@@ -154,13 +160,7 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
         if !takes_value(name, CREATE_VALUE_FLAGS) {
             continue;
         }
-        let value = match inline {
-            Some(v) => Some(v.to_os_string()),
-            None => {
-                i += 1;
-                args.get(i - 1).cloned()
-            }
-        };
+        let value = flag_value(inline, args, &mut i);
         if name == b"bundle" || name == b"b" {
             bundle = value;
         }

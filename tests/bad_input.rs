@@ -8,7 +8,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+mod common;
+
+use common::{HookHost, HOOK};
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -20,44 +22,9 @@ fn fixtures(kind: &str) -> Vec<PathBuf> {
     files
 }
 
-struct Host {
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    state_dir: PathBuf,
-    bundle: PathBuf,
-}
-
-fn host(config_extra: &str) -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let state_dir = dir.path().join("state");
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!("state_dir = {:?}\n{config_extra}", state_dir.display().to_string()),
-    )
-    .unwrap();
-    let bundle = dir.path().join("bundle");
-    std::fs::create_dir(&bundle).unwrap();
-    std::fs::write(
-        bundle.join("config.json"),
-        r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0"}}"#,
-    )
-    .unwrap();
-    Host {
-        _dir: dir,
-        config,
-        state_dir,
-        bundle,
-    }
-}
-
-fn state_json(host: &Host, id: &str) -> String {
+fn state_json(host: &HookHost, id: &str) -> String {
     // The test process stands in for the container's init: it is alive for the whole test.
-    format!(
-        r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{},"bundle":"{}"}}"#,
-        std::process::id(),
-        host.bundle.display()
-    )
+    host.state_json(id, std::process::id())
 }
 
 /// Runs the hook; returns (exit code, stderr).
@@ -100,7 +67,7 @@ fn assert_clear_refusal(what: &Path, code: Option<i32>, stderr: &str) {
 
 #[test]
 fn invalid_states() {
-    let h = host("");
+    let h = HookHost::new("1Gi", "");
     for file in fixtures("state") {
         let (code, stderr) = hook(&h.config, "createRuntime", &std::fs::read(&file).unwrap());
         assert_clear_refusal(&file, code, &stderr);
@@ -140,7 +107,7 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
 
 #[test]
 fn invalid_specs() {
-    let h = host("");
+    let h = HookHost::new("1Gi", "");
     for file in fixtures("spec") {
         std::fs::copy(&file, h.bundle.join("config.json")).unwrap();
         let (code, stderr) = hook(&h.config, "createRuntime", state_json(&h, "c1").as_bytes());
@@ -166,7 +133,7 @@ fn invalid_specs() {
 #[test]
 fn invalid_configs() {
     for file in fixtures("config") {
-        let h = host("");
+        let h = HookHost::new("1Gi", "");
         std::fs::copy(&file, &h.config).unwrap();
         let (code, stderr) = hook(&h.config, "createRuntime", state_json(&h, "c1").as_bytes());
         assert_clear_refusal(&file, code, &stderr);
@@ -180,7 +147,7 @@ fn invalid_configs() {
 #[test]
 fn corrupt_ledgers_are_refused_and_left_alone() {
     for file in fixtures("ledger") {
-        let h = host("");
+        let h = HookHost::new("1Gi", "");
         std::fs::create_dir(&h.state_dir).unwrap();
         std::fs::set_permissions(&h.state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
         let ledger = h.state_dir.join("ledger.json");
@@ -206,7 +173,7 @@ fn corrupt_ledgers_are_refused_and_left_alone() {
 
 #[test]
 fn fail_open_lets_the_container_start_and_says_so() {
-    let h = host("on_state_error = \"fail-open\"\n");
+    let h = HookHost::new("1Gi", "on_state_error = \"fail-open\"\n");
     std::fs::create_dir(&h.state_dir).unwrap();
     std::fs::set_permissions(&h.state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     std::fs::write(h.state_dir.join("ledger.json"), "{broken").unwrap();
@@ -225,7 +192,7 @@ fn fail_open_lets_the_container_start_and_says_so() {
 
 #[test]
 fn unknown_stage_is_a_usage_error() {
-    let h = host("");
+    let h = HookHost::new("1Gi", "");
     let (code, stderr) = hook(&h.config, "prestop", state_json(&h, "c1").as_bytes());
     assert_eq!(code, Some(2));
     assert!(stderr.contains("unknown stage \"prestop\""), "{stderr}");

@@ -137,34 +137,7 @@ impl Containerd {
             "/run/containerd",
         ]);
         let dir = tb.dir.join("containerd");
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("config.toml");
-        // No CRI plugin here: ctr does not need it, and it would set up CNI.
-        std::fs::write(
-            &config,
-            format!(
-                "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
-                dir.join("opt").display().to_string()
-            ),
-        )
-        .unwrap();
-        let address = dir.join("containerd.sock");
-        let state = dir.join("state");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .arg("--root")
-            .arg(dir.join("root"))
-            .arg("--state")
-            .arg(&state)
-            .arg("--address")
-            .arg(&address)
-            .env("VRAMGATE_CONFIG", &tb.config_path)
-            .env("PATH", path_with_sbin())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
-            .spawn()
-            .expect("starting containerd");
+        let (child, address, state) = start_containerd(&dir, &tb.config_path);
         wait_until("containerd listens", Duration::from_secs(20), || (address.exists(), ()));
         Containerd {
             child: Some(child),

@@ -43,34 +43,8 @@ impl Daemons {
             "/run/docker/plugins",
             "/run/docker",
         ]);
-        // containerd: no CRI plugin (it would set up CNI), and its opt dir inside the temp dir.
-        let ctd_config = dir.join("containerd.toml");
-        std::fs::write(
-            &ctd_config,
-            format!(
-                "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
-                dir.join("opt").display().to_string()
-            ),
-        )
-        .unwrap();
-        let ctd_socket = dir.join("containerd.sock");
-        let containerd_state = dir.join("ctd-state");
-        let containerd = Command::new("containerd")
-            .arg("--config")
-            .arg(&ctd_config)
-            .arg("--root")
-            .arg(dir.join("ctd-root"))
-            .arg("--state")
-            .arg(&containerd_state)
-            .arg("--address")
-            .arg(&ctd_socket)
-            // The shim, and so the wrapper and the hooks, inherit this.
-            .env("VRAMGATE_CONFIG", &tb.config_path)
-            .env("PATH", path_with_sbin())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
-            .spawn()
-            .expect("starting containerd");
+        // The shim, and so the wrapper and the hooks, inherit VRAMGATE_CONFIG from it.
+        let (containerd, ctd_socket, containerd_state) = start_containerd(&dir, &tb.config_path);
         let mut daemons = Daemons {
             socket: dir.join("docker.sock"),
             docker_config: dir.join("cli"),

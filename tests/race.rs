@@ -6,44 +6,19 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+mod common;
+
+use common::{HookHost, HOOK};
 const CAPACITY: u64 = 24_265 << 20;
 const REQUEST: u64 = 3 << 30;
 
-struct Host {
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    state_dir: PathBuf,
-    bundle: PathBuf,
-}
-
-fn host() -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let state_dir = dir.path().join("state");
-    let config = dir.path().join("config.toml");
-    std::fs::write(&config, format!("state_dir = {:?}\n", state_dir.display().to_string())).unwrap();
-    let bundle = dir.path().join("bundle");
-    std::fs::create_dir(&bundle).unwrap();
-    std::fs::write(
-        bundle.join("config.json"),
-        r#"{"annotations":{"vramgate.dev/memory":"3Gi","vramgate.dev/gpus":"0"}}"#,
-    )
-    .unwrap();
-    Host {
-        _dir: dir,
-        config,
-        state_dir,
-        bundle,
-    }
-}
-
 /// Starts `n` hook processes at once for the given (container id, init pid) pairs.
-fn race(host: &Host, stage: &str, containers: &[(String, u32)]) -> Vec<(String, bool)> {
+fn race(host: &HookHost, stage: &str, containers: &[(String, u32)]) -> Vec<(String, bool)> {
     let mut hooks: Vec<(String, Child)> = containers
         .iter()
         .map(|(id, _)| {
@@ -60,10 +35,7 @@ fn race(host: &Host, stage: &str, containers: &[(String, u32)]) -> Vec<(String, 
         .collect();
     // All processes exist before any gets its input, so they hit the lock together.
     for ((id, child), (_, pid)) in hooks.iter_mut().zip(containers) {
-        let state = format!(
-            r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
-            host.bundle.display()
-        );
+        let state = host.state_json(id, *pid);
         child.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
     }
     hooks
@@ -117,7 +89,7 @@ fn sleeper() -> Child {
 
 #[test]
 fn twenty_four_hooks_race_and_never_over_commit() {
-    let host = host();
+    let host = HookHost::new("3Gi", "");
     let mut sleepers: Vec<Child> = (0..48).map(|_| sleeper()).collect();
     let round1: Vec<(String, u32)> = (0..24).map(|n| (format!("r1-{n}"), sleepers[n].id())).collect();
 

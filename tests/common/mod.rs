@@ -205,3 +205,81 @@ impl Drop for HostDirs {
         }
     }
 }
+
+/// A scratch host for driving `vramgate-hook` directly with a crafted OCI state on stdin: a
+/// config with a private state dir (plus `config_extra`), and a bundle whose `config.json`
+/// requests `request` on GPU 0 of the simulated card.
+pub struct HookHost {
+    _dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub state_dir: PathBuf,
+    pub bundle: PathBuf,
+}
+
+impl HookHost {
+    pub fn new(request: &str, config_extra: &str) -> HookHost {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!("state_dir = {:?}\n{config_extra}", state_dir.display().to_string()),
+        )
+        .unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            format!(r#"{{"annotations":{{"vramgate.dev/memory":"{request}","vramgate.dev/gpus":"0"}}}}"#),
+        )
+        .unwrap();
+        HookHost {
+            _dir: dir,
+            config,
+            state_dir,
+            bundle,
+        }
+    }
+
+    /// The OCI state a runtime would write for container `id` whose init is `pid`.
+    pub fn state_json(&self, id: &str, pid: u32) -> String {
+        format!(
+            r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
+            self.bundle.display()
+        )
+    }
+}
+
+/// A private containerd (its own root, state, socket and opt dir under `dir`, no CRI plugin,
+/// which would set up CNI) whose shims, and so the wrapper and the hooks, see
+/// `VRAMGATE_CONFIG` = `config`. Returns the process, its socket and its state dir.
+pub fn start_containerd(dir: &Path, config: &Path) -> (std::process::Child, PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ctd_config = dir.join("containerd.toml");
+    std::fs::write(
+        &ctd_config,
+        format!(
+            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
+            dir.join("opt").display().to_string()
+        ),
+    )
+    .unwrap();
+    let socket = dir.join("containerd.sock");
+    let state = dir.join("ctd-state");
+    let child = Command::new("containerd")
+        .arg("--config")
+        .arg(&ctd_config)
+        .arg("--root")
+        .arg(dir.join("ctd-root"))
+        .arg("--state")
+        .arg(&state)
+        .arg("--address")
+        .arg(&socket)
+        .env("VRAMGATE_CONFIG", config)
+        .env("PATH", path_with_sbin())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
+        .spawn()
+        .expect("starting containerd");
+    (child, socket, state)
+}
