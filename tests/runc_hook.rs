@@ -154,17 +154,10 @@ fn refused_when_it_does_not_fit_and_never_runs() {
 fn killed_runc_is_reclaimed_by_the_next_transaction() {
     let (_dir, bed) = testbed("vg-reclaim");
     let _cleanup = Cleanup(&bed);
-    let mut runc = spawn(&bed, "orphan", &["sleep", "300"], &request("8Gi"));
+    let runc = spawn(&bed, "orphan", &["sleep", "300"], &request("8Gi"));
     eventually("orphan admitted", || reservations(&bed).len() == 1);
-    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
-
     // runc dies before it can run poststop, then the container's init dies too.
-    runc.kill().unwrap();
-    runc.wait().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    eventually("init is gone", || {
-        !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
-    });
+    kill_runc_then_init(&bed, runc);
     assert_eq!(
         reservations(&bed),
         vec![("orphan".to_string(), 8 * GIB, false)],
@@ -188,6 +181,18 @@ fn killed_runc_is_reclaimed_by_the_next_transaction() {
     );
 }
 
+/// Kills `runc run` (so no poststop hook runs), then the container's init process (the only
+/// reservation's recorded pid), and waits until it is gone.
+fn kill_runc_then_init(bed: &Testbed, mut runc: Child) {
+    let pid = status(bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
+    runc.kill().unwrap();
+    runc.wait().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually("init is gone", || {
+        !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
+    });
+}
+
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.contains(") Z "))
@@ -198,15 +203,9 @@ fn is_zombie(pid: i32) -> bool {
 fn gc_reclaims_without_a_container_start() {
     let (_dir, bed) = testbed("vg-gc");
     let _cleanup = Cleanup(&bed);
-    let mut runc = spawn(&bed, "lost", &["sleep", "300"], &request("1Gi"));
+    let runc = spawn(&bed, "lost", &["sleep", "300"], &request("1Gi"));
     eventually("admitted", || reservations(&bed).len() == 1);
-    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
-    runc.kill().unwrap();
-    runc.wait().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    eventually("init is gone", || {
-        !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid)
-    });
+    kill_runc_then_init(&bed, runc);
 
     let out = Command::new(CLI)
         .arg("gc")
