@@ -295,6 +295,13 @@ impl Ledger {
         if let Some(r) = ledger.reservations.iter().find(|r| r.gpus.is_empty()) {
             return Err(corrupt(format!("reservation of {:?} names no GPU", r.container_id)));
         }
+        // Counters at their limit could only come from a damaged or forged file; refusing it
+        // here keeps every `+ 1` on them below overflow.
+        if ledger.next_ticket == u64::MAX || ledger.generation == u64::MAX {
+            return Err(corrupt(
+                "a counter (next_ticket or generation) is at its maximum".into(),
+            ));
+        }
         if ledger.queue.iter().any(|t| t.ticket >= ledger.next_ticket) {
             return Err(corrupt("a ticket number is not below next_ticket".into()));
         }
@@ -703,6 +710,16 @@ mod tests {
         assert!(state
             .open_file("events.jsonl", OpenOptions::new().append(true).create(true))
             .is_err());
+    }
+
+    #[test]
+    fn exhausted_counters_are_corrupt() {
+        for field in ["next_ticket", "generation"] {
+            let mut json = serde_json::to_value(Ledger::default()).unwrap();
+            json[field] = serde_json::json!(u64::MAX);
+            let err = Ledger::parse(&serde_json::to_vec(&json).unwrap(), Path::new("/l")).unwrap_err();
+            assert!(err.to_string().contains("at its maximum"), "{err}");
+        }
     }
 
     #[test]
