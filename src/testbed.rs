@@ -122,14 +122,8 @@ impl Testbed {
 
     /// The hooks entry vramgate adds to a spec, for `hook` run with this testbed's config.
     pub fn hooks(&self, timeout_seconds: u64) -> Value {
-        let entry = |stage: &str| {
-            json!({
-                "path": self.hook,
-                "args": ["vramgate-hook", stage, "--hook-timeout", timeout_seconds.to_string()],
-                "env": [format!("{CONFIG_ENV}={}", self.config_path.display())],
-                "timeout": timeout_seconds,
-            })
-        };
+        // The same entries vramgate-runtime injects, so the demo and tests run exactly those.
+        let entry = |stage| crate::runtime::hook_entry(&self.hook, stage, timeout_seconds, Some(&self.config_path));
         json!({ "createRuntime": [entry("createRuntime")], "poststop": [entry("poststop")] })
     }
 
