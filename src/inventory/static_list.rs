@@ -6,10 +6,13 @@ use super::{GpuMemory, Inventory, InventoryError, Snapshot};
 use crate::config::{Config, StaticGpu};
 
 pub struct StaticInventory {
-    /// The config file to re-read on each snapshot, so that an admin (or a test) editing
+    /// The config file to re-read on later snapshots, so that an admin (or a test) editing
     /// `used_outside` is seen by waiting containers without restarting anything.
     source: Option<PathBuf>,
     gpus: Vec<StaticGpu>,
+    /// The first snapshot uses the config just loaded instead of parsing the file again: a
+    /// plain admission takes one snapshot, and only a waiter takes more.
+    loaded_now: std::cell::Cell<bool>,
 }
 
 impl StaticInventory {
@@ -17,11 +20,16 @@ impl StaticInventory {
         StaticInventory {
             source: config.source.clone(),
             gpus: config.static_gpus_or_simulated(),
+            loaded_now: std::cell::Cell::new(true),
         }
     }
 
     pub fn from_gpus(gpus: Vec<StaticGpu>) -> StaticInventory {
-        StaticInventory { source: None, gpus }
+        StaticInventory {
+            source: None,
+            gpus,
+            loaded_now: std::cell::Cell::new(true),
+        }
     }
 }
 
@@ -45,7 +53,7 @@ fn to_snapshot(gpus: &[StaticGpu]) -> Snapshot {
 
 impl Inventory for StaticInventory {
     fn snapshot(&self) -> Result<Snapshot, InventoryError> {
-        let Some(path) = &self.source else {
+        let Some(path) = self.source.as_ref().filter(|_| !self.loaded_now.replace(false)) else {
             return Ok(to_snapshot(&self.gpus));
         };
         let config = Config::load_from(path).map_err(|e| InventoryError::Static {
