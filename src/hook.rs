@@ -148,9 +148,8 @@ fn release(state: &ContainerState) -> Result<Outcome, HookError> {
 /// Removes a container's reservation and tickets in one transaction, reclaiming the dead too.
 /// Returns whether it held a reservation, and the reservation.
 pub fn release_in(dir: &StateDir, container_id: &str, why: &str) -> Result<(bool, Option<Reservation>), LedgerError> {
-    let mut tx = dir.begin()?;
+    let (mut tx, reclaimed, _) = dir.begin_reclaiming()?;
     let mut log = Vec::new();
-    let (reclaimed, _) = tx.ledger.reclaim_routine();
     let removed = tx.ledger.remove_reservation(container_id);
     let tickets: Vec<u64> = tx
         .ledger
@@ -317,13 +316,7 @@ impl Admission<'_> {
     /// One locked transaction: reclaim, decide, and admit, refuse or (re)queue.
     fn attempt(&mut self) -> Result<Step, HookError> {
         let id = self.state.id.as_str();
-        // Which recorded processes are gone is read from /proc before the lock is taken, on
-        // an unlocked copy of the ledger: the lock then only applies the verdicts, and other
-        // container starts wait that much less for it.
-        let peek = self.dir.peek()?;
-        let liveness = peek.ledger.check_window();
-        let mut tx = self.dir.begin_after(Some(peek))?;
-        let (mut reclaimed, checked_all) = tx.ledger.reclaim_known(&liveness);
+        let (mut tx, mut reclaimed, checked_all) = self.dir.begin_reclaiming()?;
         let mut log: Vec<Event> = Vec::new();
 
         // A reservation under this id from a container that is gone (outside the routine

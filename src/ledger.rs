@@ -137,9 +137,9 @@ impl Default for Ledger {
 pub const RECLAIM_WINDOW: usize = 64;
 
 /// An unlocked read of the ledger: its bytes and what they parse to.
-pub struct Peek {
+struct Peek {
     bytes: Option<Vec<u8>>,
-    pub ledger: Ledger,
+    ledger: Ledger,
 }
 
 /// Which recorded processes a look at `/proc` found alive or gone. A process found gone
@@ -186,18 +186,12 @@ impl Ledger {
         }
     }
 
-    /// The reclaim every transaction starts with: every ticket, and the reservations of a window
-    /// of at most [`RECLAIM_WINDOW`] that moves on with each write (all of them in a ledger no
-    /// larger than that). Returns whether every reservation was checked. A transaction whose
-    /// request does not fit checks the rest before it refuses or queues anyone (see
-    /// `hook.rs`), so the window changes only how soon a dead entry leaves the file, never a
-    /// decision.
-    pub fn reclaim_routine(&mut self) -> (Reclaimed, bool) {
-        let liveness = self.check_window();
-        self.reclaim_known(&liveness)
-    }
-
-    /// The `/proc` half of [`Ledger::reclaim_routine`], on a copy read without the lock.
+    /// The `/proc` half of the reclaim every transaction starts with (see
+    /// [`StateDir::begin_reclaiming`]): the liveness of a window of at most [`RECLAIM_WINDOW`]
+    /// reservations that moves on with each write (all of them in a ledger no larger than
+    /// that). A transaction whose request does not fit checks the rest before it refuses or
+    /// queues anyone (see `hook.rs`), so the window changes only how soon a dead entry leaves
+    /// the file, never a decision.
     pub fn check_window(&self) -> Liveness {
         self.check_window_with(|p| p.is_alive())
     }
@@ -476,7 +470,7 @@ impl StateDir {
 
     /// Reads the ledger without the lock, keeping the bytes so that a transaction begun after
     /// it can tell whether the file changed in between (see [`StateDir::begin_after`]).
-    pub fn peek(&self) -> Result<Peek> {
+    fn peek(&self) -> Result<Peek> {
         let bytes = self.read_bytes()?;
         let ledger = self.parse_bytes(&bytes)?;
         Ok(Peek { bytes, ledger })
@@ -487,10 +481,23 @@ impl StateDir {
         self.begin_after(None)
     }
 
+    /// Starts a transaction and runs the routine reclaim (see [`Ledger::check_window`])
+    /// with its `/proc` reads done before the lock is taken, on an unlocked copy of the
+    /// ledger: the lock then only applies the verdicts (a process found gone stays gone), and
+    /// other container starts wait that much less for it. Returns what was reclaimed and
+    /// whether every remaining reservation is known to be alive.
+    pub fn begin_reclaiming(&self) -> Result<(Transaction, Reclaimed, bool)> {
+        let peek = self.peek()?;
+        let liveness = peek.ledger.check_window();
+        let mut tx = self.begin_after(Some(peek))?;
+        let (reclaimed, checked_all) = tx.ledger.reclaim_known(&liveness);
+        Ok((tx, reclaimed, checked_all))
+    }
+
     /// Starts a transaction after an unlocked [`StateDir::peek`]: under the lock the file is
     /// read again, and when its bytes are the same the peeked parse is used as it is, so work
     /// done on the peek (reading `/proc`) stays outside the lock without a second parse.
-    pub fn begin_after(&self, peek: Option<Peek>) -> Result<Transaction> {
+    fn begin_after(&self, peek: Option<Peek>) -> Result<Transaction> {
         let lock = self.open_file(LOCK_FILE, OpenOptions::new().read(true).write(true).create(true))?;
         let lock_path = self.path.join(LOCK_FILE);
         let started = Instant::now();
