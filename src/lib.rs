@@ -7,6 +7,7 @@
 //! reservations, [`admission`] decides, and [`hook`] ties them together at each stage.
 
 pub mod admission;
+pub mod atomic_file;
 pub mod attribution;
 pub mod config;
 pub mod doctor;
