@@ -184,13 +184,9 @@ pub fn decide(
         accounts.push((share.bytes, account));
     }
 
-    let ahead = ledger
-        .queue
-        .iter()
-        .filter(|t| ticket.is_none_or(|mine| t.ticket < mine))
-        .filter(|t| t.gpus.iter().any(|g| shares.iter().any(|s| s.uuid == g.uuid)))
+    // Backfill may pass an older ticket only while it has not waited past the bound.
+    let ahead = crate::queue::ahead_of(ledger, ticket, shares)
         .filter(|t| {
-            // Backfill may pass an older ticket only while it has not waited past the bound.
             !rules.backfill || now_unix_ms.saturating_sub(t.enqueued_unix_ms) >= rules.backfill_bound.as_millis() as u64
         })
         .count();

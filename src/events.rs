@@ -4,12 +4,11 @@
 //! so every admit, refusal, release and reclaim is also written here. Events are appended
 //! while the ledger lock is held, so lines never interleave and rotation cannot race.
 
-use std::fs::OpenOptions;
 use std::io::Write;
 
 use serde::Serialize;
 
-use crate::ledger::{now_unix_ms, GpuShare, StateDir};
+use crate::ledger::{Access, GpuShare, StateDir};
 
 pub const EVENTS_FILE: &str = "events.jsonl";
 const ROTATED_FILE: &str = "events.jsonl.1";
@@ -24,6 +23,8 @@ pub enum Kind {
     Refuse,
     Enqueue,
     Timeout,
+    /// A wait ended by `vramgate release` before the container was admitted.
+    Cancel,
     Release,
     Reclaim,
     AbandonTicket,
@@ -31,24 +32,30 @@ pub enum Kind {
     Note,
 }
 
-#[derive(Debug, Serialize)]
-pub struct Event<'a> {
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
     pub time_unix_ms: u64,
     pub event: Kind,
-    pub container: &'a str,
-    #[serde(skip_serializing_if = "<[GpuShare]>::is_empty")]
-    pub gpus: &'a [GpuShare],
+    pub container: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuShare>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub detail: String,
 }
 
-impl<'a> Event<'a> {
-    pub fn new(event: Kind, container: &'a str, gpus: &'a [GpuShare], detail: impl Into<String>) -> Event<'a> {
+impl Event {
+    pub fn new(
+        time_unix_ms: u64,
+        event: Kind,
+        container: impl Into<String>,
+        gpus: &[GpuShare],
+        detail: impl Into<String>,
+    ) -> Event {
         Event {
-            time_unix_ms: now_unix_ms(),
+            time_unix_ms,
             event,
-            container,
-            gpus,
+            container: container.into(),
+            gpus: gpus.to_vec(),
             detail: detail.into(),
         }
     }
@@ -69,10 +76,10 @@ pub fn append(state: &StateDir, events: &[Event]) {
 }
 
 fn try_append(state: &StateDir, events: &[Event]) -> Result<(), Box<dyn std::error::Error>> {
-    let mut file = state.open_file(EVENTS_FILE, OpenOptions::new().append(true).create(true))?;
+    let mut file = state.open_file(EVENTS_FILE, Access::AppendCreate)?;
     if file.metadata()?.len() > ROTATE_BYTES {
-        std::fs::rename(state.path().join(EVENTS_FILE), state.path().join(ROTATED_FILE))?;
-        file = state.open_file(EVENTS_FILE, OpenOptions::new().append(true).create(true))?;
+        state.rename(EVENTS_FILE, ROTATED_FILE)?;
+        file = state.open_file(EVENTS_FILE, Access::AppendCreate)?;
     }
     let mut buf = Vec::new();
     for event in events {

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod atomic_file;
 pub mod attribution;
+pub mod clock;
 pub mod config;
 pub mod doctor;
 pub mod events;
@@ -18,8 +19,10 @@ pub mod ledger;
 pub mod privilege;
 pub mod procfs;
 pub mod quantity;
+pub mod queue;
 pub mod request;
 pub mod runtime;
+pub mod service;
 pub mod setup;
 pub mod spec;
 pub mod status;

@@ -21,21 +21,45 @@ struct Stat {
     start_time: u64,
 }
 
-fn read_stat(pid: u32) -> Option<Stat> {
+/// What reading a process's stat file found.
+enum StatRead {
+    Found(Stat),
+    /// No such process (the file is gone, or the process vanished while it was read).
+    Gone,
+    /// The read failed for another reason (EMFILE, ENOMEM, EACCES, an unparsable file): the
+    /// process may well be alive, and guessing "gone" would hand its memory to someone else.
+    Unknown,
+}
+
+fn read_stat(pid: u32) -> StatRead {
     use std::io::{Read, Write};
     // Every transaction checks every reservation's process, so this is the hook's innermost
     // loop: no allocation, and one read into a small stack buffer (`read_to_string` spent a
     // stat and five growing reads per file; a large zeroed buffer cost more than the read).
     let mut path = [0u8; 32];
     let mut cursor = &mut path[..];
-    write!(cursor, "{PROC}/{pid}/stat").ok()?;
+    if write!(cursor, "{PROC}/{pid}/stat").is_err() {
+        return StatRead::Unknown;
+    }
     let len = 32 - cursor.len();
-    let path = std::str::from_utf8(&path[..len]).ok()?;
+    let Ok(path) = std::str::from_utf8(&path[..len]) else {
+        return StatRead::Unknown;
+    };
+    let gone_or_unknown = |e: std::io::Error| match e.raw_os_error() {
+        Some(code) if code == nix::libc::ENOENT || code == nix::libc::ESRCH => StatRead::Gone,
+        _ => StatRead::Unknown,
+    };
     // The start time (field 22) always lies in the first 512 bytes: the command name is at
     // most 16 bytes and the 19 numeric fields before it at most 21 bytes each.
     let mut buf = [0u8; 512];
-    let n = std::fs::File::open(path).ok()?.read(&mut buf).ok()?;
-    parse_stat(&buf[..n])
+    let n = match std::fs::File::open(path).and_then(|mut f| f.read(&mut buf)) {
+        Ok(n) => n,
+        Err(e) => return gone_or_unknown(e),
+    };
+    match parse_stat(&buf[..n]) {
+        Some(stat) => StatRead::Found(stat),
+        None => StatRead::Unknown,
+    }
 }
 
 /// Parses `/proc/<pid>/stat`. The command name (field 2) may hold spaces and parentheses, so
@@ -55,24 +79,61 @@ fn parse_stat(bytes: &[u8]) -> Option<Stat> {
     Some(Stat { state, start_time })
 }
 
+/// Whether a recorded process still runs, as far as `/proc` can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Life {
+    Alive,
+    /// Exited (or a zombie), or its pid now belongs to another process.
+    Gone,
+    /// `/proc` could not be read (out of file descriptors or memory, say): keep what it holds.
+    Unknown,
+}
+
 impl ProcessIdentity {
-    /// The identity of a running process, `None` when it is gone (or a zombie).
+    /// The identity of a running process, `None` when it is gone (or a zombie) or unreadable.
     pub fn of(pid: u32) -> Option<ProcessIdentity> {
-        let stat = read_stat(pid)?;
-        is_running_state(stat.state).then_some(ProcessIdentity {
-            pid,
-            start_time: stat.start_time,
-        })
+        match read_stat(pid) {
+            StatRead::Found(stat) if is_running_state(stat.state) => Some(ProcessIdentity {
+                pid,
+                start_time: stat.start_time,
+            }),
+            _ => None,
+        }
     }
 
     pub fn current() -> Option<ProcessIdentity> {
         ProcessIdentity::of(std::process::id())
     }
 
-    /// True while the process with this pid is the one that was recorded. A zombie counts as
-    /// dead: it has exited and holds no GPU memory, only its exit status.
+    /// Whether the process with this pid is the one that was recorded. A zombie counts as
+    /// gone: it has exited and holds no GPU memory, only its exit status.
+    pub fn life(&self) -> Life {
+        match read_stat(self.pid) {
+            StatRead::Found(s) if s.start_time == self.start_time && is_running_state(s.state) => Life::Alive,
+            StatRead::Found(_) | StatRead::Gone => Life::Gone,
+            StatRead::Unknown => Life::Unknown,
+        }
+    }
+
+    /// True only when the process is known to run (an unreadable `/proc` is not "alive").
     pub fn is_alive(&self) -> bool {
-        matches!(read_stat(self.pid), Some(s) if s.start_time == self.start_time && is_running_state(s.state))
+        self.life() == Life::Alive
+    }
+}
+
+/// How the reservation service asks whether a recorded process still runs; `/proc` on a host,
+/// a table in unit tests.
+pub trait Liveness {
+    fn life(&self, process: &ProcessIdentity) -> Life;
+}
+
+/// Liveness from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcLiveness;
+
+impl Liveness for ProcLiveness {
+    fn life(&self, process: &ProcessIdentity) -> Life {
+        process.life()
     }
 }
 

@@ -5,15 +5,17 @@
 //! next transaction.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
 use serde::Serialize;
 
 use crate::admission::{self, GpuAccount, Rules};
 use crate::attribution;
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::inventory::{GpuProcess, Inventory};
-use crate::ledger::{now_unix_ms, Ledger};
-use crate::procfs;
+use crate::ledger::{GpuShare, Ledger};
+use crate::procfs::{self, Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::quantity::{format_bytes, format_duration};
 
 #[derive(Debug, Serialize)]
@@ -61,6 +63,16 @@ pub struct TicketStatus {
     pub alive: bool,
 }
 
+/// Where a report's facts come from: live sources on a host, recorded or fake ones in tests.
+pub struct Sources<'a> {
+    pub inventory: &'a dyn Inventory,
+    pub clock: &'a dyn Clock,
+    pub liveness: &'a dyn Liveness,
+    /// The pid namespace of a process (recorded hosts replay theirs).
+    pub pid_namespace: &'a dyn Fn(u32) -> Option<u64>,
+}
+
+/// The report for `ledger` on this host's live sources (see [`crate::service::Service::snapshot`]).
 pub fn build(
     config: &Config,
     inventory: &dyn Inventory,
@@ -76,16 +88,31 @@ pub fn build_with(
     ledger: &Ledger,
     pid_namespace: impl Fn(u32) -> Option<u64>,
 ) -> Result<StatusReport, crate::inventory::InventoryError> {
-    let snapshot = inventory.snapshot()?;
-    let attribution = attribution::attribute(ledger, &snapshot.processes, pid_namespace);
-    let rules = Rules::from_config(config);
-    let now = now_unix_ms();
-    let can_see_processes = inventory.sees_processes();
+    let sources = Sources {
+        inventory,
+        clock: &SystemClock,
+        liveness: &ProcLiveness,
+        pid_namespace: &pid_namespace,
+    };
+    build_report(&sources, &Rules::from_config(config), &config.state_dir, ledger)
+}
+
+pub fn build_report(
+    sources: &Sources,
+    rules: &Rules,
+    state_dir: &Path,
+    ledger: &Ledger,
+) -> Result<StatusReport, crate::inventory::InventoryError> {
+    let snapshot = sources.inventory.snapshot()?;
+    let attribution = attribution::attribute(ledger, &snapshot.processes, sources.pid_namespace);
+    let now = sources.clock.now_unix_ms();
+    let can_see_processes = sources.inventory.sees_processes();
+    let alive = |p: &ProcessIdentity| sources.liveness.life(p) != Life::Gone;
     let gpus = snapshot
         .gpus
         .iter()
         .map(|gpu| {
-            let account = admission::account(ledger, gpu, &attribution.allocated, &rules);
+            let account = admission::account(ledger, gpu, &attribution.allocated, rules);
             let reservations = ledger
                 .reservations
                 .iter()
@@ -106,24 +133,27 @@ pub fn build_with(
                         age_ms: now.saturating_sub(r.created_unix_ms),
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,
-                        alive: r.init.is_alive(),
+                        alive: alive(&r.init),
                     })
                 })
                 .collect();
+            let this_gpu = [GpuShare {
+                uuid: gpu.uuid.clone(),
+                bytes: 0,
+            }];
             let queue = ledger
                 .queue
                 .iter()
                 .filter_map(|t| Some((t, t.gpus.iter().find(|s| s.uuid == gpu.uuid)?)))
-                .enumerate()
-                .map(|(n, (t, share))| TicketStatus {
-                    position: n + 1,
+                .map(|(t, share)| TicketStatus {
+                    position: crate::queue::position(ledger, Some(t.ticket), &this_gpu),
                     ticket: t.ticket,
                     container_id: t.container_id.clone(),
                     bytes: share.bytes,
                     waited_ms: now.saturating_sub(t.enqueued_unix_ms),
                     deadline_in_ms: t.deadline_unix_ms.saturating_sub(now),
                     waiter_pid: t.waiter.pid,
-                    alive: t.waiter.is_alive(),
+                    alive: alive(&t.waiter),
                 })
                 .collect();
             GpuStatus {
@@ -142,8 +172,8 @@ pub fn build_with(
         })
         .collect();
     Ok(StatusReport {
-        inventory: inventory.describe(),
-        state_dir: config.state_dir.display().to_string(),
+        inventory: sources.inventory.describe(),
+        state_dir: state_dir.display().to_string(),
         generation: ledger.generation,
         gpus,
     })

@@ -5,9 +5,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Parser;
 use vramgate::cli::{Cli, Command, LedgerCommand};
+use vramgate::clock::SystemClock;
 use vramgate::config::{Config, CONFIG_ENV};
+use vramgate::inventory::NotNeeded;
 use vramgate::ledger::StateDir;
+use vramgate::procfs::ProcLiveness;
 use vramgate::quantity::format_bytes;
+use vramgate::service::Service;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -84,7 +88,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn status(json: bool, record: Option<&std::path::Path>, note: &str) -> Result<ExitCode> {
     let config = Config::load()?;
     let inventory = vramgate::inventory::open(&config)?;
-    let ledger = match StateDir::open_existing(&config.state_dir)? {
+    let dir = StateDir::open_existing(&config.state_dir)?;
+    let ledger = match &dir {
         Some(dir) => dir.read()?,
         None => Default::default(),
     };
@@ -93,13 +98,24 @@ fn status(json: bool, record: Option<&std::path::Path>, note: &str) -> Result<Ex
         std::fs::write(path, serde_json::to_vec_pretty(&host)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let report = vramgate::status::build(&config, inventory.as_ref(), &ledger)?;
+    let report = match dir {
+        Some(dir) => {
+            Service::new(dir, inventory.as_ref(), &SystemClock, &ProcLiveness, &config).snapshot_of(&ledger)?
+        }
+        // Nothing was ever reserved on this host: the GPUs with an empty ledger.
+        None => vramgate::status::build(&config, inventory.as_ref(), &ledger)?,
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", vramgate::status::render(&report));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The service for commands that change the ledger but never read the GPUs.
+fn ledger_service<'a>(config: &'a Config, dir: StateDir) -> Service<'a> {
+    Service::new(dir, &NotNeeded, &SystemClock, &ProcLiveness, config)
 }
 
 fn release(container_id: &str) -> Result<ExitCode> {
@@ -112,8 +128,16 @@ fn release(container_id: &str) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     };
-    let (_, removed) = vramgate::hook::release_in(&dir, container_id, "vramgate release").context("releasing")?;
-    match removed {
+    let released = ledger_service(&config, dir)
+        .release(container_id, "vramgate release")
+        .context("releasing")?;
+    for t in &released.cancelled {
+        println!(
+            "cancelled the wait of {container_id} (queue ticket {}): its start is refused",
+            t.ticket
+        );
+    }
+    match released.reservation {
         Some(r) => {
             let gpus: Vec<String> = r
                 .gpus
@@ -123,6 +147,7 @@ fn release(container_id: &str) -> Result<ExitCode> {
             println!("released {container_id}: {}", gpus.join(", "));
             Ok(ExitCode::SUCCESS)
         }
+        None if !released.cancelled.is_empty() => Ok(ExitCode::SUCCESS),
         None => {
             eprintln!("vramgate: no reservation for container {container_id:?}; `vramgate status` lists them");
             Ok(ExitCode::from(1))
@@ -136,7 +161,7 @@ fn gc() -> Result<ExitCode> {
         println!("nothing to reclaim (no state directory {})", config.state_dir.display());
         return Ok(ExitCode::SUCCESS);
     };
-    let reclaimed = vramgate::hook::gc_in(&dir)?;
+    let reclaimed = ledger_service(&config, dir).gc()?;
     for r in &reclaimed.reservations {
         let bytes: u64 = r.gpus.iter().map(|g| g.bytes).sum();
         println!(
@@ -152,7 +177,13 @@ fn gc() -> Result<ExitCode> {
             t.ticket, t.container_id, t.waiter.pid
         );
     }
-    if reclaimed.reservations.is_empty() && reclaimed.tickets.is_empty() {
+    for r in &reclaimed.undecided {
+        println!(
+            "kept container {}: cannot tell whether init pid {} still runs (/proc unreadable)",
+            r.container_id, r.init.pid
+        );
+    }
+    if reclaimed.is_empty() {
         println!("nothing to reclaim");
     }
     Ok(ExitCode::SUCCESS)

@@ -77,6 +77,8 @@ pub enum InventoryError {
     },
     #[error("cannot read the static GPU list from {path}: {message}")]
     Static { path: PathBuf, message: String },
+    #[error("internal error: the GPU inventory was read by an operation that opened none")]
+    NotOpened,
 }
 
 /// What to do about an NVML that loads but does not start.
@@ -107,6 +109,21 @@ pub trait Inventory {
     }
     /// A few words for logs and `vramgate doctor` ("NVML 580.xx", "static (simulated)").
     fn describe(&self) -> String;
+}
+
+/// The inventory of operations that never read the GPUs (release, gc): opening NVML at every
+/// container stop would cost driver calls for nothing. Reading it is an error, never numbers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotNeeded;
+
+impl Inventory for NotNeeded {
+    fn snapshot(&self) -> Result<Snapshot, InventoryError> {
+        Err(InventoryError::NotOpened)
+    }
+
+    fn describe(&self) -> String {
+        "not opened".into()
+    }
 }
 
 /// Opens the backend the config asks for. `auto` means NVML when its library loads and the

@@ -1,0 +1,60 @@
+//! The ledger: every live reservation and every waiting container, in one JSON file.
+//!
+//! Split by concern: [`model`] is the data and its invariants, [`store`] the state directory
+//! (held open, every file opened relative to it), [`tx`] the locked read-modify-write, and
+//! [`reclaim`] how entries of processes that are gone leave the file.
+//!
+//! One transaction = one exclusive lock on `<state>/lock`, one read of `<state>/ledger.json`,
+//! and at most one atomic write (temporary file, fsync, rename, fsync of the directory). A
+//! reader that does not lock (`vramgate status`, a waiter checking whether it is worth taking
+//! the lock) always sees a whole ledger, old or new, never a torn one.
+
+mod model;
+mod reclaim;
+mod store;
+mod tx;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use crate::clock::now_unix_ms;
+pub use model::{GpuShare, Ledger, Reservation, Ticket, MAX_LEDGER_BYTES, SCHEMA_VERSION};
+pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
+pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
+pub use tx::{Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("state directory {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{} {path} is unsafe: it {reason}; fix or remove it (it must be {})", unsafe_kind(.is_dir), unsafe_want(.is_dir))]
+    Unsafe {
+        path: PathBuf,
+        is_dir: bool,
+        reason: String,
+    },
+    #[error("ledger {path} is corrupt ({reason}); nothing was changed: inspect it, then run `vramgate ledger repair` to set it aside and start a new one")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("ledger {path} has schema version {found}, this vramgate reads {SCHEMA_VERSION}: upgrade vramgate, or run `vramgate ledger repair` to start a new ledger")]
+    Schema { path: PathBuf, found: u32 },
+    #[error("the ledger lock {path} has been held by another process for more than {}; find it with `fuser -v {}`", crate::quantity::format_duration(*.waited), path.display())]
+    LockTimeout { path: PathBuf, waited: Duration },
+}
+
+pub type Result<T> = std::result::Result<T, LedgerError>;
+
+fn unsafe_kind(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "state directory"
+    } else {
+        "state file"
+    }
+}
+
+fn unsafe_want(is_dir: &bool) -> &'static str {
+    if *is_dir {
+        "a real directory owned by root, mode 0700"
+    } else {
+        "a regular file owned by root that others cannot write"
+    }
+}

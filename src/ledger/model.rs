@@ -1,0 +1,246 @@
+//! What the ledger holds, and the invariants a file must meet before anything trusts it.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LedgerError, Result};
+use crate::procfs::ProcessIdentity;
+
+pub const SCHEMA_VERSION: u32 = 1;
+/// A ledger larger than this is refused as corrupt; 10,000 reservations take about 3 MiB.
+pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
+
+/// The bytes one container holds (or asks for) on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuShare {
+    pub uuid: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reservation {
+    pub container_id: String,
+    pub gpus: Vec<GpuShare>,
+    /// The container's init process; when it is gone the reservation is reclaimed.
+    pub init: ProcessIdentity,
+    pub created_unix_ms: u64,
+    /// How long the container waited in the queue before it was admitted.
+    #[serde(default)]
+    pub waited_ms: u64,
+}
+
+/// A container waiting for room, held by its hook process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ticket {
+    pub ticket: u64,
+    pub container_id: String,
+    pub gpus: Vec<GpuShare>,
+    /// The waiting hook process; when it is gone (killed at the runtime's hook timeout, say)
+    /// the ticket is dropped so it never blocks the queue.
+    pub waiter: ProcessIdentity,
+    pub enqueued_unix_ms: u64,
+    pub deadline_unix_ms: u64,
+}
+
+impl Ticket {
+    /// Whether this ticket waits for any of `gpus`.
+    pub fn shares_gpu_with(&self, gpus: &[GpuShare]) -> bool {
+        self.gpus.iter().any(|g| gpus.iter().any(|s| s.uuid == g.uuid))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ledger {
+    pub schema: u32,
+    /// Bumped by every write, so readers can tell whether anything changed.
+    pub generation: u64,
+    pub next_ticket: u64,
+    pub reservations: Vec<Reservation>,
+    /// Waiting containers in arrival order (ticket numbers only grow).
+    pub queue: Vec<Ticket>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger {
+            schema: SCHEMA_VERSION,
+            generation: 0,
+            next_ticket: 1,
+            reservations: Vec::new(),
+            queue: Vec::new(),
+        }
+    }
+}
+
+impl Ledger {
+    pub fn reservation(&self, container_id: &str) -> Option<&Reservation> {
+        self.reservations.iter().find(|r| r.container_id == container_id)
+    }
+
+    pub fn remove_reservation(&mut self, container_id: &str) -> Option<Reservation> {
+        let at = self.reservations.iter().position(|r| r.container_id == container_id)?;
+        Some(self.reservations.remove(at))
+    }
+
+    pub fn ticket(&self, ticket: u64) -> Option<&Ticket> {
+        self.queue.iter().find(|t| t.ticket == ticket)
+    }
+
+    pub fn remove_ticket(&mut self, ticket: u64) -> Option<Ticket> {
+        let at = self.queue.iter().position(|t| t.ticket == ticket)?;
+        Some(self.queue.remove(at))
+    }
+
+    /// Removes every ticket of a container and returns them.
+    pub fn remove_tickets_of(&mut self, container_id: &str) -> Vec<Ticket> {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|t| t.container_id == container_id);
+        self.queue = kept;
+        gone
+    }
+
+    /// Appends a ticket with the next number and returns the number. `parse` refuses a ledger
+    /// whose counter is at its maximum, so the increment cannot overflow.
+    pub fn enqueue(&mut self, mut ticket: Ticket) -> u64 {
+        ticket.ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let number = ticket.ticket;
+        self.queue.push(ticket);
+        number
+    }
+
+    /// Whether any reservation holds memory on this GPU.
+    pub fn has_reservations_on(&self, uuid: &str) -> bool {
+        self.reservations.iter().any(|r| r.gpus.iter().any(|g| g.uuid == uuid))
+    }
+
+    /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
+    /// `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
+    pub fn reserved_on(&self, uuid: &str) -> u64 {
+        self.reservations
+            .iter()
+            .flat_map(|r| &r.gpus)
+            .filter(|s| s.uuid == uuid)
+            .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
+    }
+
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Ledger> {
+        let corrupt = |reason: String| LedgerError::Corrupt {
+            path: path.to_path_buf(),
+            reason: crate::one_line(&reason),
+        };
+        let ledger: Ledger = match serde_json::from_slice(bytes) {
+            Ok(ledger) => ledger,
+            Err(e) => {
+                // Only on failure look for the version, so a newer schema is reported as such
+                // and not as corruption, while the common path parses once.
+                #[derive(Deserialize)]
+                struct Version {
+                    schema: u32,
+                }
+                return Err(match serde_json::from_slice::<Version>(bytes) {
+                    Ok(v) if v.schema != SCHEMA_VERSION => LedgerError::Schema {
+                        path: path.to_path_buf(),
+                        found: v.schema,
+                    },
+                    _ => corrupt(e.to_string()),
+                });
+            }
+        };
+        if ledger.schema != SCHEMA_VERSION {
+            return Err(LedgerError::Schema {
+                path: path.to_path_buf(),
+                found: ledger.schema,
+            });
+        }
+        if let Some(r) = ledger.reservations.iter().find(|r| r.gpus.is_empty()) {
+            return Err(corrupt(format!("reservation of {:?} names no GPU", r.container_id)));
+        }
+        // Counters at their limit could only come from a damaged or forged file; refusing it
+        // here keeps every `+ 1` on them below overflow.
+        if ledger.next_ticket == u64::MAX || ledger.generation == u64::MAX {
+            return Err(corrupt(
+                "a counter (next_ticket or generation) is at its maximum".into(),
+            ));
+        }
+        if ledger.queue.iter().any(|t| t.ticket >= ledger.next_ticket) {
+            return Err(corrupt("a ticket number is not below next_ticket".into()));
+        }
+        Ok(ledger)
+    }
+
+    /// The generation a file that cannot be parsed as a ledger still shows, if any: `ledger
+    /// repair` starts the new ledger above it, so generations never go backwards for readers
+    /// that compare them.
+    pub fn salvage_generation(bytes: &[u8]) -> Option<u64> {
+        let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+        value.get("generation")?.as_u64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exhausted_counters_are_corrupt() {
+        for field in ["next_ticket", "generation"] {
+            let mut json = serde_json::to_value(Ledger::default()).unwrap();
+            json[field] = serde_json::json!(u64::MAX);
+            let err = Ledger::parse(&serde_json::to_vec(&json).unwrap(), Path::new("/l")).unwrap_err();
+            assert!(err.to_string().contains("at its maximum"), "{err}");
+        }
+    }
+
+    #[test]
+    fn reserved_sum_saturates_instead_of_wrapping() {
+        let share = |bytes| GpuShare {
+            uuid: "GPU-a".into(),
+            bytes,
+        };
+        let reservation = |id: &str, bytes| Reservation {
+            container_id: id.into(),
+            gpus: vec![share(bytes)],
+            init: ProcessIdentity { pid: 1, start_time: 7 },
+            created_unix_ms: 1,
+            waited_ms: 0,
+        };
+        let ledger = Ledger {
+            reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
+            ..Ledger::default()
+        };
+        assert_eq!(ledger.reserved_on("GPU-a"), u64::MAX);
+    }
+
+    #[test]
+    fn enqueue_numbers_tickets_in_order() {
+        let mut ledger = Ledger::default();
+        let ticket = Ticket {
+            ticket: 0,
+            container_id: "c".into(),
+            gpus: vec![],
+            waiter: ProcessIdentity { pid: 1, start_time: 1 },
+            enqueued_unix_ms: 0,
+            deadline_unix_ms: 0,
+        };
+        assert_eq!(ledger.enqueue(ticket.clone()), 1);
+        assert_eq!(ledger.enqueue(ticket), 2);
+        assert_eq!(ledger.next_ticket, 3);
+        assert_eq!(ledger.remove_tickets_of("c").len(), 2);
+    }
+
+    #[test]
+    fn salvages_the_generation_of_a_parsable_but_invalid_file() {
+        assert_eq!(
+            Ledger::salvage_generation(br#"{"schema":99,"generation":41}"#),
+            Some(41)
+        );
+        assert_eq!(Ledger::salvage_generation(b"{trunc"), None);
+    }
+}

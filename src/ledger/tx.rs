@@ -1,0 +1,306 @@
+//! The locked read-modify-write of the ledger.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use super::model::Ledger;
+use super::reclaim::Reclaimed;
+use super::store::StateDir;
+use super::Result;
+use crate::procfs::Liveness;
+
+/// Opt-in audit trail for tests and debugging: when set (an absolute path), every committed
+/// ledger is appended to that file as one JSON line, while the lock is still held, so the
+/// file holds every generation in order. Watching the state directory with inotify cannot
+/// promise that: two commits can land between a watcher's wake-up and its read, and the
+/// middle state is never seen. Only the runtime's hook entry (written by the admin) sets a
+/// hook's environment, never a container.
+pub const AUDIT_LOG_ENV: &str = "VRAMGATE_AUDIT_LOG";
+/// How long a transaction waits for the lock when its caller gives no tighter budget.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An unlocked read of the ledger: its bytes and what they parse to.
+struct Peek {
+    bytes: Option<Vec<u8>>,
+    ledger: Ledger,
+}
+
+/// A locked ledger. Dropping it without `commit` releases the lock and writes nothing.
+pub struct Transaction {
+    dir: StateDir,
+    _lock: File,
+    original: Ledger,
+    pub ledger: Ledger,
+}
+
+impl StateDir {
+    /// Starts a transaction: takes the lock (waiting at most [`LOCK_TIMEOUT`]) and reads the
+    /// ledger.
+    pub fn begin(&self) -> Result<Transaction> {
+        self.begin_after(None, LOCK_TIMEOUT)
+    }
+
+    /// Starts a transaction, waiting at most `lock_timeout` for the lock, and runs the routine
+    /// reclaim (see [`Ledger::check_window`]) with its `/proc` reads done before the lock is
+    /// taken, on an unlocked copy of the ledger: the lock then only applies the verdicts (a
+    /// process found gone stays gone), and other container starts wait that much less for it.
+    /// Returns what was reclaimed and whether every remaining reservation is known to be alive.
+    pub fn begin_reclaiming(
+        &self,
+        liveness: &dyn Liveness,
+        lock_timeout: Duration,
+    ) -> Result<(Transaction, Reclaimed, bool)> {
+        let bytes = self.read_bytes()?;
+        let ledger = self.parse_bytes(&bytes)?;
+        let verdicts = ledger.check_window(liveness);
+        let mut tx = self.begin_after(Some(Peek { bytes, ledger }), lock_timeout)?;
+        let (reclaimed, checked_all) = tx.ledger.reclaim_known(&verdicts, liveness);
+        Ok((tx, reclaimed, checked_all))
+    }
+
+    /// Starts a transaction after an unlocked peek: under the lock the file is read again, and
+    /// when its bytes are the same the peeked parse is used as it is, so work done on the peek
+    /// (reading `/proc`) stays outside the lock without a second parse.
+    fn begin_after(&self, peek: Option<Peek>, lock_timeout: Duration) -> Result<Transaction> {
+        let lock = self.lock(lock_timeout)?;
+        let bytes = self.read_bytes()?;
+        let ledger = match peek {
+            Some(peek) if peek.bytes == bytes => peek.ledger,
+            _ => self.parse_bytes(&bytes)?,
+        };
+        Ok(Transaction {
+            dir: self.clone(),
+            _lock: lock,
+            original: ledger.clone(),
+            ledger,
+        })
+    }
+}
+
+impl Transaction {
+    pub fn state_dir(&self) -> &StateDir {
+        &self.dir
+    }
+
+    /// Writes the ledger if it changed. The lock is held until the transaction is dropped,
+    /// so events about what was committed can still be logged in order.
+    pub fn commit(&mut self) -> Result<bool> {
+        if self.ledger == self.original {
+            return Ok(false);
+        }
+        self.ledger.generation = self.original.generation + 1;
+        let bytes = self.dir.write(&self.ledger)?;
+        self.original = self.ledger.clone();
+        if let Some(path) = std::env::var_os(AUDIT_LOG_ENV) {
+            append_audit(Path::new(&path), &bytes);
+        }
+        Ok(true)
+    }
+}
+
+/// Appends one committed ledger to the audit log (see [`AUDIT_LOG_ENV`]). Best effort: the
+/// commit already happened, so a failure is reported and the transaction stands.
+fn append_audit(path: &Path, ledger_json: &[u8]) {
+    let result = if path.is_absolute() {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(path)
+            .and_then(|mut f| {
+                let mut line = Vec::with_capacity(ledger_json.len() + 1);
+                line.extend_from_slice(ledger_json);
+                line.push(b'\n');
+                f.write_all(&line)
+            })
+    } else {
+        Err(std::io::Error::other("it is not an absolute path"))
+    };
+    if let Err(e) = result {
+        eprintln!(
+            "vramgate: warning: cannot append to the audit log {}: {e}",
+            path.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::store::Access;
+    use crate::ledger::{GpuShare, LedgerError, Reservation, LEDGER_FILE, LOCK_FILE};
+    use crate::procfs::ProcessIdentity;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn reservation(container: &str, bytes: u64) -> Reservation {
+        Reservation {
+            container_id: container.into(),
+            gpus: vec![GpuShare {
+                uuid: "GPU-a".into(),
+                bytes,
+            }],
+            init: ProcessIdentity { pid: 1, start_time: 7 },
+            created_unix_ms: 1,
+            waited_ms: 0,
+        }
+    }
+
+    fn temp_state() -> (tempfile::TempDir, StateDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open_or_create(&dir.path().join("state")).unwrap();
+        (dir, state)
+    }
+
+    #[test]
+    fn round_trip_and_generation() {
+        let (_d, state) = temp_state();
+        let mut tx = state.begin().unwrap();
+        assert_eq!(tx.ledger, Ledger::default());
+        tx.ledger.reservations.push(reservation("c1", 100));
+        assert!(tx.commit().unwrap());
+        drop(tx);
+        let ledger = state.read().unwrap();
+        assert_eq!(ledger.generation, 1);
+        assert_eq!(ledger.reserved_on("GPU-a"), 100);
+        // An unchanged transaction writes nothing.
+        assert!(!state.begin().unwrap().commit().unwrap());
+        assert_eq!(state.read().unwrap().generation, 1);
+    }
+
+    #[test]
+    fn waiting_for_the_lock_is_bounded_by_the_callers_budget() {
+        let (_d, state) = temp_state();
+        let holder = state.begin().unwrap();
+        let started = std::time::Instant::now();
+        let err = state
+            .begin_reclaiming(&crate::procfs::ProcLiveness, Duration::from_millis(50))
+            .err()
+            .expect("the lock is held");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(matches!(err, LedgerError::LockTimeout { .. }), "{err}");
+        assert!(err.to_string().contains("fuser -v"), "{err}");
+        drop(holder);
+        assert!(state
+            .begin_reclaiming(&crate::procfs::ProcLiveness, Duration::from_millis(50))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_fifo_in_place_of_the_ledger_is_refused_not_waited_on() {
+        let (_d, state) = temp_state();
+        nix::unistd::mkfifo(&state.ledger_path(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Without O_NONBLOCK this open blocks until something writes to the FIFO: forever.
+        let err = state.read().unwrap_err();
+        assert!(err.to_string().contains("is not a regular file"), "{err}");
+        nix::unistd::mkfifo(
+            &state.path().join("events.jsonl"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(state.open_file("events.jsonl", Access::AppendCreate).is_err());
+    }
+
+    #[test]
+    fn creates_state_dir_private_and_refuses_one_open_to_others() {
+        let (_d, state) = temp_state();
+        let mode = std::fs::metadata(state.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = StateDir::open_or_create(state.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("is open to group or others (mode 755)") && err.contains("mode 0700"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn corrupt_ledger_is_an_error_and_is_left_alone() {
+        let (_d, state) = temp_state();
+        for bad in [&b"{not json"[..], b"", b"{\"schema\":1,\"g\\neneration\":0}", b"{\"schema\":1}", b"[]", b"{\"schema\":1,\"generation\":0,\"next_ticket\":1,\"reservations\":[{\"container_id\":\"x\",\"gpus\":[],\"init\":{\"pid\":1,\"start_time\":1},\"created_unix_ms\":0}],\"queue\":[]}"] {
+            std::fs::write(state.ledger_path(), bad).unwrap();
+            let err = state.begin().err().expect("corrupt").to_string();
+            assert!(err.contains("corrupt") && err.contains("vramgate ledger repair"), "{err}");
+            assert!(!err.contains('\n'));
+            assert_eq!(std::fs::read(state.ledger_path()).unwrap(), bad, "nothing lost");
+        }
+        std::fs::write(state.ledger_path(), br#"{"schema":99}"#).unwrap();
+        assert!(state.read().unwrap_err().to_string().contains("schema version 99"));
+        let aside = state.repair().unwrap().unwrap();
+        assert_eq!(std::fs::read(aside).unwrap(), br#"{"schema":99}"#);
+        let fresh = state.read().unwrap();
+        assert!(fresh.reservations.is_empty() && fresh.queue.is_empty());
+    }
+
+    #[test]
+    fn repair_keeps_the_generation_increasing() {
+        let (_d, state) = temp_state();
+        // A ledger far ahead of the clock's milliseconds, then damaged but still showing its
+        // generation: the repaired ledger starts above it.
+        let ahead = u64::MAX / 2;
+        std::fs::write(
+            state.ledger_path(),
+            format!(r#"{{"schema":1,"generation":{ahead},"next_ticket":1,"reservations":[],"queue":[],"junk":1}}"#),
+        )
+        .unwrap();
+        assert!(state.read().is_err());
+        state.repair().unwrap();
+        assert_eq!(state.read().unwrap().generation, ahead + 1);
+        // Unreadable garbage: the clock's milliseconds are a floor no earlier ledger reached.
+        std::fs::write(state.ledger_path(), b"\x00garbage").unwrap();
+        state.repair().unwrap();
+        assert!(state.read().unwrap().generation >= crate::clock::now_unix_ms() - 60_000);
+    }
+
+    #[test]
+    fn refuses_symlinks_and_foreign_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(matches!(
+            StateDir::open_or_create(&link),
+            Err(LedgerError::Unsafe { .. })
+        ));
+
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            StateDir::open_or_create(&real),
+            Err(LedgerError::Unsafe { .. })
+        ));
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        let state = StateDir::open_or_create(&real).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", real.join(LEDGER_FILE)).unwrap();
+        let err = state.read().unwrap_err();
+        assert!(matches!(err, LedgerError::Unsafe { .. }), "{err}");
+        std::fs::remove_file(real.join(LEDGER_FILE)).unwrap();
+        std::os::unix::fs::symlink("/tmp/elsewhere", real.join(LOCK_FILE)).unwrap();
+        assert!(matches!(state.begin(), Err(LedgerError::Unsafe { .. })));
+        assert!(!Path::new("/tmp/elsewhere").exists(), "never followed");
+    }
+
+    #[test]
+    fn a_directory_swapped_after_opening_is_not_followed() {
+        // The state directory is held open: moving it away and putting a symlink to another
+        // directory in its place does not redirect the next write.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        let state = StateDir::open_or_create(&path).unwrap();
+        let moved = dir.path().join("moved");
+        std::fs::rename(&path, &moved).unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let mut tx = state.begin().unwrap();
+        tx.ledger.reservations.push(reservation("c", 1));
+        tx.commit().unwrap();
+        assert!(moved.join(LEDGER_FILE).exists());
+        assert!(!elsewhere.join(LEDGER_FILE).exists());
+    }
+}

@@ -1,0 +1,499 @@
+//! The reservation service: admit, release, gc and snapshot over ledger transactions.
+//!
+//! Every way into vramgate calls this: the OCI hook (admit at createRuntime/prestart, release
+//! at poststop), the CLI (release, gc, status) and, through them, the runtime wrapper. It is
+//! given the inventory, a clock and a liveness check as traits, so its decisions run in unit
+//! tests against fakes, without processes or GPUs; callers only turn their input into a
+//! request and the outcome into their output.
+//!
+//! An admission is a loop of attempts. One attempt is one locked transaction: reclaim what is
+//! gone, decide (see [`crate::admission`]), then admit, refuse, or queue. A queued request
+//! sleeps without the lock until the ledger changes or the poll interval passes, and tries
+//! again while it is at the head of its GPUs' queues, until its timeout.
+
+mod outcome;
+mod wait;
+
+use std::time::Duration;
+
+pub use outcome::{Admission, Refusal, Shortage};
+
+use crate::admission::{self, Decision, Rules};
+use crate::attribution;
+use crate::clock::Clock;
+use crate::config::{Config, Policy};
+use crate::events::{self, Event, Kind};
+use crate::inventory::{Inventory, InventoryError, Snapshot};
+use crate::ledger::{GpuShare, Ledger, LedgerError, Reclaimed, Reservation, StateDir, Ticket, LOCK_TIMEOUT};
+use crate::procfs::{self, Liveness, ProcessIdentity};
+use crate::quantity::format_duration;
+use crate::request::{Request, RequestError};
+use crate::status::StatusReport;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    Ledger(#[from] LedgerError),
+    #[error("{0}")]
+    Inventory(#[from] InventoryError),
+    #[error("container {container}: {source}")]
+    Request { container: String, source: RequestError },
+}
+
+impl ServiceError {
+    /// Errors about vramgate's own state, where `on_state_error = "fail-open"` may let a
+    /// container start anyway. The user's own mistakes are always refused.
+    pub fn is_state_error(&self) -> bool {
+        matches!(self, ServiceError::Inventory(_) | ServiceError::Ledger(_))
+    }
+}
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+/// One container's request for memory, as a caller hands it to [`Service::admit`].
+#[derive(Debug, Clone)]
+pub struct AdmitRequest<'r> {
+    pub container: &'r str,
+    /// The container's init process: the reservation lives as long as it does.
+    pub init: ProcessIdentity,
+    pub request: &'r Request,
+    pub policy: Policy,
+    /// How long it may wait in the queue under policy `wait`.
+    pub wait_for: Duration,
+    /// The process that holds the ticket while it waits (the hook itself).
+    pub waiter: ProcessIdentity,
+    /// How long the caller has in all (the runtime's hook timeout less a margin); every wait
+    /// for the ledger lock counts against it. `None`: only the ledger's own lock timeout.
+    pub budget: Option<Duration>,
+}
+
+/// What a release found.
+#[derive(Debug, Default)]
+pub struct Released {
+    pub reservation: Option<Reservation>,
+    /// Waits that were ended (their hooks refuse their containers).
+    pub cancelled: Vec<Ticket>,
+}
+
+pub struct Service<'a> {
+    dir: StateDir,
+    inventory: &'a dyn Inventory,
+    clock: &'a dyn Clock,
+    liveness: &'a dyn Liveness,
+    rules: Rules,
+    poll_interval: Duration,
+}
+
+/// Where one admission's queue wait stands between attempts.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Monotonic time of the first attempt.
+    started: Duration,
+    ticket: Option<u64>,
+    /// What the last attempt that had to wait saw, for the timeout message.
+    last: Option<(Shortage, usize)>,
+}
+
+/// What one attempt concluded.
+enum Step {
+    Done(Admission),
+    Wait,
+}
+
+impl<'a> Service<'a> {
+    pub fn new(
+        dir: StateDir,
+        inventory: &'a dyn Inventory,
+        clock: &'a dyn Clock,
+        liveness: &'a dyn Liveness,
+        config: &Config,
+    ) -> Service<'a> {
+        Service {
+            dir,
+            inventory,
+            clock,
+            liveness,
+            rules: Rules::from_config(config),
+            poll_interval: config.poll_interval,
+        }
+    }
+
+    pub fn state_dir(&self) -> &StateDir {
+        &self.dir
+    }
+
+    fn event(&self, kind: Kind, container: &str, gpus: &[GpuShare], detail: impl Into<String>) -> Event {
+        Event::new(self.clock.now_unix_ms(), kind, container, gpus, detail)
+    }
+
+    /// Admits `req`, waiting in the queue under policy `wait`. Refusals are outcomes
+    /// ([`Admission::Refused`]); errors are about the request's GPUs or vramgate's own state.
+    pub fn admit(&self, req: &AdmitRequest) -> Result<Admission> {
+        let mut progress = Progress {
+            started: self.clock.monotonic(),
+            ..Progress::default()
+        };
+        // The watcher exists before a ticket can be committed, so a release that lands between
+        // the commit and the first sleep still wakes this waiter.
+        let mut watcher = (req.policy == Policy::Wait).then(|| wait::LedgerWatcher::new(self.dir.path()));
+        loop {
+            match self.attempt(req, &mut progress)? {
+                Step::Done(admission) => return Ok(admission),
+                Step::Wait => {
+                    let watcher = watcher.get_or_insert_with(|| wait::LedgerWatcher::new(self.dir.path()));
+                    self.sleep_until_worth_trying(req, &progress, watcher);
+                }
+            }
+        }
+    }
+
+    /// How long the next lock wait may take: the ledger's own limit, or what is left of the
+    /// caller's budget.
+    fn lock_timeout(&self, req: &AdmitRequest, progress: &Progress) -> Duration {
+        match req.budget {
+            Some(budget) => {
+                let spent = self.clock.monotonic().saturating_sub(progress.started);
+                budget.saturating_sub(spent).min(LOCK_TIMEOUT)
+            }
+            None => LOCK_TIMEOUT,
+        }
+    }
+
+    /// One locked transaction: reclaim, decide, and admit, refuse or (re)queue.
+    fn attempt(&self, req: &AdmitRequest, progress: &mut Progress) -> Result<Step> {
+        let (mut tx, mut reclaimed, checked_all) = self
+            .dir
+            .begin_reclaiming(self.liveness, self.lock_timeout(req, progress))?;
+        let mut log = Vec::new();
+        let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
+        // A request error still commits: the reclaim happened, and its ticket is dropped.
+        tx.commit()?;
+        self.reclaim_events(&reclaimed, &mut log);
+        events::append(&self.dir, &log);
+        drop(tx);
+        step
+    }
+
+    /// The decision of one attempt on a locked ledger, which it changes in place; the events
+    /// it causes go to `log`. Separate from the transaction so that tests can run it on a
+    /// ledger in memory.
+    fn decide_on(
+        &self,
+        ledger: &mut Ledger,
+        checked_all: bool,
+        reclaimed: &mut Reclaimed,
+        req: &AdmitRequest,
+        progress: &mut Progress,
+        log: &mut Vec<Event>,
+    ) -> Result<Step> {
+        let id = req.container;
+        let now = self.clock.now_unix_ms();
+        let waited = self.clock.monotonic().saturating_sub(progress.started);
+
+        // A waiter whose ticket is gone while it still runs was cancelled (`vramgate release`).
+        if let Some(ticket) = progress.ticket {
+            if ledger.ticket(ticket).is_none() {
+                progress.ticket = None;
+                let refusal = Refusal::Cancelled {
+                    container: id.to_string(),
+                    waited,
+                };
+                return Ok(Step::Done(Admission::Refused(refusal)));
+            }
+        }
+
+        // A reservation under this id from a container that is gone (outside the routine
+        // reclaim's window in a large ledger) is reclaimed now, not mistaken for a live one.
+        if let Some(existing) = ledger.reservation(id) {
+            if existing.init != req.init && self.liveness.life(&existing.init) == procfs::Life::Gone {
+                let gone = ledger.remove_reservation(id).expect("found above");
+                reclaimed.reservations.push(gone);
+            }
+        }
+        if let Some(existing) = ledger.reservation(id) {
+            // The same container seen at a second stage (createRuntime and prestart both
+            // configured): admission is idempotent.
+            if existing.init == req.init {
+                drop_ticket(ledger, progress);
+                return Ok(Step::Done(Admission::AlreadyAdmitted));
+            }
+            let refusal = Refusal::SameIdLive {
+                container: id.to_string(),
+                holder_pid: existing.init.pid,
+            };
+            return Ok(Step::Done(Admission::Refused(refusal)));
+        }
+
+        // Process lists matter only where live reservations are (to count what those
+        // containers already allocated); everywhere else the driver's free memory says it all.
+        let snapshot = self
+            .inventory
+            .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
+        let shares = match shares_for(req.request, &snapshot, id) {
+            Ok(shares) => shares,
+            Err(e) => {
+                drop_ticket(ledger, progress);
+                return Err(e);
+            }
+        };
+        let decide = |ledger: &Ledger| {
+            let allocated = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace).allocated;
+            admission::decide(
+                ledger,
+                &snapshot,
+                &allocated,
+                &self.rules,
+                &shares,
+                progress.ticket,
+                now,
+            )
+        };
+        let mut decision = decide(ledger);
+        if matches!(decision, Decision::NoRoom { .. }) && !checked_all {
+            // Only part of a large ledger was checked; before anyone is refused or queued for
+            // lack of room, every reservation is. Reclaiming only adds room, so a request
+            // admitted without this would be admitted with it too.
+            reclaimed.extend(ledger.reclaim_all(self.liveness));
+            decision = decide(ledger);
+        }
+        let shortage = match decision {
+            Decision::Admit => {
+                let queued = progress.ticket.is_some();
+                drop_ticket(ledger, progress);
+                ledger.reservations.push(Reservation {
+                    container_id: id.to_string(),
+                    gpus: shares.clone(),
+                    init: req.init,
+                    created_unix_ms: now,
+                    waited_ms: if queued { waited.as_millis() as u64 } else { 0 },
+                });
+                let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
+                let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
+                if queued {
+                    detail += &format!(", after waiting {}", format_duration(waited));
+                }
+                log.push(self.event(kind, id, &shares, detail));
+                for note in &req.request.notes {
+                    log.push(self.event(Kind::Note, id, &[], note.clone()));
+                }
+                let waited = if queued { waited } else { Duration::ZERO };
+                return Ok(Step::Done(Admission::Admitted { waited, queued }));
+            }
+            Decision::Never { request, account } => {
+                drop_ticket(ledger, progress);
+                let refusal = Refusal::NeverFits {
+                    container: id.to_string(),
+                    request,
+                    account,
+                };
+                log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
+                return Ok(Step::Done(Admission::Refused(refusal)));
+            }
+            Decision::NoRoom { request, account } => Shortage::Memory { request, account },
+            Decision::Queued { ahead } => Shortage::Queue { ahead },
+        };
+        let position = match shortage {
+            Shortage::Queue { ahead } => ahead + 1,
+            Shortage::Memory { .. } => crate::queue::position(ledger, progress.ticket, &shares),
+        };
+        progress.last = Some((shortage.clone(), position));
+        if req.policy == Policy::Reject {
+            let refusal = Refusal::NoRoom {
+                container: id.to_string(),
+                shortage,
+            };
+            log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
+            return Ok(Step::Done(Admission::Refused(refusal)));
+        }
+        if waited >= req.wait_for {
+            drop_ticket(ledger, progress);
+            let refusal = Refusal::TimedOut {
+                container: id.to_string(),
+                waited,
+                position,
+                shortage,
+            };
+            log.push(self.event(Kind::Timeout, id, &shares, refusal.to_string()));
+            return Ok(Step::Done(Admission::Refused(refusal)));
+        }
+        if progress.ticket.is_none() {
+            let ticket = ledger.enqueue(Ticket {
+                ticket: 0,
+                container_id: id.to_string(),
+                gpus: shares.clone(),
+                waiter: req.waiter,
+                enqueued_unix_ms: now,
+                deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(waited).as_millis() as u64),
+            });
+            progress.ticket = Some(ticket);
+            log.push(self.event(
+                Kind::Enqueue,
+                id,
+                &shares,
+                format!("ticket {ticket}, number {position}: {shortage}"),
+            ));
+        }
+        Ok(Step::Wait)
+    }
+
+    /// Sleeps until an attempt could succeed: the deadline came, or this waiter may be served
+    /// (it heads its GPUs' queues, or someone ahead is gone) and either the ledger changed or
+    /// the poll interval passed (memory freed outside vramgate shows only in the inventory).
+    /// Waiters further back only read the ledger, without the lock, so a long queue costs one
+    /// locked transaction (and one inventory query) per change, not one per waiter.
+    fn sleep_until_worth_trying(&self, req: &AdmitRequest, progress: &Progress, watcher: &mut wait::LedgerWatcher) {
+        let deadline = progress.started + req.wait_for;
+        let mut next_poll = self.clock.monotonic() + self.poll_interval;
+        loop {
+            let now = self.clock.monotonic();
+            if now >= deadline {
+                return;
+            }
+            let changed = watcher.wait(next_poll.min(deadline) - now);
+            let polled = self.clock.monotonic() >= next_poll;
+            if polled {
+                next_poll = self.clock.monotonic() + self.poll_interval;
+            }
+            if (changed || polled) && self.may_be_served(progress) {
+                return;
+            }
+        }
+    }
+
+    /// An unlocked look at the ledger: is this waiter at the head of its GPUs' queues, or is
+    /// someone ahead of it gone (which only a transaction can clean up), or was its ticket
+    /// removed (cancelled)?
+    fn may_be_served(&self, progress: &Progress) -> bool {
+        let Ok(ledger) = self.dir.read() else { return true };
+        let Some(mine) = progress.ticket.and_then(|t| ledger.ticket(t)) else {
+            return true;
+        };
+        let mut any_ahead = false;
+        for t in crate::queue::ahead_of(&ledger, Some(mine.ticket), &mine.gpus) {
+            if self.liveness.life(&t.waiter) == procfs::Life::Gone {
+                return true;
+            }
+            any_ahead = true;
+        }
+        !any_ahead || self.rules.backfill
+    }
+
+    /// Removes a container's reservation and ends its waits, in one transaction that also
+    /// reclaims what is gone. `why` goes into the event log ("poststop", "vramgate release").
+    pub fn release(&self, container: &str, why: &str) -> Result<Released> {
+        let (mut tx, reclaimed, _) = self.dir.begin_reclaiming(self.liveness, LOCK_TIMEOUT)?;
+        let released = Released {
+            reservation: tx.ledger.remove_reservation(container),
+            cancelled: tx.ledger.remove_tickets_of(container),
+        };
+        tx.commit()?;
+        let mut log = Vec::new();
+        self.reclaim_events(&reclaimed, &mut log);
+        if let Some(r) = &released.reservation {
+            log.push(self.event(Kind::Release, &r.container_id, &r.gpus, why));
+        }
+        for t in &released.cancelled {
+            log.push(self.event(
+                Kind::Cancel,
+                &t.container_id,
+                &t.gpus,
+                format!("ticket {} ({why})", t.ticket),
+            ));
+        }
+        events::append(&self.dir, &log);
+        Ok(released)
+    }
+
+    /// One transaction that only reclaims, checking every entry.
+    pub fn gc(&self) -> Result<Reclaimed> {
+        let mut tx = self.dir.begin()?;
+        let reclaimed = tx.ledger.reclaim_all(self.liveness);
+        tx.commit()?;
+        let mut log = Vec::new();
+        self.reclaim_events(&reclaimed, &mut log);
+        events::append(&self.dir, &log);
+        Ok(reclaimed)
+    }
+
+    /// What each GPU holds, who reserved it and who waits: an unlocked read that changes
+    /// nothing (entries whose process is gone are shown as such).
+    pub fn snapshot(&self) -> Result<StatusReport> {
+        self.snapshot_of(&self.dir.read()?)
+    }
+
+    /// [`Service::snapshot`] of a ledger the caller already read.
+    pub fn snapshot_of(&self, ledger: &Ledger) -> Result<StatusReport> {
+        let sources = crate::status::Sources {
+            inventory: self.inventory,
+            clock: self.clock,
+            liveness: self.liveness,
+            pid_namespace: &procfs::pid_namespace,
+        };
+        Ok(crate::status::build_report(
+            &sources,
+            &self.rules,
+            self.dir.path(),
+            ledger,
+        )?)
+    }
+
+    fn reclaim_events(&self, reclaimed: &Reclaimed, log: &mut Vec<Event>) {
+        for r in &reclaimed.reservations {
+            let detail = format!("init pid {} is gone", r.init.pid);
+            log.push(self.event(Kind::Reclaim, &r.container_id, &r.gpus, detail));
+        }
+        for t in &reclaimed.tickets {
+            let detail = format!("waiting hook pid {} is gone", t.waiter.pid);
+            log.push(self.event(Kind::AbandonTicket, &t.container_id, &t.gpus, detail));
+        }
+        for r in &reclaimed.undecided {
+            let detail = format!(
+                "kept: cannot tell whether init pid {} still runs (/proc unreadable)",
+                r.init.pid
+            );
+            log.push(self.event(Kind::Note, &r.container_id, &r.gpus, detail));
+        }
+    }
+}
+
+fn drop_ticket(ledger: &mut Ledger, progress: &mut Progress) {
+    if let Some(ticket) = progress.ticket.take() {
+        ledger.remove_ticket(ticket);
+    }
+}
+
+/// The memory each GPU share asks for on this host, resolved against the inventory.
+fn shares_for(request: &Request, snapshot: &Snapshot, container: &str) -> Result<Vec<GpuShare>> {
+    let request_error = |source| ServiceError::Request {
+        container: container.to_string(),
+        source,
+    };
+    let uuids = request.gpus.resolve(snapshot).map_err(request_error)?;
+    if uuids.is_empty() {
+        return Err(request_error(RequestError::NoGpu {
+            memory: request.memory.to_string(),
+        }));
+    }
+    Ok(uuids
+        .into_iter()
+        .map(|uuid| {
+            let total = snapshot.by_uuid(&uuid).map(|g| g.total).unwrap_or(0);
+            GpuShare {
+                bytes: request.memory.bytes_on(total),
+                uuid,
+            }
+        })
+        .collect())
+}
+
+/// Records that a container started unaccounted because the state is broken and the config
+/// says fail-open. Best effort: the state directory may be what is broken.
+pub fn log_fail_open(config: &Config, clock: &dyn Clock, container: &str, message: &str) {
+    if let Ok(dir) = StateDir::open_or_create(&config.state_dir) {
+        let event = Event::new(clock.now_unix_ms(), Kind::FailOpen, container, &[], message);
+        events::append(&dir, &[event]);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! What the service decided, as data. Each refusal's `Display` is the one line the user sees
+//! (on the hook's stderr, which runc puts into the error that `docker run`, `podman run` and
+//! `ctr run` print), so the wording lives here and nowhere else.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::admission::GpuAccount;
+use crate::quantity::{format_bytes, format_duration};
+use crate::request::{MEMORY_ANNOTATION, POLICY_ANNOTATION, TIMEOUT_ANNOTATION};
+
+/// How an admission ended when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Reserved; `waited` is zero unless it queued first.
+    Admitted {
+        waited: Duration,
+        queued: bool,
+    },
+    /// The same container (same init process) was already admitted: a second hook stage.
+    AlreadyAdmitted,
+    Refused(Refusal),
+}
+
+/// Why a request cannot be served now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shortage {
+    /// Not enough memory on one of its GPUs.
+    Memory { request: u64, account: GpuAccount },
+    /// Older waiters on its GPUs come first.
+    Queue { ahead: usize },
+}
+
+impl fmt::Display for Shortage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shortage::Memory { request, account } => {
+                write!(f, "it requests {} and {}", format_bytes(*request), account.describe())
+            }
+            Shortage::Queue { ahead } => write!(
+                f,
+                "{ahead} container{} asked first and {} waiting for the same GPU",
+                if *ahead == 1 { "" } else { "s" },
+                if *ahead == 1 { "is" } else { "are" }
+            ),
+        }
+    }
+}
+
+/// A decided refusal. The container does not start and nothing stays reserved for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Larger than the GPU less headroom: no wait can help.
+    NeverFits {
+        container: String,
+        request: u64,
+        account: GpuAccount,
+    },
+    /// Policy `reject` and no room now.
+    NoRoom { container: String, shortage: Shortage },
+    /// Policy `wait`, and its timeout came first.
+    TimedOut {
+        container: String,
+        waited: Duration,
+        position: usize,
+        shortage: Shortage,
+    },
+    /// Its wait was ended by `vramgate release` (or its ticket otherwise removed).
+    Cancelled { container: String, waited: Duration },
+    /// Another live container already holds a reservation under the same id.
+    SameIdLive { container: String, holder_pid: u32 },
+}
+
+impl Refusal {
+    pub fn container(&self) -> &str {
+        match self {
+            Refusal::NeverFits { container, .. }
+            | Refusal::NoRoom { container, .. }
+            | Refusal::TimedOut { container, .. }
+            | Refusal::Cancelled { container, .. }
+            | Refusal::SameIdLive { container, .. } => container,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NeverFits {
+                container,
+                request,
+                account,
+            } => write!(
+                f,
+                "vramgate: refused container {container}: it requests {} on GPU {}, more than the GPU can ever hold: {}; request less (annotation {MEMORY_ANNOTATION}) or run it on a larger GPU",
+                format_bytes(*request),
+                account.index,
+                account.describe(),
+            ),
+            Refusal::NoRoom { container, shortage } => write!(
+                f,
+                "vramgate: refused container {container}: {shortage}; retry when a container on that GPU stops, request less, or set {POLICY_ANNOTATION}=wait to queue"
+            ),
+            Refusal::TimedOut {
+                container,
+                waited,
+                position,
+                shortage,
+            } => write!(
+                f,
+                "vramgate: refused container {container}: waited {} (its timeout) and was still number {position} in the queue: {shortage}; raise {TIMEOUT_ANNOTATION} or retry later",
+                format_duration(*waited),
+            ),
+            Refusal::Cancelled { container, waited } => write!(
+                f,
+                "vramgate: refused container {container}: its wait was cancelled after {} (vramgate release {container}); nothing was reserved for it",
+                format_duration(*waited),
+            ),
+            Refusal::SameIdLive { container, holder_pid } => write!(
+                f,
+                "vramgate: refused container {container}: a live container with the same id (init pid {holder_pid}) already holds a reservation"
+            ),
+        }
+    }
+}

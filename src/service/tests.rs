@@ -1,0 +1,612 @@
+//! The service's decisions against a fake inventory, clock and liveness: no processes, no
+//! GPUs, and (for single attempts) no files touched.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+
+use super::*;
+use crate::inventory::GpuMemory;
+use crate::procfs::Life;
+use crate::quantity::Quantity;
+use crate::request::GpuSelector;
+
+const MI: u64 = 1 << 20;
+const GI: u64 = 1 << 30;
+/// The paper's card: 24,265 MiB.
+const CARD: u64 = 24_265 * MI;
+
+struct FakeInventory {
+    snapshot: RefCell<Snapshot>,
+}
+
+impl FakeInventory {
+    fn gpus(n: u32, total: u64) -> FakeInventory {
+        let gpus = (0..n)
+            .map(|i| GpuMemory {
+                index: i,
+                mig_index: None,
+                uuid: format!("GPU-{i}"),
+                minor: Some(i),
+                total,
+                free: total,
+            })
+            .collect();
+        FakeInventory {
+            snapshot: RefCell::new(Snapshot {
+                gpus,
+                ..Snapshot::default()
+            }),
+        }
+    }
+
+    /// Memory taken by something outside vramgate.
+    fn use_outside(&self, gpu: usize, bytes: u64) {
+        let mut snapshot = self.snapshot.borrow_mut();
+        let g = &mut snapshot.gpus[gpu];
+        g.free = g.total - bytes;
+    }
+}
+
+impl Inventory for FakeInventory {
+    fn snapshot(&self) -> std::result::Result<Snapshot, InventoryError> {
+        Ok(self.snapshot.borrow().clone())
+    }
+
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+}
+
+#[derive(Default)]
+struct FakeClock {
+    unix_ms: Cell<u64>,
+    mono: Cell<Duration>,
+}
+
+impl FakeClock {
+    fn advance(&self, by: Duration) {
+        self.unix_ms.set(self.unix_ms.get() + by.as_millis() as u64);
+        self.mono.set(self.mono.get() + by);
+    }
+}
+
+impl Clock for FakeClock {
+    fn now_unix_ms(&self) -> u64 {
+        self.unix_ms.get()
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.mono.get()
+    }
+}
+
+/// Every process is alive unless listed as gone or unreadable.
+#[derive(Default)]
+struct FakeLiveness {
+    gone: RefCell<HashSet<u32>>,
+    unknown: RefCell<HashSet<u32>>,
+}
+
+impl Liveness for FakeLiveness {
+    fn life(&self, p: &ProcessIdentity) -> Life {
+        if self.gone.borrow().contains(&p.pid) {
+            Life::Gone
+        } else if self.unknown.borrow().contains(&p.pid) {
+            Life::Unknown
+        } else {
+            Life::Alive
+        }
+    }
+}
+
+struct World {
+    _dir: tempfile::TempDir,
+    state: StateDir,
+    inventory: FakeInventory,
+    clock: FakeClock,
+    liveness: FakeLiveness,
+    config: Config,
+}
+
+impl World {
+    fn new(gpus: u32, total: u64) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open_or_create(&dir.path().join("state")).unwrap();
+        let clock = FakeClock::default();
+        clock.unix_ms.set(1_000_000);
+        World {
+            _dir: dir,
+            state,
+            inventory: FakeInventory::gpus(gpus, total),
+            clock,
+            liveness: FakeLiveness::default(),
+            config: Config::default(),
+        }
+    }
+
+    fn service(&self) -> Service<'_> {
+        Service::new(
+            self.state.clone(),
+            &self.inventory,
+            &self.clock,
+            &self.liveness,
+            &self.config,
+        )
+    }
+}
+
+fn request(bytes: u64, gpus: &str) -> Request {
+    Request {
+        memory: Quantity::Bytes(bytes),
+        memory_source: crate::request::MEMORY_ANNOTATION,
+        policy: None,
+        timeout: None,
+        gpus: GpuSelector::parse_list(crate::request::GPUS_ANNOTATION, gpus).unwrap(),
+        notes: vec![],
+    }
+}
+
+fn pid(n: u32) -> ProcessIdentity {
+    ProcessIdentity { pid: n, start_time: 1 }
+}
+
+fn admit_req<'r>(id: &'r str, n: u32, request: &'r Request, policy: Policy) -> AdmitRequest<'r> {
+    AdmitRequest {
+        container: id,
+        init: pid(n),
+        request,
+        policy,
+        wait_for: Duration::from_secs(60),
+        waiter: pid(10_000 + n),
+        budget: None,
+    }
+}
+
+/// One attempt on an in-memory ledger, as a transaction would run it.
+fn step(
+    service: &Service,
+    ledger: &mut Ledger,
+    req: &AdmitRequest,
+    progress: &mut Progress,
+) -> (Result<Step>, Vec<Event>) {
+    let mut reclaimed = Reclaimed::default();
+    let mut log = Vec::new();
+    let step = service.decide_on(ledger, true, &mut reclaimed, req, progress, &mut log);
+    (step, log)
+}
+
+fn refusal(step: Result<Step>) -> Refusal {
+    match step {
+        Ok(Step::Done(Admission::Refused(r))) => r,
+        Ok(Step::Done(other)) => panic!("expected a refusal, got {other:?}"),
+        Ok(Step::Wait) => panic!("expected a refusal, got a wait"),
+        Err(e) => panic!("expected a refusal, got {e}"),
+    }
+}
+
+fn admitted(step: &Result<Step>) -> bool {
+    matches!(step, Ok(Step::Done(Admission::Admitted { .. })))
+}
+
+#[test]
+fn the_paper_card_admits_twenty_of_1205_mib_and_refuses_the_rest() {
+    let w = World::new(1, CARD);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let r = request(1205 * MI, "0");
+    let mut outcomes = Vec::new();
+    for n in 0..25 {
+        let id = format!("c{n}");
+        let req = admit_req(&id, n + 1, &r, Policy::Reject);
+        outcomes.push(step(&service, &mut ledger, &req, &mut Progress::default()).0);
+    }
+    assert_eq!(outcomes.iter().filter(|s| admitted(s)).count(), 20);
+    assert_eq!(ledger.reservations.len(), 20);
+    let last = refusal(outcomes.pop().unwrap());
+    let line = last.to_string();
+    assert!(
+        line.starts_with("vramgate: refused container c24: it requests 1205 MiB and GPU 0 (GPU-0) has 23.7 GiB total, 165 MiB available to new requests (23.5 GiB reserved by 20 containers,")
+            && line.ends_with("; retry when a container on that GPU stops, request less, or set vramgate.dev/policy=wait to queue"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+}
+
+#[test]
+fn a_request_larger_than_the_gpu_is_refused_even_under_wait() {
+    let w = World::new(1, CARD);
+    let service = w.service();
+    let r = request(30 * GI, "0");
+    let req = admit_req("huge", 1, &r, Policy::Wait);
+    let (step, log) = step(&service, &mut Ledger::default(), &req, &mut Progress::default());
+    let refusal = refusal(step);
+    assert!(matches!(refusal, Refusal::NeverFits { .. }));
+    assert!(
+        refusal.to_string().contains("more than the GPU can ever hold"),
+        "{refusal}"
+    );
+    assert_eq!(log[0].event, Kind::Refuse);
+}
+
+#[test]
+fn a_waiter_queues_then_is_admitted_when_memory_is_released() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let big = request(8 * GI, "0");
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("holder", 1, &big, Policy::Wait),
+            &mut Progress::default()
+        )
+        .0
+    ));
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress::default();
+    let (first, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(first, Ok(Step::Wait)));
+    assert_eq!(ledger.queue.len(), 1);
+    assert_eq!(log[0].event, Kind::Enqueue);
+    assert!(
+        log[0].detail.starts_with(
+            "ticket 1, number 1: it requests 8192 MiB and GPU 0 (GPU-0) has 10.0 GiB total, 2048 MiB available"
+        ),
+        "{}",
+        log[0].detail
+    );
+    // Nothing changed: it waits again, and does not take a second ticket.
+    w.clock.advance(Duration::from_secs(3));
+    let (again, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(again, Ok(Step::Wait)) && log.is_empty() && ledger.queue.len() == 1);
+    ledger.remove_reservation("holder");
+    let (done, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(
+        done,
+        Ok(Step::Done(Admission::Admitted { queued: true, waited })) if waited == Duration::from_secs(3)
+    ));
+    assert!(ledger.queue.is_empty());
+    assert_eq!(ledger.reservations[0].waited_ms, 3000);
+    assert_eq!(log[0].event, Kind::AdmitAfterWait);
+}
+
+#[test]
+fn queue_order_is_first_come_first_served_per_gpu() {
+    let w = World::new(2, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
+    let other_gpu = request(GI, "1");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let mut first = Progress::default();
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("first", 2, &big, Policy::Wait),
+        &mut first,
+    );
+    assert!(matches!(s, Ok(Step::Wait)));
+    // The small one would fit, but the big one asked first on the same GPU.
+    let mut second = Progress::default();
+    let (s, log) = step(
+        &service,
+        &mut ledger,
+        &admit_req("second", 3, &small, Policy::Wait),
+        &mut second,
+    );
+    assert!(matches!(s, Ok(Step::Wait)));
+    assert_eq!(
+        log[0].detail,
+        "ticket 2, number 2: 1 container asked first and is waiting for the same GPU"
+    );
+    // A request for the other GPU is not behind either of them.
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("elsewhere", 4, &other_gpu, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+    // Under reject, the queue is the reason given.
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("rejected", 5, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(refusal(s)
+        .to_string()
+        .contains("2 containers asked first and are waiting for the same GPU"));
+}
+
+#[test]
+fn backfill_passes_an_older_waiter_only_within_the_bound() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.backfill = true;
+    w.config.backfill_bound = Duration::from_secs(30);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("big", 2, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    w.clock.advance(Duration::from_secs(10));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("early", 3, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s), "within the bound a small request may pass");
+    w.clock.advance(Duration::from_secs(25));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("late", 4, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(matches!(
+        refusal(s),
+        Refusal::NoRoom {
+            shortage: Shortage::Queue { ahead: 1 },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_timed_out_waiter_is_refused_with_its_place_and_leaves_no_ticket() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let big = request(8 * GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let mut req = admit_req("late", 2, &big, Policy::Wait);
+    req.wait_for = Duration::from_secs(5);
+    let mut progress = Progress::default();
+    assert!(matches!(
+        step(&service, &mut ledger, &req, &mut progress).0,
+        Ok(Step::Wait)
+    ));
+    w.clock.advance(Duration::from_secs(5));
+    let (s, log) = step(&service, &mut ledger, &req, &mut progress);
+    let line = refusal(s).to_string();
+    assert!(line.starts_with("vramgate: refused container late: waited 5s (its timeout) and was still number 1 in the queue: it requests 8192 MiB"), "{line}");
+    assert!(ledger.queue.is_empty());
+    assert_eq!(log[0].event, Kind::Timeout);
+}
+
+#[test]
+fn a_cancelled_waiter_is_refused_and_never_admitted() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let big = request(8 * GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress::default();
+    let _ = step(&service, &mut ledger, &req, &mut progress);
+    // `vramgate release waiter` removes the ticket; then the memory frees up.
+    ledger.remove_tickets_of("waiter");
+    ledger.remove_reservation("holder");
+    let (s, _) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(refusal(s), Refusal::Cancelled { .. }));
+    assert!(ledger.reservations.is_empty());
+}
+
+#[test]
+fn the_same_container_twice_is_idempotent_and_a_live_namesake_is_refused() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let r = request(GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(matches!(s, Ok(Step::Done(Admission::AlreadyAdmitted))));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 2, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert_eq!(
+        refusal(s).to_string(),
+        "vramgate: refused container c: a live container with the same id (init pid 1) already holds a reservation"
+    );
+    // Once the first one is gone, its namesake is admitted in its place.
+    w.liveness.gone.borrow_mut().insert(1);
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 2, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+    assert_eq!(ledger.reservations[0].init, pid(2));
+}
+
+#[test]
+fn before_refusing_for_lack_of_room_every_reservation_is_checked() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let big = request(8 * GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("dead", 1, &big, Policy::Reject),
+        &mut Progress::default(),
+    );
+    w.liveness.gone.borrow_mut().insert(1);
+    // The routine window did not cover it (checked_all = false): the full check finds it.
+    let mut reclaimed = Reclaimed::default();
+    let req = admit_req("new", 2, &big, Policy::Reject);
+    let s = service.decide_on(
+        &mut ledger,
+        false,
+        &mut reclaimed,
+        &req,
+        &mut Progress::default(),
+        &mut Vec::new(),
+    );
+    assert!(admitted(&s));
+    assert_eq!(reclaimed.reservations[0].container_id, "dead");
+}
+
+#[test]
+fn memory_used_outside_vramgate_holds_new_requests_back() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    w.inventory.use_outside(0, 5 * GI);
+    let r = request(6 * GI, "0");
+    let (s, _) = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    let line = refusal(s).to_string();
+    assert!(line.contains("5120 MiB used outside vramgate"), "{line}");
+    w.inventory.use_outside(0, 0);
+    let (s, _) = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+}
+
+#[test]
+fn a_gpu_the_host_lacks_is_a_request_error_that_drops_the_ticket() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "3");
+    let err = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    )
+    .0
+    .err()
+    .expect("no GPU 3");
+    assert!(
+        matches!(err, ServiceError::Request { .. }) && !err.is_state_error(),
+        "{err}"
+    );
+}
+
+#[test]
+fn admit_release_and_gc_through_the_ledger_file() {
+    let w = World::new(1, CARD);
+    let service = w.service();
+    let r = request(1205 * MI, "0");
+    let outcome = service.admit(&admit_req("a", 1, &r, Policy::Reject)).unwrap();
+    assert_eq!(
+        outcome,
+        Admission::Admitted {
+            waited: Duration::ZERO,
+            queued: false
+        }
+    );
+    service.admit(&admit_req("b", 2, &r, Policy::Reject)).unwrap();
+    assert_eq!(w.state.read().unwrap().reservations.len(), 2);
+    let released = service.release("a", "test").unwrap();
+    assert_eq!(released.reservation.unwrap().container_id, "a");
+    assert!(
+        service.release("a", "test").unwrap().reservation.is_none(),
+        "idempotent"
+    );
+    w.liveness.unknown.borrow_mut().insert(3);
+    service.admit(&admit_req("c", 3, &r, Policy::Reject)).unwrap();
+    w.liveness.gone.borrow_mut().insert(2);
+    let reclaimed = service.gc().unwrap();
+    assert_eq!(reclaimed.reservations[0].container_id, "b");
+    assert_eq!(
+        reclaimed.undecided[0].container_id, "c",
+        "kept: its liveness is unknown"
+    );
+    let report = service.snapshot().unwrap();
+    assert_eq!(report.gpus[0].reservations.len(), 1);
+    let events = std::fs::read_to_string(w.state.path().join(crate::events::EVENTS_FILE)).unwrap();
+    let kinds: Vec<&str> = events
+        .lines()
+        .map(|l| l.split("\"event\":\"").nth(1).unwrap().split('"').next().unwrap())
+        .collect();
+    assert_eq!(kinds, ["admit", "admit", "release", "admit", "reclaim", "note"]);
+}
+
+#[test]
+fn a_release_ends_a_wait_and_the_waiter_is_refused() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    service.admit(&admit_req("holder", 1, &big, Policy::Reject)).unwrap();
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress {
+        started: w.clock.monotonic(),
+        ..Progress::default()
+    };
+    assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
+    let released = service.release("waiter", "vramgate release").unwrap();
+    assert!(released.reservation.is_none() && released.cancelled.len() == 1);
+    service.release("holder", "test").unwrap();
+    assert!(service.may_be_served(&progress), "a cancelled waiter wakes up");
+    let step = service.attempt(&req, &mut progress);
+    assert!(matches!(refusal(step), Refusal::Cancelled { .. }));
+    assert!(w.state.read().unwrap().reservations.is_empty());
+}
+
+#[test]
+fn the_lock_wait_counts_against_the_callers_budget() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "0");
+    let mut req = admit_req("c", 1, &r, Policy::Reject);
+    req.budget = Some(Duration::from_millis(40));
+    let _held = w.state.begin().unwrap();
+    let started = std::time::Instant::now();
+    let err = service.admit(&req).unwrap_err();
+    assert!(
+        matches!(err, ServiceError::Ledger(LedgerError::LockTimeout { .. })),
+        "{err}"
+    );
+    assert!(err.is_state_error());
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
