@@ -39,9 +39,14 @@ pub enum QuantityError {
 pub enum DurationError {
     #[error("{value:?} is not a duration: write a whole number with a unit, such as 500ms, 90s, 5m or 1h")]
     Malformed { value: String },
-    #[error("{value:?} is too long a duration")]
+    #[error("{value:?} is too long a duration: the longest is 168h (a week)")]
     Overflow { value: String },
 }
+
+/// The longest duration vramgate accepts anywhere (timeouts, intervals, bounds): a week. No
+/// container start should wait longer, and with the bound `now + duration` in milliseconds
+/// can never overflow, whatever an annotation says.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Longest input we look at. A real quantity is a handful of characters; a long string is
 /// refused before any arithmetic so a hostile annotation costs nothing.
@@ -208,7 +213,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
         return Err(malformed());
     }
     let n: u64 = number.parse().map_err(|_| DurationError::Overflow {
-        value: input.to_string(),
+        value: input.chars().take(MAX_INPUT_LEN).collect(),
     })?;
     let millis_per_unit: u64 = match unit.trim_start() {
         "ms" => 1,
@@ -217,9 +222,13 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
         "h" => 3_600_000,
         _ => return Err(malformed()),
     };
-    let millis = n.checked_mul(millis_per_unit).ok_or_else(|| DurationError::Overflow {
-        value: input.to_string(),
-    })?;
+    let too_long = || DurationError::Overflow {
+        value: input.chars().take(MAX_INPUT_LEN).collect(),
+    };
+    let millis = n.checked_mul(millis_per_unit).ok_or_else(too_long)?;
+    if millis > MAX_DURATION.as_millis() as u64 {
+        return Err(too_long());
+    }
     Ok(Duration::from_millis(millis))
 }
 
@@ -370,6 +379,15 @@ mod tests {
         }
         assert_eq!(format_duration(Duration::from_secs(300)), "5m");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+    }
+
+    #[test]
+    fn durations_are_bounded_so_deadlines_cannot_overflow() {
+        assert_eq!(parse_duration("168h"), Ok(MAX_DURATION));
+        for too_long in ["169h", "10081m", "604800001ms", "18446744073709551615ms"] {
+            let err = parse_duration(too_long).unwrap_err().to_string();
+            assert!(err.contains("the longest is 168h"), "{too_long}: {err}");
+        }
     }
 
     #[test]

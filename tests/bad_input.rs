@@ -102,6 +102,10 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
     ("memory-zero.json", "\"0\" is zero"),
     ("policy-unknown.json", "vramgate.dev/policy = \"sometimes\""),
     ("timeout-malformed.json", "vramgate.dev/timeout = \"forever\""),
+    (
+        "timeout-too-long.json",
+        "\"200h\" is too long a duration: the longest is 168h (a week)",
+    ),
     ("truncated.json", "is not a valid OCI spec"),
 ];
 

@@ -130,6 +130,14 @@ fn hostile_setups() -> Vec<(&'static str, Box<dyn Fn(&Case)>, &'static str)> {
             "writable by group or others",
         ),
         (
+            "state dir readable by others",
+            Box::new(|c: &Case| {
+                fresh_state(c);
+                set_mode(c.state(), 0o755);
+            }),
+            "is open to group or others (mode 755)",
+        ),
+        (
             "ledger is a symlink",
             Box::new(move |c: &Case| {
                 fresh_state(c);

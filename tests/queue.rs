@@ -206,7 +206,14 @@ fn abandoned_waiter_does_not_block_the_one_behind_it() {
     assert_eq!(reserved_ids(&bed), ["holder"], "FIFO: second does not pass first");
 
     // The runtime kills first's hook (as at a hook timeout).
-    let (id, waiter) = queued(&bed)[0].clone();
+    let waiting = queued(&bed);
+    assert_eq!(
+        waiting.len(),
+        2,
+        "both still wait; events: {}",
+        std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap_or_default()
+    );
+    let (id, waiter) = waiting[0].clone();
     assert_eq!(id, "first");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(waiter as i32),
