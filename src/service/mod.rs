@@ -349,7 +349,8 @@ impl<'a> Service<'a> {
             if now >= deadline {
                 return;
             }
-            let changed = watcher.wait(next_poll.min(deadline) - now);
+            // Saturating: the poll time may already be past (a slow wake-up on a loaded host).
+            let changed = watcher.wait(next_poll.min(deadline).saturating_sub(now));
             let polled = self.clock.monotonic() >= next_poll;
             if polled {
                 next_poll = self.clock.monotonic() + self.poll_interval;

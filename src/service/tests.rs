@@ -610,3 +610,40 @@ fn the_lock_wait_counts_against_the_callers_budget() {
     assert!(err.is_state_error());
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// A clock whose monotonic time jumps ahead on every reading, as on a host so loaded that a
+/// waiter wakes up long after its poll time.
+struct LaggingClock {
+    mono: Cell<Duration>,
+    step: Duration,
+}
+
+impl Clock for LaggingClock {
+    fn now_unix_ms(&self) -> u64 {
+        1_000_000
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.mono.set(self.mono.get() + self.step);
+        self.mono.get()
+    }
+}
+
+#[test]
+fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
+    // Wake-ups 2 s apart with a 1 s poll interval: the time to the next poll is already
+    // negative when it is computed. It once underflowed a Duration, and the hook aborted,
+    // dropping its ticket as "gone".
+    let w = World::new(1, GI);
+    let clock = LaggingClock {
+        mono: Cell::new(Duration::ZERO),
+        step: Duration::from_secs(2),
+    };
+    let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
+    let r = request(GI, "0");
+    let req = admit_req("c", 1, &r, Policy::Wait);
+    let mut watcher = wait::LedgerWatcher::new(w.state.path());
+    let started = std::time::Instant::now();
+    service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
