@@ -9,13 +9,15 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir};
+use vramgate::ledger::{GpuShare, Ledger, Reservation};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::Testbed;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness, Testbed};
 
+/// A binary of this build: an example runs from target/<profile>/examples/, and cargo sets no
+/// `CARGO_BIN_EXE_*` for examples.
 fn bin(name: &str) -> PathBuf {
     std::env::current_exe()
         .unwrap()
@@ -51,79 +53,37 @@ fn report(what: &str, mut samples: Vec<Duration>) -> Duration {
     median
 }
 
+/// A scratch host under `root` with one static GPU of `total`, a bundle that requests 1 GiB
+/// on it, and a realistic one that requests nothing.
 struct Host {
-    dir: PathBuf,
-    config: PathBuf,
-    state_dir: PathBuf,
+    harness: HookHarness,
     bundle: PathBuf,
     empty_bundle: PathBuf,
 }
 
 fn host(root: &Path, total: &str, extra: &str) -> Host {
-    let dir = root.join(format!("vramgate-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let state_dir = dir.join("state");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "state_dir = {:?}\n{extra}\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-bench\"\ntotal = {total:?}\n",
-            state_dir.display().to_string()
-        ),
-    )
-    .unwrap();
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(&bundle).unwrap();
-    std::fs::write(
-        bundle.join("config.json"),
-        r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0"},"process":{"env":["PATH=/bin"]}}"#,
-    )
-    .unwrap();
-    let empty_bundle = dir.join("plain");
-    std::fs::create_dir_all(&empty_bundle).unwrap();
+    let harness = HookHarness::new_in(
+        root,
+        bin("vramgate-hook"),
+        &format!("{extra}\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-bench\"\ntotal = {total:?}"),
+    );
+    let bundle = harness.bundle("bundle", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
     // A realistic spec without a request: runc's default spec is about 2.5 KB.
     let plain = serde_json::json!({"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin:/bin", "TERM=xterm"], "args": ["sh"], "cwd": "/"},
         "root": {"path": "rootfs"}, "mounts": (0..12).map(|i| serde_json::json!({"destination": format!("/m{i}"), "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec"]})).collect::<Vec<_>>(),
         "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}], "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list"]}});
-    std::fs::write(
-        empty_bundle.join("config.json"),
-        serde_json::to_vec_pretty(&plain).unwrap(),
-    )
-    .unwrap();
+    let empty_bundle = harness.bundle_with_spec("plain", &plain);
     Host {
-        dir,
-        config,
-        state_dir,
+        harness,
         bundle,
         empty_bundle,
     }
 }
 
-fn state(id: &str, pid: u32, bundle: &Path) -> String {
-    format!(
-        r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
-        bundle.display()
-    )
-}
-
-/// Spawns the hook and feeds it its state; returns the child.
-fn start_hook(config: &Path, stage: &str, state: &str) -> Child {
-    let mut child = Command::new(bin("vramgate-hook"))
-        .arg(stage)
-        .env("VRAMGATE_CONFIG", config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
-    child
-}
-
-fn timed_hook(config: &Path, stage: &str, state: &str) -> Duration {
+/// The wall time of one whole hook run, which must succeed.
+fn timed_hook(h: &HookHarness, stage: &str, state: &[u8]) -> Duration {
     let start = Instant::now();
-    let out = start_hook(config, stage, state).wait_with_output().unwrap();
+    let out = h.hook(stage, state);
     let took = start.elapsed();
     assert!(
         out.status.success(),
@@ -133,18 +93,18 @@ fn timed_hook(config: &Path, stage: &str, state: &str) -> Duration {
     took
 }
 
-fn sleeper() -> Child {
-    Command::new("sleep").arg("3600").spawn().unwrap()
-}
-
 fn latency(args: &[String]) {
     let root = PathBuf::from(arg(args, "--state-root", "/dev/shm"));
     let live: usize = arg(args, "--live", "100").parse().unwrap();
     let runs: usize = arg(args, "--runs", "500").parse().unwrap();
-    let h = host(&root, "100Ti", "");
+    let Host {
+        harness: h,
+        bundle,
+        empty_bundle,
+    } = host(&root, "100Ti", "");
     let fs = Command::new("findmnt")
         .args(["-n", "-o", "FSTYPE", "-T"])
-        .arg(&h.dir)
+        .arg(h.dir())
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
@@ -155,9 +115,9 @@ fn latency(args: &[String]) {
 
     // `live` reservations held by one live process each would need `live` processes; the hook
     // checks each entry's /proc/<pid>/stat either way, so they share a handful of sleepers.
-    let mut sleepers: Vec<Child> = (0..8).map(|_| sleeper()).collect();
-    let ids: Vec<ProcessIdentity> = sleepers.iter().map(|s| ProcessIdentity::of(s.id()).unwrap()).collect();
-    let dir = StateDir::open_or_create(&h.state_dir).unwrap();
+    let sleepers: Vec<FakeContainer> = (0..8).map(|_| FakeContainer::start()).collect();
+    let ids: Vec<ProcessIdentity> = sleepers.iter().map(|s| ProcessIdentity::of(s.pid()).unwrap()).collect();
+    let dir = h.open_state();
     let mut tx = dir.begin().unwrap();
     tx.ledger = Ledger::default();
     for n in 0..live {
@@ -175,18 +135,18 @@ fn latency(args: &[String]) {
     tx.commit().unwrap();
     drop(tx);
 
-    let container = sleeper();
-    let s = state("bench-container", container.id(), &h.bundle);
-    let plain = state("plain-container", container.id(), &h.empty_bundle);
+    let container = FakeContainer::start();
+    let s = oci_state("bench-container", Some(container.pid()), &bundle);
+    let plain = oci_state("plain-container", Some(container.pid()), &empty_bundle);
     for _ in 0..20 {
-        timed_hook(&h.config, "createRuntime", &s);
-        timed_hook(&h.config, "poststop", &s);
+        timed_hook(&h, "createRuntime", &s);
+        timed_hook(&h, "poststop", &s);
     }
     let (mut admit, mut release, mut none) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        admit.push(timed_hook(&h.config, "createRuntime", &s));
-        release.push(timed_hook(&h.config, "poststop", &s));
-        none.push(timed_hook(&h.config, "createRuntime", &plain));
+        admit.push(timed_hook(&h, "createRuntime", &s));
+        release.push(timed_hook(&h, "poststop", &s));
+        none.push(timed_hook(&h, "createRuntime", &plain));
     }
     let ledger = dir.read().unwrap();
     assert_eq!(
@@ -206,16 +166,11 @@ fn latency(args: &[String]) {
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
-        let _ = c.stdin.take().unwrap().write_all(s.as_bytes());
+        let _ = c.stdin.take().unwrap().write_all(&s);
         c.wait().unwrap();
         floor.push(start.elapsed());
     }
     report("floor: /bin/true spawned the same way", floor);
-    for mut c in sleepers.drain(..).chain([container]) {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&h.dir);
 }
 
 fn runc_ratio(args: &[String]) {
@@ -262,45 +217,44 @@ fn runc_ratio(args: &[String]) {
 
 fn queue(args: &[String]) {
     let runs: usize = arg(args, "--runs", "30").parse().unwrap();
-    let h = host(Path::new("/dev/shm"), "24265Mi", "[queue]\npoll_interval = \"1s\"");
-    let mut holder_init = sleeper();
-    let mut waiter_init = sleeper();
-    let holder = state("holder", holder_init.id(), &h.bundle);
+    let h = host(Path::new("/dev/shm"), "24265Mi", "[queue]\npoll_interval = \"1s\"").harness;
+    let holder_init = FakeContainer::start();
+    let waiter_init = FakeContainer::start();
     // Requests: the holder takes 20 GiB, the waiter wants 10 GiB and must wait for the release.
-    let big = h.dir.join("big");
-    std::fs::create_dir_all(&big).unwrap();
-    std::fs::write(
-        big.join("config.json"),
-        r#"{"annotations":{"vramgate.dev/memory":"20Gi","vramgate.dev/gpus":"0"}}"#,
-    )
-    .unwrap();
-    let waiting = h.dir.join("waiting");
-    std::fs::create_dir_all(&waiting).unwrap();
-    std::fs::write(waiting.join("config.json"), r#"{"annotations":{"vramgate.dev/memory":"10Gi","vramgate.dev/gpus":"0","vramgate.dev/policy":"wait","vramgate.dev/timeout":"5m"}}"#).unwrap();
-    let holder = holder.replace(&h.bundle.display().to_string(), &big.display().to_string());
-    let waiter = state("waiter", waiter_init.id(), &waiting);
-    let dir = StateDir::open_or_create(&h.state_dir).unwrap();
+    let big = h.bundle("big", &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")]);
+    let waiting = h.bundle(
+        "waiting",
+        &[
+            ("vramgate.dev/memory", "10Gi"),
+            ("vramgate.dev/gpus", "0"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "5m"),
+        ],
+    );
+    let holder = oci_state("holder", Some(holder_init.pid()), &big);
+    let waiter = oci_state("waiter", Some(waiter_init.pid()), &waiting);
+    let dir = h.open_state();
     let queued = || dir.read().map(|l| l.queue.len() == 1).unwrap_or(false);
 
     let mut latencies = Vec::new();
     for _ in 0..runs {
-        timed_hook(&h.config, "createRuntime", &holder);
-        let mut w = start_hook(&h.config, "createRuntime", &waiter);
+        timed_hook(&h, "createRuntime", &holder);
+        let mut w = h.spawn_hook("createRuntime", &waiter);
         while !queued() {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(50));
-        timed_hook(&h.config, "poststop", &holder);
+        timed_hook(&h, "poststop", &holder);
         let released = Instant::now();
         assert!(w.wait().unwrap().success());
         latencies.push(released.elapsed());
-        timed_hook(&h.config, "poststop", &waiter);
+        timed_hook(&h, "poststop", &waiter);
     }
     report("release -> waiter admitted (hook exits)", latencies);
 
     // CPU of a waiter that cannot get in, over 10 s.
-    timed_hook(&h.config, "createRuntime", &holder);
-    let mut w = start_hook(&h.config, "createRuntime", &waiter);
+    timed_hook(&h, "createRuntime", &holder);
+    let mut w = h.spawn_hook("createRuntime", &waiter);
     while !queued() {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -320,11 +274,6 @@ fn queue(args: &[String]) {
     );
     let _ = w.kill();
     let _ = w.wait();
-    for c in [&mut holder_init, &mut waiter_init] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&h.dir);
 }
 
 fn main() {

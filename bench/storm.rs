@@ -9,105 +9,47 @@
 //! 2. A ledger of 1,000 live reservations: sequential admissions and releases, each a whole
 //!    hook run (target: median <= 5 ms), beside the same on an empty ledger.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use vramgate::ledger::{GpuShare, Reservation, StateDir};
+use vramgate::ledger::{GpuShare, Reservation};
 use vramgate::procfs::ProcessIdentity;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
 
 const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
 const STORM: usize = 64;
 const GPU_MIB: u64 = 24_265;
 
-struct Bench {
-    dir: PathBuf,
-    config: PathBuf,
-    state: PathBuf,
+/// A scratch host (on tmpfs, as /run is) with one static GPU of `gpu_total`, policy reject.
+fn host(gpu_total: &str) -> HookHarness {
+    HookHarness::new(
+        HOOK,
+        &format!(
+            "policy = \"reject\"\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-storm\"\ntotal = \"{gpu_total}\""
+        ),
+    )
 }
 
-impl Bench {
-    fn new(name: &str, gpu_total: &str) -> Bench {
-        let base = if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        };
-        let dir = PathBuf::from(base).join(format!("vramgate-storm-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let state = dir.join("state");
-        let config = dir.join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "state_dir = {:?}\npolicy = \"reject\"\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-storm\"\ntotal = \"{gpu_total}\"\n",
-                state.display().to_string()
-            ),
-        )
-        .unwrap();
-        Bench { dir, config, state }
-    }
-
-    fn bundle(&self, memory: &str) -> PathBuf {
-        let bundle = self.dir.join(format!("bundle-{memory}"));
-        std::fs::create_dir_all(&bundle).unwrap();
-        let spec = json!({"ociVersion": "1.0.2", "process": {"args": ["sleep", "1"]},
-            "annotations": {"vramgate.dev/memory": memory, "vramgate.dev/gpus": "0"}});
-        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
-        bundle
-    }
-
-    /// Runs one hook to the end; returns its latency, exit code and stderr.
-    fn hook(&self, stage: &str, id: &str, pid: Option<u32>, bundle: &Path) -> (Duration, Option<i32>, String) {
-        let mut state = json!({"ociVersion": "1.0.2", "id": id, "bundle": bundle,
-            "status": if pid.is_some() { "creating" } else { "stopped" }});
-        if let Some(pid) = pid {
-            state["pid"] = json!(pid);
-        }
-        let began = Instant::now();
-        let mut child = Command::new(HOOK)
-            .arg(stage)
-            .env("VRAMGATE_CONFIG", &self.config)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(state.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let took = began.elapsed();
-        (
-            took,
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        )
-    }
+/// A bundle that requests `memory` on GPU 0.
+fn request_bundle(host: &HookHarness, memory: &str) -> PathBuf {
+    host.bundle(
+        &format!("bundle-{memory}"),
+        &[("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")],
+    )
 }
 
-impl Drop for Bench {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn sleeper() -> Child {
-    // Its stdio is not ours: a leaked sleeper must not hold the caller's pipes open.
-    Command::new("sleep")
-        .arg("3600")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+/// Runs one hook to the end; returns its latency (spawn to exit), exit code and stderr.
+fn hook(host: &HookHarness, stage: &str, id: &str, pid: Option<u32>, bundle: &Path) -> (Duration, Option<i32>, String) {
+    let state = oci_state(id, pid, bundle);
+    let began = Instant::now();
+    let out = host.hook(stage, &state);
+    let took = began.elapsed();
+    (
+        took,
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -120,18 +62,23 @@ fn ms(d: Duration) -> String {
 }
 
 /// One storm of 64 starts of `memory` MiB each; returns (latencies, admitted, wall time).
-fn storm(bench: &Bench, memory_mib: u64, round: usize, inits: &[Child]) -> (Vec<Duration>, usize, Duration) {
-    let bundle = bench.bundle(&format!("{memory_mib}Mi"));
+fn storm(
+    bench: &HookHarness,
+    memory_mib: u64,
+    round: usize,
+    inits: &[FakeContainer],
+) -> (Vec<Duration>, usize, Duration) {
+    let bundle = request_bundle(bench, &format!("{memory_mib}Mi"));
     let barrier = Barrier::new(STORM + 1);
     let (results, wall) = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..STORM)
             .map(|i| {
                 let (barrier, bundle) = (&barrier, &bundle);
-                let pid = inits[i].id();
+                let pid = inits[i].pid();
                 scope.spawn(move || {
                     barrier.wait();
                     let id = format!("storm{round}-{i}");
-                    let (took, code, err) = bench.hook("createRuntime", &id, Some(pid), bundle);
+                    let (took, code, err) = hook(bench, "createRuntime", &id, Some(pid), bundle);
                     (id, took, code, err)
                 })
             })
@@ -152,7 +99,7 @@ fn storm(bench: &Bench, memory_mib: u64, round: usize, inits: &[Child]) -> (Vec<
         );
     }
     assert_eq!(admitted.len(), fit, "exactly the {fit} that fit are admitted");
-    let ledger = StateDir::open_or_create(&bench.state).unwrap().read().unwrap();
+    let ledger = bench.ledger();
     let mut in_ledger: Vec<_> = ledger.reservations.iter().map(|r| r.container_id.clone()).collect();
     let mut expected = admitted.clone();
     in_ledger.sort();
@@ -162,7 +109,7 @@ fn storm(bench: &Bench, memory_mib: u64, round: usize, inits: &[Child]) -> (Vec<
 
     // Release them all for the next round.
     for id in &admitted {
-        let (_, code, err) = bench.hook("poststop", id, None, &bundle);
+        let (_, code, err) = hook(bench, "poststop", id, None, &bundle);
         assert_eq!(code, Some(0), "{err}");
     }
     let mut latencies: Vec<_> = results.iter().map(|r| r.1).collect();
@@ -171,8 +118,8 @@ fn storm(bench: &Bench, memory_mib: u64, round: usize, inits: &[Child]) -> (Vec<
 }
 
 fn run_storms(rounds: usize) {
-    let bench = Bench::new("storm", &format!("{GPU_MIB}Mi"));
-    let mut inits: Vec<Child> = (0..STORM).map(|_| sleeper()).collect();
+    let bench = host(&format!("{GPU_MIB}Mi"));
+    let inits: Vec<FakeContainer> = (0..STORM).map(|_| FakeContainer::start()).collect();
     for (label, memory) in [
         ("all fit (64 x 378 MiB)", 378),
         ("oversubscribed (64 x 1205 MiB)", 1205),
@@ -197,18 +144,14 @@ fn run_storms(rounds: usize) {
             ms(*all.last().unwrap()),
         );
     }
-    for c in &mut inits {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
 }
 
 fn run_big_ledger(live: usize, samples: usize) {
-    let mut init = sleeper();
-    let identity = ProcessIdentity::of(init.id()).unwrap();
+    let init = FakeContainer::start();
+    let identity = ProcessIdentity::of(init.pid()).unwrap();
     for prefill in [0, live] {
-        let bench = Bench::new(&format!("ledger{prefill}"), "1000Ti");
-        let dir = StateDir::open_or_create(&bench.state).unwrap();
+        let bench = host("1000Ti");
+        let dir = bench.open_state();
         let mut tx = dir.begin().unwrap();
         for i in 0..prefill {
             tx.ledger.reservations.push(Reservation {
@@ -226,14 +169,14 @@ fn run_big_ledger(live: usize, samples: usize) {
         tx.commit().unwrap();
         drop(tx);
         let size = std::fs::metadata(dir.ledger_path()).map(|m| m.len()).unwrap_or(0);
-        let bundle = bench.bundle("1Gi");
+        let bundle = request_bundle(&bench, "1Gi");
         let (mut admit, mut release) = (Vec::new(), Vec::new());
         for i in 0..samples {
             let id = format!("sample-{i}");
-            let (took, code, err) = bench.hook("createRuntime", &id, Some(init.id()), &bundle);
+            let (took, code, err) = hook(&bench, "createRuntime", &id, Some(init.pid()), &bundle);
             assert_eq!(code, Some(0), "{err}");
             admit.push(took);
-            let (took, code, err) = bench.hook("poststop", &id, None, &bundle);
+            let (took, code, err) = hook(&bench, "poststop", &id, None, &bundle);
             assert_eq!(code, Some(0), "{err}");
             release.push(took);
         }
@@ -249,8 +192,6 @@ fn run_big_ledger(live: usize, samples: usize) {
             ms(percentile(&release, 99.0)),
         );
     }
-    let _ = init.kill();
-    let _ = init.wait();
 }
 
 fn main() {

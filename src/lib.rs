@@ -27,10 +27,15 @@ pub mod setup;
 pub mod spec;
 pub mod status;
 
-// Used by the binaries and the tests; they depend on clap and anyhow, which the hook's
-// decision logic above never does.
+// The edge, behind the `cli` feature (on by default): the binaries' argument definitions, the
+// demo, and the scratch hosts the demo, the tests and the benches run on. They bring clap and
+// anyhow, and they start runc and hook processes; nothing above uses them, so a crate that
+// embeds the decisions builds without them (`--no-default-features`).
+#[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
 pub mod demo;
+#[cfg(feature = "cli")]
 pub mod testbed;
 
 /// Makes a message from a parser one line: control characters (a newline inside an unknown

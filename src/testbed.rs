@@ -1,7 +1,10 @@
-//! A scratch host for the demo and the integration tests: a config with a simulated GPU, a
-//! private state directory, a busybox root filesystem, and runc bundles whose `config.json`
-//! runs the vramgate hooks. Nothing here touches the host's own `/etc/vramgate` or
-//! `/run/vramgate`.
+//! Scratch hosts for the demo, the integration tests and the benches. Nothing here touches
+//! the host's own `/etc/vramgate` or `/run/vramgate`.
+//!
+//! - [`Testbed`]: for real runc: a config with a simulated GPU, a private state directory, a
+//!   busybox root filesystem, and runc bundles whose `config.json` runs the vramgate hooks.
+//! - [`HookHarness`]: for `vramgate-hook` run directly, with the OCI state on its stdin, and
+//!   [`FakeContainer`] as the container's init.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -10,6 +13,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::config::CONFIG_ENV;
+
+mod harness;
+pub use harness::{feed, oci_state, FakeContainer, HookHarness};
 
 pub struct Testbed {
     pub dir: PathBuf,
@@ -21,6 +27,11 @@ pub struct Testbed {
     pub runc: PathBuf,
     pub hook: PathBuf,
     template: Value,
+}
+
+/// A scratch config: `state_dir` (so nothing touches `/run/vramgate`), then `extra` as given.
+pub fn scratch_config(state_dir: &Path, extra: &str) -> String {
+    format!("state_dir = {:?}\n{extra}\n", state_dir.display().to_string())
 }
 
 /// Where a binary is on PATH.
@@ -117,7 +128,7 @@ impl Testbed {
 
     /// A config for a testbed in `dir`: a private state dir and the given static GPUs section.
     pub fn default_config(dir: &Path, extra: &str) -> String {
-        format!("state_dir = {:?}\n{extra}\n", dir.join("state").display().to_string())
+        scratch_config(&dir.join("state"), extra)
     }
 
     /// The hooks entry vramgate adds to a spec, for `hook` run with this testbed's config.

@@ -4,13 +4,13 @@
 //!
 //! `cargo test --test bad_input -- --nocapture` prints each input with what the user sees.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-mod common;
+use vramgate::testbed::{oci_state, HookHarness};
 
-use common::{HookHost, HOOK};
+mod support;
+
+use support::harness;
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -22,24 +22,22 @@ fn fixtures(kind: &str) -> Vec<PathBuf> {
     files
 }
 
-fn state_json(host: &HookHost, id: &str) -> String {
-    // The test process stands in for the container's init: it is alive for the whole test.
-    host.state_json(id, std::process::id())
+/// A scratch host with one bundle, which requests 1 GiB on GPU 0.
+fn host(config_extra: &str) -> (HookHarness, PathBuf) {
+    let h = harness(config_extra);
+    let bundle = h.bundle("c", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    (h, bundle)
 }
 
-/// Runs the hook; returns (exit code, stderr).
-fn hook(config: &Path, stage: &str, stdin: &[u8]) -> (Option<i32>, String) {
-    let mut child = Command::new(HOOK)
-        .arg(stage)
-        .env("VRAMGATE_CONFIG", config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A hook may refuse before reading all of stdin; a broken pipe here is fine.
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    let out = child.wait_with_output().unwrap();
+fn state_json(bundle: &Path, id: &str) -> Vec<u8> {
+    // The test process stands in for the container's init: it is alive for the whole test.
+    oci_state(id, Some(std::process::id()), bundle)
+}
+
+/// Runs the hook (a broken pipe, from one that refuses before reading all of stdin, is
+/// fine); returns (exit code, stderr).
+fn hook(h: &HookHarness, stage: &str, stdin: &[u8]) -> (Option<i32>, String) {
+    let out = h.hook(stage, stdin);
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -67,9 +65,9 @@ fn assert_clear_refusal(what: &Path, code: Option<i32>, stderr: &str) {
 
 #[test]
 fn invalid_states() {
-    let h = HookHost::new("1Gi", "");
+    let (h, _bundle) = host("");
     for file in fixtures("state") {
-        let (code, stderr) = hook(&h.config, "createRuntime", &std::fs::read(&file).unwrap());
+        let (code, stderr) = hook(&h, "createRuntime", &std::fs::read(&file).unwrap());
         assert_clear_refusal(&file, code, &stderr);
         assert!(!stderr.contains("admitted everything\n"), "no forged lines");
     }
@@ -111,10 +109,10 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
 
 #[test]
 fn invalid_specs() {
-    let h = HookHost::new("1Gi", "");
+    let (h, bundle) = host("");
     for file in fixtures("spec") {
-        std::fs::copy(&file, h.bundle.join("config.json")).unwrap();
-        let (code, stderr) = hook(&h.config, "createRuntime", state_json(&h, "c1").as_bytes());
+        std::fs::copy(&file, bundle.join("config.json")).unwrap();
+        let (code, stderr) = hook(&h, "createRuntime", &state_json(&bundle, "c1"));
         assert_clear_refusal(&file, code, &stderr);
         // Each message names the value or the key the user must fix.
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -137,9 +135,9 @@ fn invalid_specs() {
 #[test]
 fn invalid_configs() {
     for file in fixtures("config") {
-        let h = HookHost::new("1Gi", "");
+        let (h, bundle) = host("");
         std::fs::copy(&file, &h.config).unwrap();
-        let (code, stderr) = hook(&h.config, "createRuntime", state_json(&h, "c1").as_bytes());
+        let (code, stderr) = hook(&h, "createRuntime", &state_json(&bundle, "c1"));
         assert_clear_refusal(&file, code, &stderr);
         assert!(
             stderr.contains(&h.config.display().to_string()),
@@ -151,7 +149,7 @@ fn invalid_configs() {
 #[test]
 fn corrupt_ledgers_are_refused_and_left_alone() {
     for file in fixtures("ledger") {
-        let h = HookHost::new("1Gi", "");
+        let (h, bundle) = host("");
         std::fs::create_dir(&h.state_dir).unwrap();
         std::fs::set_permissions(&h.state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
         let ledger = h.state_dir.join("ledger.json");
@@ -159,7 +157,7 @@ fn corrupt_ledgers_are_refused_and_left_alone() {
         std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let before = std::fs::read(&ledger).unwrap();
         for stage in ["createRuntime", "poststop"] {
-            let (code, stderr) = hook(&h.config, stage, state_json(&h, "c1").as_bytes());
+            let (code, stderr) = hook(&h, stage, &state_json(&bundle, "c1"));
             assert_clear_refusal(&file, code, &stderr);
             assert!(
                 stderr.contains("vramgate ledger repair"),
@@ -177,27 +175,27 @@ fn corrupt_ledgers_are_refused_and_left_alone() {
 
 #[test]
 fn fail_open_lets_the_container_start_and_says_so() {
-    let h = HookHost::new("1Gi", "on_state_error = \"fail-open\"\n");
+    let (h, bundle) = host("on_state_error = \"fail-open\"\n");
     std::fs::create_dir(&h.state_dir).unwrap();
     std::fs::set_permissions(&h.state_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     std::fs::write(h.state_dir.join("ledger.json"), "{broken").unwrap();
-    let (code, stderr) = hook(&h.config, "createRuntime", state_json(&h, "c1").as_bytes());
+    let (code, stderr) = hook(&h, "createRuntime", &state_json(&bundle, "c1"));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("fail-open") && stderr.contains("corrupt"), "{stderr}");
     // A user's own mistake is still refused under fail-open.
     std::fs::write(
-        h.bundle.join("config.json"),
+        bundle.join("config.json"),
         r#"{"annotations":{"vramgate.dev/memory":"lots","vramgate.dev/gpus":"0"}}"#,
     )
     .unwrap();
-    let (code, _) = hook(&h.config, "createRuntime", state_json(&h, "c2").as_bytes());
+    let (code, _) = hook(&h, "createRuntime", &state_json(&bundle, "c2"));
     assert_eq!(code, Some(1));
 }
 
 #[test]
 fn unknown_stage_is_a_usage_error() {
-    let h = HookHost::new("1Gi", "");
-    let (code, stderr) = hook(&h.config, "prestop", state_json(&h, "c1").as_bytes());
+    let (h, bundle) = host("");
+    let (code, stderr) = hook(&h, "prestop", &state_json(&bundle, "c1"));
     assert_eq!(code, Some(2));
     assert!(stderr.contains("unknown stage \"prestop\""), "{stderr}");
 }

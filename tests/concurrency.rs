@@ -9,14 +9,15 @@
 //! GPUs (first come, first served), and no admission waited longer than its timeout. Beside
 //! it, an unlocked reader reads `ledger.json` in a loop and must never see a torn file.
 
-mod reliability_support;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reliability_support::*;
+use support::*;
 use vramgate::ledger::{Ledger, AUDIT_LOG_ENV};
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
 
 const WORKERS: usize = 32;
 const OPS_PER_WORKER: usize = 500;
@@ -49,10 +50,10 @@ fn thirty_two_workers_never_overcommit_and_never_starve() {
         .enumerate()
         .map(|(i, uuid)| format!("[[inventory.gpus]]\nindex = {i}\nuuid = \"{uuid}\"\ntotal = \"8Gi\"\n"))
         .collect();
-    let mut scratch = Scratch::new(&format!(
+    let mut scratch = harness(&format!(
         "policy = \"reject\"\n[queue]\npoll_interval = \"50ms\"\n[inventory]\nbackend = \"static\"\n{gpu_config}"
     ));
-    let audit = scratch.dir.path().join("audit.jsonl");
+    let audit = scratch.dir().join("audit.jsonl");
     scratch.env.push((AUDIT_LOG_ENV.into(), audit.display().to_string()));
     let timeout = format!("{}ms", WAIT_TIMEOUT.as_millis());
     for gib in 1..=4u64 {
@@ -72,7 +73,7 @@ fn thirty_two_workers_never_overcommit_and_never_starve() {
         }
     }
     // Create the state dir before the storm, so the first hooks do not all race to create it.
-    scratch.state_dir();
+    scratch.open_state();
     let scratch = Arc::new(scratch);
     let seed = Rng::seed_from_env();
     eprintln!("seed {seed} (replay with VRAMGATE_TEST_SEED={seed})");
@@ -82,7 +83,7 @@ fn thirty_two_workers_never_overcommit_and_never_starve() {
     let reader = {
         let (scratch, stop) = (scratch.clone(), stop.clone());
         std::thread::spawn(move || {
-            let dir = scratch.state_dir();
+            let dir = scratch.open_state();
             let mut reads = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 if let Err(e) = dir.read() {
@@ -138,17 +139,16 @@ fn thirty_two_workers_never_overcommit_and_never_starve() {
     assert!(states.iter().any(|s| s.queue.len() >= 3), "waiters really queued");
 }
 
-fn worker(scratch: &Scratch, w: usize, seed: u64) -> Tally {
+fn worker(scratch: &HookHarness, w: usize, seed: u64) -> Tally {
     let mut rng = Rng::new(seed);
     let container = FakeContainer::start();
-    let bundles = scratch.dir.path().join("bundles");
     let mut held: Vec<(String, std::path::PathBuf)> = Vec::new();
     let mut tally = Tally::default();
     for op in 0..OPS_PER_WORKER {
         let release = !held.is_empty() && (held.len() >= 2 || rng.chance(45));
         if release {
             let (id, bundle) = held.swap_remove(rng.below(held.len() as u64) as usize);
-            let out = scratch.hook("poststop", &Scratch::state_json(&id, None, &bundle));
+            let out = scratch.hook("poststop", &oci_state(&id, None, &bundle));
             assert!(out.status.success(), "release of {id} failed: {}", stderr(&out));
             tally.released += 1;
             continue;
@@ -156,13 +156,10 @@ fn worker(scratch: &Scratch, w: usize, seed: u64) -> Tally {
         let wait = rng.chance(20);
         let gib = 1 + rng.below(4);
         let gpus = ["0", "1", "0,1"][rng.below(3) as usize];
-        let bundle = bundles.join(bundle_name(gib, gpus, if wait { "wait" } else { "reject" }));
+        let bundle = scratch.bundle_path(&bundle_name(gib, gpus, if wait { "wait" } else { "reject" }));
         let id = format!("w{w}-op{op}");
         let began = Instant::now();
-        let out = scratch.hook(
-            "createRuntime",
-            &Scratch::state_json(&id, Some(container.pid()), &bundle),
-        );
+        let out = scratch.hook("createRuntime", &oci_state(&id, Some(container.pid()), &bundle));
         let took = began.elapsed();
         let message = stderr(&out);
         match (out.status.code(), wait) {
@@ -196,7 +193,7 @@ fn worker(scratch: &Scratch, w: usize, seed: u64) -> Tally {
         }
     }
     for (id, bundle) in held {
-        let out = scratch.hook("poststop", &Scratch::state_json(&id, None, &bundle));
+        let out = scratch.hook("poststop", &oci_state(&id, None, &bundle));
         assert!(out.status.success(), "{}", stderr(&out));
         tally.released += 1;
     }

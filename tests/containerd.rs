@@ -3,13 +3,13 @@
 //! CRI settings intact), and a container run through `ctr run --runc-binary vramgate-runtime`
 //! on a private containerd is admitted, refused and released.
 
-mod common;
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use support::*;
 
 /// A host CRI section with values that differ from containerd's defaults, so that losing
 /// them (containerd 1.x replaces a plugin section wholesale on import) would show.

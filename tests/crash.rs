@@ -12,7 +12,7 @@
 //! - after `vramgate gc` (the CLI binary), nothing of a killed hook's container (killed too)
 //!   or of a killed waiter is left, and the survivors are all still there.
 
-mod reliability_support;
+mod support;
 
 use std::collections::HashSet;
 use std::os::unix::process::ExitStatusExt;
@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reliability_support::*;
+use support::*;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
 
 const LANES: usize = 4;
 const MIN_KILLS: usize = 2000;
@@ -31,7 +32,7 @@ const BIG_GPU: &str = "GPU-crash-big";
 const SMALL_GPU: &str = "GPU-crash-small";
 
 struct Shared {
-    scratch: Scratch,
+    scratch: HookHarness,
     kills: AtomicUsize,
     /// Where the kills landed: admissions killed after their commit (the reservation is in
     /// the ledger), before it, and with the temporary file written but not renamed.
@@ -46,7 +47,7 @@ struct Shared {
 
 #[test]
 fn hooks_killed_at_random_points_never_corrupt_or_lose_the_ledger() {
-    let scratch = Scratch::new(&format!(
+    let scratch = harness(&format!(
         "policy = \"reject\"\n[queue]\npoll_interval = \"20ms\"\n[inventory]\nbackend = \"static\"\n\
          [[inventory.gpus]]\nindex = 0\nuuid = \"{BIG_GPU}\"\ntotal = \"1000Ti\"\n\
          [[inventory.gpus]]\nindex = 1\nuuid = \"{SMALL_GPU}\"\ntotal = \"1Gi\"\n"
@@ -64,10 +65,7 @@ fn hooks_killed_at_random_points_never_corrupt_or_lose_the_ledger() {
         ],
     );
     let holder = FakeContainer::start();
-    let out = scratch.hook(
-        "createRuntime",
-        &Scratch::state_json("holder", Some(holder.pid()), &full),
-    );
+    let out = scratch.hook("createRuntime", &oci_state("holder", Some(holder.pid()), &full));
     assert!(out.status.success(), "{}", stderr(&out));
 
     // Time uncontested runs, so random delays span a whole hook run.
@@ -76,10 +74,10 @@ fn hooks_killed_at_random_points_never_corrupt_or_lose_the_ledger() {
         let c = FakeContainer::start();
         let id = format!("warmup-{i}");
         let began = Instant::now();
-        let out = scratch.hook("createRuntime", &Scratch::state_json(&id, Some(c.pid()), &admit));
+        let out = scratch.hook("createRuntime", &oci_state(&id, Some(c.pid()), &admit));
         times.push(began.elapsed());
         assert!(out.status.success(), "{}", stderr(&out));
-        let out = scratch.hook("poststop", &Scratch::state_json(&id, None, &admit));
+        let out = scratch.hook("poststop", &oci_state(&id, None, &admit));
         assert!(out.status.success(), "{}", stderr(&out));
     }
     times.sort();
@@ -153,7 +151,6 @@ fn hooks_killed_at_random_points_never_corrupt_or_lose_the_ledger() {
 
 fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContainer)>, usize) {
     let scratch = &shared.scratch;
-    let bundles = scratch.dir.path().join("bundles");
     let mut rng = Rng::new(seed);
     let mut survivors: Vec<(String, FakeContainer)> = Vec::new();
     let window = shared.hook_time.as_micros() as u64 * 3 + 1;
@@ -169,7 +166,7 @@ fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContai
             let status = spawn_and_kill(
                 shared,
                 "poststop",
-                &Scratch::state_json(&old_id, None, &bundles.join("admit")),
+                &oci_state(&old_id, None, &scratch.bundle_path("admit")),
                 delay,
             );
             container.kill();
@@ -187,7 +184,7 @@ fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContai
             let status = spawn_and_kill(
                 shared,
                 "createRuntime",
-                &Scratch::state_json(&id, Some(container.pid()), &bundles.join("waiter")),
+                &oci_state(&id, Some(container.pid()), &scratch.bundle_path("waiter")),
                 delay,
             );
             assert!(!status.success(), "the small GPU is full: a waiter cannot be admitted");
@@ -198,7 +195,7 @@ fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContai
             let status = spawn_and_kill(
                 shared,
                 "createRuntime",
-                &Scratch::state_json(&id, Some(container.pid()), &bundles.join("admit")),
+                &oci_state(&id, Some(container.pid()), &scratch.bundle_path("admit")),
                 delay,
             );
             if status.success() {
@@ -216,7 +213,7 @@ fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContai
                     &shared.before_commit
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if scratch.state.join("ledger.json.tmp").exists() {
+                if scratch.state_dir.join("ledger.json.tmp").exists() {
                     shared.temp_left.fetch_add(1, Ordering::Relaxed);
                 }
                 container.kill();
@@ -224,7 +221,7 @@ fn run_lane(shared: &Shared, lane: usize, seed: u64) -> (Vec<(String, FakeContai
             }
         }
         // After every round: the ledger parses and no acknowledged reservation was lost.
-        let ledger = match scratch.state_dir().read() {
+        let ledger = match scratch.open_state().read() {
             Ok(l) => l,
             Err(e) => panic!("round {round} of lane {lane}: the ledger does not parse after a kill: {e}"),
         };
@@ -271,7 +268,7 @@ fn spawn_and_kill(shared: &Shared, stage: &str, state: &[u8], delay: Duration) -
 
 /// Runs `vramgate gc` and checks that every dead container's reservation and ticket is gone
 /// and every survivor is still there.
-fn gc_and_check<'a>(scratch: &Scratch, gone: &HashSet<String>, survivors: impl Iterator<Item = &'a str>) {
+fn gc_and_check<'a>(scratch: &HookHarness, gone: &HashSet<String>, survivors: impl Iterator<Item = &'a str>) {
     let out = scratch.cli(&["gc"]);
     assert!(out.status.success(), "vramgate gc failed: {}", stderr(&out));
     let ledger = scratch.ledger();

@@ -4,14 +4,14 @@
 //! daemons' environment) pointing at a testbed with a simulated GPU. One daemon serves every
 //! case: starting one costs seconds.
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
+use support::*;
 use vramgate::testbed::Testbed;
 
 const IMAGE: &str = "vramgate-busybox:test";

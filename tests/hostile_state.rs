@@ -5,20 +5,21 @@
 //! write anywhere but its own directory, and never hang. The recovery commands are then run
 //! end to end with the real CLI.
 
-mod reliability_support;
+mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use reliability_support::*;
+use support::*;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
 
 const GPU: &str =
     "[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-hostile\"\ntotal = \"16Gi\"\n";
 const CANARY: &[u8] = b"canary: vramgate must never write here\n";
 
 struct Case {
-    scratch: Scratch,
+    scratch: HookHarness,
     bundle: PathBuf,
     container: FakeContainer,
     /// A file and a directory outside the state dir that links point at.
@@ -28,11 +29,11 @@ struct Case {
 
 impl Case {
     fn new(on_state_error: &str) -> Case {
-        let scratch = Scratch::new(&format!("on_state_error = \"{on_state_error}\"\n{GPU}"));
+        let scratch = harness(&format!("on_state_error = \"{on_state_error}\"\n{GPU}"));
         let bundle = scratch.bundle("b", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
-        let canary = scratch.dir.path().join("canary");
+        let canary = scratch.dir().join("canary");
         std::fs::write(&canary, CANARY).unwrap();
-        let elsewhere = scratch.dir.path().join("elsewhere");
+        let elsewhere = scratch.dir().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o700)).unwrap();
         Case {
@@ -48,7 +49,7 @@ impl Case {
     fn admit(&self, id: &str) -> (Option<i32>, String) {
         let mut child = self.scratch.spawn_hook(
             "createRuntime",
-            &Scratch::state_json(id, Some(self.container.pid()), &self.bundle),
+            &oci_state(id, Some(self.container.pid()), &self.bundle),
         );
         let began = Instant::now();
         while child.try_wait().unwrap().is_none() {
@@ -63,7 +64,7 @@ impl Case {
     }
 
     fn state(&self) -> &Path {
-        &self.scratch.state
+        &self.scratch.state_dir
     }
 
     fn assert_untouched(&self) {
@@ -283,10 +284,9 @@ fn fail_open_starts_the_container_unaccounted_with_a_warning() {
     let bad = case
         .scratch
         .bundle("bad", &[("vramgate.dev/memory", "lots"), ("vramgate.dev/gpus", "0")]);
-    let out = case.scratch.hook(
-        "createRuntime",
-        &Scratch::state_json("c2", Some(case.container.pid()), &bad),
-    );
+    let out = case
+        .scratch
+        .hook("createRuntime", &oci_state("c2", Some(case.container.pid()), &bad));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
 
@@ -359,10 +359,9 @@ fn ledger_repair_and_gc_recover_end_to_end() {
 
     // A container that died without its poststop hook: gc reclaims it, and only it.
     let doomed = FakeContainer::start();
-    let out = case.scratch.hook(
-        "createRuntime",
-        &Scratch::state_json("doomed", Some(doomed.pid()), &case.bundle),
-    );
+    let out = case
+        .scratch
+        .hook("createRuntime", &oci_state("doomed", Some(doomed.pid()), &case.bundle));
     assert!(out.status.success(), "{}", stderr(&out));
     let (code, _) = case.admit("alive");
     assert_eq!(code, Some(0));
@@ -399,10 +398,9 @@ fn a_running_hook_holds_only_cap_sys_ptrace() {
     let full = case
         .scratch
         .bundle("full", &[("vramgate.dev/memory", "16Gi"), ("vramgate.dev/gpus", "0")]);
-    let out = case.scratch.hook(
-        "createRuntime",
-        &Scratch::state_json("full", Some(case.container.pid()), &full),
-    );
+    let out = case
+        .scratch
+        .hook("createRuntime", &oci_state("full", Some(case.container.pid()), &full));
     assert!(out.status.success(), "{}", stderr(&out));
     let waiter = case.scratch.bundle(
         "waiter",
@@ -413,10 +411,9 @@ fn a_running_hook_holds_only_cap_sys_ptrace() {
             ("vramgate.dev/timeout", "20s"),
         ],
     );
-    let mut hook = case.scratch.spawn_hook(
-        "createRuntime",
-        &Scratch::state_json("w", Some(case.container.pid()), &waiter),
-    );
+    let mut hook = case
+        .scratch
+        .spawn_hook("createRuntime", &oci_state("w", Some(case.container.pid()), &waiter));
     let began = Instant::now();
     while case.scratch.ledger().queue.is_empty() {
         assert!(began.elapsed() < Duration::from_secs(10), "the waiter never queued");

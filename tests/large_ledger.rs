@@ -2,32 +2,28 @@
 //! entries still leave within a bounded number of writes, and a request that needs their room
 //! is never refused because they were not checked yet.
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir, RECLAIM_WINDOW};
 use vramgate::procfs::ProcessIdentity;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
 
-mod common;
+mod support;
 
-use common::{HookHost, HOOK};
 const LIVE: usize = 300;
 
-fn hook(host: &HookHost, stage: &str, id: &str, pid: u32) -> (bool, String) {
-    let mut child = Command::new(HOOK)
-        .arg(stage)
-        .env("VRAMGATE_CONFIG", &host.config)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(host.state_json(id, pid).as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+/// A scratch host with one bundle, which requests `request` on GPU 0.
+fn host(request: &str) -> (HookHarness, PathBuf) {
+    let h = support::harness("");
+    let bundle = h.bundle("c", &[("vramgate.dev/memory", request), ("vramgate.dev/gpus", "0")]);
+    (h, bundle)
+}
+
+/// Runs the hook for container `id` whose init is `pid`; returns (exit 0, stderr). Poststop
+/// gets the same state with the pid: it releases by id either way.
+fn hook(h: &HookHarness, bundle: &Path, stage: &str, id: &str, pid: u32) -> (bool, String) {
+    let out = h.hook(stage, &oci_state(id, Some(pid), bundle));
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -68,21 +64,17 @@ fn fill(state: &StateDir, live: &ProcessIdentity, dead: Reservation) {
     tx.commit().unwrap();
 }
 
-fn sleeper() -> Child {
-    Command::new("sleep").arg("120").spawn().unwrap()
-}
-
 #[test]
 fn a_request_that_needs_dead_room_gets_it_at_once() {
     assert!(LIVE > RECLAIM_WINDOW);
-    let h = HookHost::new("10Gi", "");
+    let (h, bundle) = host("10Gi");
     let state = StateDir::open_or_create(&h.state_dir).unwrap();
-    let mut live = sleeper();
-    let live_id = ProcessIdentity::of(live.id()).unwrap();
+    let live = FakeContainer::start();
+    let live_id = ProcessIdentity::of(live.pid()).unwrap();
     fill(&state, &live_id, reservation("dead-big", dead_identity(), 20 << 30));
 
     // 300 MiB live + 20 GiB dead: 10 GiB fits only once the dead entry is reclaimed.
-    let (ok, stderr) = hook(&h, "createRuntime", "needs-room", live.id());
+    let (ok, stderr) = hook(&h, &bundle, "createRuntime", "needs-room", live.pid());
     assert!(ok, "{stderr}");
     let ledger = state.read().unwrap();
     assert!(ledger.reservation("dead-big").is_none());
@@ -93,16 +85,15 @@ fn a_request_that_needs_dead_room_gets_it_at_once() {
         events.contains("\"reclaim\"") && events.contains("dead-big"),
         "{events}"
     );
-    let _ = live.kill();
-    let _ = live.wait();
+    live.kill();
 }
 
 #[test]
 fn a_dead_entry_leaves_within_a_bounded_number_of_writes() {
-    let h = HookHost::new("1Mi", "");
+    let (h, bundle) = host("1Mi");
     let state = StateDir::open_or_create(&h.state_dir).unwrap();
-    let mut live = sleeper();
-    let live_id = ProcessIdentity::of(live.id()).unwrap();
+    let live = FakeContainer::start();
+    let live_id = ProcessIdentity::of(live.pid()).unwrap();
     fill(&state, &live_id, reservation("dead-small", dead_identity(), 1 << 20));
 
     let bound = (LIVE + 1).div_ceil(RECLAIM_WINDOW) + 1;
@@ -110,8 +101,8 @@ fn a_dead_entry_leaves_within_a_bounded_number_of_writes() {
     while state.read().unwrap().reservation("dead-small").is_some() {
         assert!(writes < bound * 2, "still there after {writes} admit+release pairs");
         // Each admit and each release is a committed write that moves the window on.
-        assert!(hook(&h, "createRuntime", "churn", live.id()).0);
-        assert!(hook(&h, "poststop", "churn", live.id()).0);
+        assert!(hook(&h, &bundle, "createRuntime", "churn", live.pid()).0);
+        assert!(hook(&h, &bundle, "poststop", "churn", live.pid()).0);
         writes += 2;
     }
     assert!(
@@ -120,6 +111,5 @@ fn a_dead_entry_leaves_within_a_bounded_number_of_writes() {
         LIVE + 1
     );
     assert_eq!(state.read().unwrap().reservations.len(), LIVE);
-    let _ = live.kill();
-    let _ = live.wait();
+    live.kill();
 }

@@ -3,9 +3,8 @@
 //! while real runc GPU containers ran), replayed here without a GPU; and the errors a host
 //! without the driver gets.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use vramgate::admission::{self, Allocated, Decision, Rules};
@@ -15,6 +14,7 @@ use vramgate::inventory::{Inventory, RecordedHost, RecordedInventory};
 use vramgate::ledger::GpuShare;
 use vramgate::quantity::Quantity;
 use vramgate::request::{GpuSelector, RequestError};
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness, Testbed};
 
 const MI: u64 = 1 << 20;
 
@@ -250,17 +250,15 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     ));
 }
 
-/// A scratch config naming a driver library that does not exist.
+/// An inventory section naming a driver library that does not exist.
+fn missing_driver(backend: &str) -> String {
+    format!("[inventory]\nbackend = \"{backend}\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"")
+}
+
+/// A scratch config in `dir` with that inventory.
 fn missing_driver_config(dir: &Path, backend: &str) -> PathBuf {
     let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "state_dir = {:?}\n[inventory]\nbackend = \"{backend}\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n",
-            dir.join("state").display().to_string()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, Testbed::default_config(dir, &missing_driver(backend))).unwrap();
     path
 }
 
@@ -297,33 +295,14 @@ fn missing_driver_is_one_clear_line_from_status() {
 
 #[test]
 fn missing_driver_refuses_at_the_hook_with_one_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = missing_driver_config(dir.path(), "nvml");
-    let bundle = dir.path().join("bundle");
-    std::fs::create_dir_all(&bundle).unwrap();
-    std::fs::write(
-        bundle.join("config.json"),
-        r#"{"ociVersion":"1.0.2","process":{"args":["sleep"],"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"},"annotations":{"vramgate.dev/memory":"1Gi"}}"#,
-    )
-    .unwrap();
-    let mut init = Command::new("sleep").arg("30").spawn().unwrap();
-    let state = format!(
-        r#"{{"ociVersion":"1.0.2","id":"nodriver","status":"creating","pid":{},"bundle":{:?}}}"#,
-        init.id(),
-        bundle.display().to_string()
+    let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("nvml"));
+    let bundle = host.bundle_with_spec(
+        "nodriver",
+        &serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["sleep"], "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
+            "root": {"path": "rootfs"}, "annotations": {"vramgate.dev/memory": "1Gi"}}),
     );
-    let mut hook = Command::new(env!("CARGO_BIN_EXE_vramgate-hook"))
-        .arg("createRuntime")
-        .env("VRAMGATE_CONFIG", &config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    hook.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
-    let out = hook.wait_with_output().unwrap();
-    init.kill().unwrap();
-    init.wait().unwrap();
+    let init = FakeContainer::start();
+    let out = host.hook("createRuntime", &oci_state("nodriver", Some(init.pid()), &bundle));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

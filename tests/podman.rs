@@ -3,13 +3,13 @@
 //! with vramgate's message in front of the user, and released when the container ends.
 //! Everything podman keeps lives in the temp dir (`--root`, `--runroot`, `--tmpdir`).
 
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::*;
 use serde_json::{json, Value};
+use support::*;
 use vramgate::testbed::Testbed;
 
 const IMAGE: &str = "localhost/vramgate-busybox:test";

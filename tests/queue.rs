@@ -1,23 +1,16 @@
 //! Policy `wait` against real runc: the paper's replay, timeouts, an abandoned waiter, and
 //! memory used outside vramgate holding and then letting in a waiter.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::{eventually, runc_testbed, spawn_container, status, Cleanup, GIB, HOOK};
 use vramgate::cli::{DemoArgs, DemoPolicy};
-use vramgate::testbed::Testbed;
-
-const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
-const GIB: u64 = 1 << 30;
-
-fn testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Testbed) {
-    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
-    let config = Testbed::default_config(dir.path(), config_extra);
-    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
-    (dir, bed)
-}
+use vramgate::testbed::{scratch_config, Testbed};
 
 fn ledger(bed: &Testbed) -> Value {
     match std::fs::read(bed.state_dir.join("ledger.json")) {
@@ -49,31 +42,11 @@ fn queued(bed: &Testbed) -> Vec<(String, u32)> {
         .collect()
 }
 
-fn eventually(what: &str, limit: Duration, check: impl Fn() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    start.elapsed()
-}
-
+/// A container on GPU 0 with these annotations.
 fn spawn(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
     let mut all = vec![("vramgate.dev/gpus", "0")];
     all.extend_from_slice(annotations);
-    let bundle = bed.bundle(id, args, &all, &[], true).unwrap();
-    bed.runc_run(&bundle, id)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-struct Cleanup<'a>(&'a Testbed);
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        self.0.cleanup_containers();
-    }
+    spawn_container(bed, id, args, &all)
 }
 
 fn kill(bed: &Testbed, id: &str, child: &mut Child) {
@@ -120,7 +93,7 @@ fn paper_replay_with_wait_and_reject() {
 
 #[test]
 fn waiter_times_out_with_the_message_and_huge_requests_fail_at_once() {
-    let (_dir, bed) = testbed("vg-timeout", "");
+    let (_dir, bed) = runc_testbed("vg-timeout", "");
     let _c = Cleanup(&bed);
     let mut holder = spawn(&bed, "holder", &["sleep", "30"], &[("vramgate.dev/memory", "20Gi")]);
     eventually("holder admitted", Duration::from_secs(10), || {
@@ -179,7 +152,7 @@ fn waiter_times_out_with_the_message_and_huge_requests_fail_at_once() {
 
 #[test]
 fn abandoned_waiter_does_not_block_the_one_behind_it() {
-    let (_dir, bed) = testbed("vg-abandon", "[queue]\npoll_interval = \"200ms\"\n");
+    let (_dir, bed) = runc_testbed("vg-abandon", "[queue]\npoll_interval = \"200ms\"\n");
     let _c = Cleanup(&bed);
     let mut holder = spawn(&bed, "holder", &["sleep", "60"], &[("vramgate.dev/memory", "20Gi")]);
     eventually("holder admitted", Duration::from_secs(10), || {
@@ -243,9 +216,9 @@ fn abandoned_waiter_does_not_block_the_one_behind_it() {
 }
 
 fn write_config(bed: &Testbed, used_outside: &str) {
-    let text = format!(
-        "state_dir = {:?}\n[queue]\npoll_interval = \"200ms\"\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-sim\"\ntotal = \"24265Mi\"\nused_outside = {used_outside:?}\n",
-        bed.state_dir.display().to_string()
+    let text = scratch_config(
+        &bed.state_dir,
+        &format!("[queue]\npoll_interval = \"200ms\"\n[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-sim\"\ntotal = \"24265Mi\"\nused_outside = {used_outside:?}"),
     );
     // Atomic, so a hook never reads half a file.
     let temp = bed.config_path.with_extension("tmp");
@@ -255,7 +228,7 @@ fn write_config(bed: &Testbed, used_outside: &str) {
 
 #[test]
 fn memory_used_outside_holds_then_lets_in_a_waiter() {
-    let (_dir, bed) = testbed("vg-foreign", "");
+    let (_dir, bed) = runc_testbed("vg-foreign", "");
     let _c = Cleanup(&bed);
     write_config(&bed, "0");
     write_config(&bed, "20Gi"); // something outside vramgate takes 20 GiB
@@ -283,18 +256,13 @@ fn memory_used_outside_holds_then_lets_in_a_waiter() {
     println!("admitted {took:?} after the outside usage fell");
     assert!(waiter.wait().unwrap().success());
     assert!(reserved_ids(&bed).is_empty());
-    let status = Command::new(env!("CARGO_BIN_EXE_vramgate"))
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &bed.config_path)
-        .output()
-        .unwrap();
-    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status = status(&bed.config_path);
     assert_eq!(status["gpus"][0]["used_outside"].as_u64().unwrap(), GIB);
 }
 
 #[test]
 fn status_shows_the_queue() {
-    let (_dir, bed) = testbed("vg-qstatus", "");
+    let (_dir, bed) = runc_testbed("vg-qstatus", "");
     let _c = Cleanup(&bed);
     let mut holder = spawn(&bed, "holder", &["sleep", "30"], &[("vramgate.dev/memory", "20Gi")]);
     eventually("holder admitted", Duration::from_secs(10), || {
@@ -312,7 +280,7 @@ fn status_shows_the_queue() {
     );
     eventually("queued", Duration::from_secs(10), || queued(&bed).len() == 1);
 
-    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+    let out = Command::new(support::VRAMGATE)
         .arg("status")
         .env("VRAMGATE_CONFIG", &bed.config_path)
         .output()

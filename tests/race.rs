@@ -5,38 +5,27 @@
 //! a sampler also reads the live ledger file while the race runs.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-mod common;
+use vramgate::testbed::{feed, oci_state, FakeContainer, HookHarness};
 
-use common::{HookHost, HOOK};
+mod support;
+
 const CAPACITY: u64 = 24_265 << 20;
 const REQUEST: u64 = 3 << 30;
 
 /// Starts `n` hook processes at once for the given (container id, init pid) pairs.
-fn race(host: &HookHost, stage: &str, containers: &[(String, u32)]) -> Vec<(String, bool)> {
+fn race(host: &HookHarness, bundle: &Path, stage: &str, containers: &[(String, u32)]) -> Vec<(String, bool)> {
     let mut hooks: Vec<(String, Child)> = containers
         .iter()
-        .map(|(id, _)| {
-            let child = Command::new(HOOK)
-                .arg(stage)
-                .env("VRAMGATE_CONFIG", &host.config)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (id.clone(), child)
-        })
+        .map(|(id, _)| (id.clone(), host.hook_command(stage).spawn().unwrap()))
         .collect();
     // All processes exist before any gets its input, so they hit the lock together.
     for ((id, child), (_, pid)) in hooks.iter_mut().zip(containers) {
-        let state = host.state_json(id, *pid);
-        child.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
+        feed(child, &oci_state(id, Some(*pid), bundle));
     }
     hooks
         .into_iter()
@@ -83,15 +72,12 @@ fn replay_events(state_dir: &Path) -> (u64, usize) {
     (max, held.len())
 }
 
-fn sleeper() -> Child {
-    Command::new("sleep").arg("120").spawn().unwrap()
-}
-
 #[test]
 fn twenty_four_hooks_race_and_never_over_commit() {
-    let host = HookHost::new("3Gi", "");
-    let mut sleepers: Vec<Child> = (0..48).map(|_| sleeper()).collect();
-    let round1: Vec<(String, u32)> = (0..24).map(|n| (format!("r1-{n}"), sleepers[n].id())).collect();
+    let host = support::harness("");
+    let bundle = host.bundle("c", &[("vramgate.dev/memory", "3Gi"), ("vramgate.dev/gpus", "0")]);
+    let sleepers: Vec<FakeContainer> = (0..48).map(|_| FakeContainer::start()).collect();
+    let round1: Vec<(String, u32)> = (0..24).map(|n| (format!("r1-{n}"), sleepers[n].pid())).collect();
 
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -122,7 +108,7 @@ fn twenty_four_hooks_race_and_never_over_commit() {
         })
     };
 
-    let results = race(&host, "createRuntime", &round1);
+    let results = race(&host, &bundle, "createRuntime", &round1);
     let admitted: Vec<&String> = results.iter().filter(|r| r.1).map(|r| &r.0).collect();
     assert_eq!(
         admitted.len() as u64,
@@ -136,11 +122,11 @@ fn twenty_four_hooks_race_and_never_over_commit() {
         .filter(|(id, _)| admitted.contains(&id))
         .cloned()
         .collect();
-    let round2: Vec<(String, u32)> = (0..24).map(|n| (format!("r2-{n}"), sleepers[24 + n].id())).collect();
+    let round2: Vec<(String, u32)> = (0..24).map(|n| (format!("r2-{n}"), sleepers[24 + n].pid())).collect();
     let host_ref = &host;
     let (released, results2) = std::thread::scope(|s| {
-        let a = s.spawn(|| race(host_ref, "poststop", &stopping));
-        let b = s.spawn(|| race(host_ref, "createRuntime", &round2));
+        let a = s.spawn(|| race(host_ref, &bundle, "poststop", &stopping));
+        let b = s.spawn(|| race(host_ref, &bundle, "createRuntime", &round2));
         (a.join().unwrap(), b.join().unwrap())
     });
     assert!(released.iter().all(|r| r.1), "every poststop succeeds");
@@ -157,8 +143,4 @@ fn twenty_four_hooks_race_and_never_over_commit() {
     let ledger: serde_json::Value =
         serde_json::from_slice(&std::fs::read(host.state_dir.join("ledger.json")).unwrap()).unwrap();
     assert_eq!(ledger["reservations"].as_array().unwrap().len() as u64, admitted2);
-    for s in sleepers.iter_mut() {
-        let _ = s.kill();
-        let _ = s.wait();
-    }
 }

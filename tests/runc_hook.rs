@@ -1,40 +1,18 @@
 //! The core path against real runc: busybox containers whose config.json runs vramgate-hook at
 //! createRuntime and poststop, on the simulated 24,265 MiB GPU.
 
+mod support;
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
+use support::{runc_testbed, spawn_container as spawn, status, Cleanup, GIB, VRAMGATE};
 use vramgate::testbed::Testbed;
 
-const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
-const CLI: &str = env!("CARGO_BIN_EXE_vramgate");
-const GIB: u64 = 1 << 30;
-
-fn testbed(name: &str) -> (tempfile::TempDir, Testbed) {
-    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
-    let config = Testbed::default_config(dir.path(), "");
-    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
-    (dir, bed)
-}
-
-fn status(bed: &Testbed) -> Value {
-    let out = Command::new(CLI)
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &bed.config_path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
+/// (container id, bytes, alive) of each reservation on GPU 0.
 fn reservations(bed: &Testbed) -> Vec<(String, u64, bool)> {
-    status(bed)["gpus"][0]["reservations"]
+    status(&bed.config_path)["gpus"][0]["reservations"]
         .as_array()
         .unwrap()
         .iter()
@@ -50,43 +28,20 @@ fn reservations(bed: &Testbed) -> Vec<(String, u64, bool)> {
 
 /// Waits (bounded) until `check` holds.
 fn eventually(what: &str, check: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::eventually(what, Duration::from_secs(20), check);
 }
 
 fn request(memory: &str) -> Vec<(&str, &str)> {
     vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")]
 }
 
-fn spawn(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
-    let bundle = bed.bundle(id, args, annotations, &[], true).unwrap();
-    bed.runc_run(&bundle, id)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 fn run(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Output {
     spawn(bed, id, args, annotations).wait_with_output().unwrap()
 }
 
-struct Cleanup<'a>(&'a Testbed);
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        self.0.cleanup_containers();
-    }
-}
-
 #[test]
 fn admitted_while_running_and_released_after_exit() {
-    let (_dir, bed) = testbed("vg-admit");
+    let (_dir, bed) = runc_testbed("vg-admit", "");
     let _cleanup = Cleanup(&bed);
     let mut child = spawn(&bed, "fits", &["sleep", "30"], &request("10Gi"));
     eventually("the reservation shows in status", || {
@@ -94,7 +49,9 @@ fn admitted_while_running_and_released_after_exit() {
     });
     let held = reservations(&bed);
     assert_eq!(held, vec![("fits".to_string(), 10 * GIB, true)]);
-    let pid = status(&bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap();
+    let pid = status(&bed.config_path)["gpus"][0]["reservations"][0]["pid"]
+        .as_u64()
+        .unwrap();
     assert!(pid > 1);
 
     assert!(bed.runc(&["kill", "fits", "KILL"]).status().unwrap().success());
@@ -109,7 +66,7 @@ fn admitted_while_running_and_released_after_exit() {
 
 #[test]
 fn refused_when_it_does_not_fit_and_never_runs() {
-    let (_dir, bed) = testbed("vg-refuse");
+    let (_dir, bed) = runc_testbed("vg-refuse", "");
     let _cleanup = Cleanup(&bed);
     let mut holder = spawn(&bed, "holder", &["sleep", "30"], &request("20Gi"));
     eventually("holder admitted", || reservations(&bed).len() == 1);
@@ -152,7 +109,7 @@ fn refused_when_it_does_not_fit_and_never_runs() {
 
 #[test]
 fn killed_runc_is_reclaimed_by_the_next_transaction() {
-    let (_dir, bed) = testbed("vg-reclaim");
+    let (_dir, bed) = runc_testbed("vg-reclaim", "");
     let _cleanup = Cleanup(&bed);
     let runc = spawn(&bed, "orphan", &["sleep", "300"], &request("8Gi"));
     eventually("orphan admitted", || reservations(&bed).len() == 1);
@@ -184,7 +141,9 @@ fn killed_runc_is_reclaimed_by_the_next_transaction() {
 /// Kills `runc run` (so no poststop hook runs), then the container's init process (the only
 /// reservation's recorded pid), and waits until it is gone.
 fn kill_runc_then_init(bed: &Testbed, mut runc: Child) {
-    let pid = status(bed)["gpus"][0]["reservations"][0]["pid"].as_u64().unwrap() as i32;
+    let pid = status(&bed.config_path)["gpus"][0]["reservations"][0]["pid"]
+        .as_u64()
+        .unwrap() as i32;
     runc.kill().unwrap();
     runc.wait().unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -201,13 +160,13 @@ fn is_zombie(pid: i32) -> bool {
 
 #[test]
 fn gc_reclaims_without_a_container_start() {
-    let (_dir, bed) = testbed("vg-gc");
+    let (_dir, bed) = runc_testbed("vg-gc", "");
     let _cleanup = Cleanup(&bed);
     let runc = spawn(&bed, "lost", &["sleep", "300"], &request("1Gi"));
     eventually("admitted", || reservations(&bed).len() == 1);
     kill_runc_then_init(&bed, runc);
 
-    let out = Command::new(CLI)
+    let out = Command::new(VRAMGATE)
         .arg("gc")
         .env("VRAMGATE_CONFIG", &bed.config_path)
         .output()
@@ -218,7 +177,7 @@ fn gc_reclaims_without_a_container_start() {
         "{stdout}"
     );
     assert!(reservations(&bed).is_empty());
-    let out = Command::new(CLI)
+    let out = Command::new(VRAMGATE)
         .arg("gc")
         .env("VRAMGATE_CONFIG", &bed.config_path)
         .output()
@@ -228,7 +187,7 @@ fn gc_reclaims_without_a_container_start() {
 
 #[test]
 fn no_request_touches_nothing() {
-    let (_dir, bed) = testbed("vg-none");
+    let (_dir, bed) = runc_testbed("vg-none", "");
     let _cleanup = Cleanup(&bed);
     let out = run(&bed, "plain", &["echo", "CONTAINER-RAN"], &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -241,7 +200,7 @@ fn no_request_touches_nothing() {
 
 #[test]
 fn env_request_and_release_by_hand() {
-    let (_dir, bed) = testbed("vg-env");
+    let (_dir, bed) = runc_testbed("vg-env", "");
     let _cleanup = Cleanup(&bed);
     let bundle = bed
         .bundle(
@@ -262,7 +221,7 @@ fn env_request_and_release_by_hand() {
     assert_eq!(reservations(&bed)[0].1, 1_610_612_736);
 
     let release = |id: &str| {
-        Command::new(CLI)
+        Command::new(VRAMGATE)
             .args(["release", id])
             .env("VRAMGATE_CONFIG", &bed.config_path)
             .output()

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
+use vramgate::testbed::Testbed;
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
 const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
@@ -36,12 +37,7 @@ impl Bench {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let config = dir.path().join("config.toml");
-        let state = dir.path().join("state");
-        std::fs::write(
-            &config,
-            format!("state_dir = {:?}\n{config_toml}\n", state.display().to_string()),
-        )
-        .unwrap();
+        std::fs::write(&config, Testbed::default_config(dir.path(), config_toml)).unwrap();
         let record = dir.path().join("argv");
         Bench {
             dir,

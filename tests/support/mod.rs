@@ -1,20 +1,24 @@
-//! What the engine tests (docker, podman, containerd) share: a testbed with a simulated GPU,
-//! reading `vramgate status --json`, waiting with a bound, and stopping daemons the tests
-//! started.
+//! What the integration tests share beyond the library's scratch hosts
+//! (`vramgate::testbed`, which the benches use too): the built binaries, reading
+//! `vramgate status --json`, waiting with a bound, starting and stopping the daemons the
+//! engine tests drive, and a seeded random generator for the reliability tests.
+
+// Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vramgate::testbed::Testbed;
+use vramgate::testbed::{HookHarness, Testbed};
 
 pub const VRAMGATE: &str = env!("CARGO_BIN_EXE_vramgate");
 pub const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
 pub const RUNTIME: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
 /// The simulated GPU of the default static inventory: 24,265 MiB.
 pub const GPU_MIB: u64 = 24_265;
+pub const GIB: u64 = 1 << 30;
 
 /// The engines and runc live in sbin on Debian; cargo's PATH may not have it.
 pub fn path_with_sbin() -> String {
@@ -38,6 +42,39 @@ pub fn testbed(dir: &Path) -> Testbed {
     Testbed::create(dir, "runc", Path::new(HOOK), &config).expect("testbed")
 }
 
+/// A testbed in a new temporary directory named after the test, with `config_extra` in its
+/// config; the directory goes when the returned guard drops.
+pub fn runc_testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Testbed) {
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(dir.path(), config_extra);
+    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
+    (dir, bed)
+}
+
+/// Removes every container a test left in its testbed, however the test ends.
+pub struct Cleanup<'a>(pub &'a Testbed);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.0.cleanup_containers();
+    }
+}
+
+/// `runc run` of a new bundle (with the vramgate hooks) in the background, its output piped.
+pub fn spawn_container(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
+    let bundle = bed.bundle(id, args, annotations, &[], true).unwrap();
+    bed.runc_run(&bundle, id)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A scratch host for running the built `vramgate-hook` directly (see `HookHarness`).
+pub fn harness(config_extra: &str) -> HookHarness {
+    HookHarness::new(HOOK, config_extra)
+}
+
 /// The busybox rootfs as a tar, for `docker import` / `podman import`.
 pub fn rootfs_tar(tb: &Testbed) -> PathBuf {
     let tar = tb.dir.join("rootfs.tar");
@@ -53,11 +90,11 @@ pub fn rootfs_tar(tb: &Testbed) -> PathBuf {
     tar
 }
 
-/// The reservations `vramgate status --json` lists: (container id, bytes).
-pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
+/// What `vramgate status --json` reports for the host whose config is `config`.
+pub fn status(config: &Path) -> Value {
     let out = Command::new(VRAMGATE)
         .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &tb.config_path)
+        .env("VRAMGATE_CONFIG", config)
         .output()
         .unwrap();
     assert!(
@@ -65,8 +102,12 @@ pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
         "vramgate status: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    report["gpus"]
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The reservations `vramgate status --json` lists: (container id, bytes).
+pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
+    status(&tb.config_path)["gpus"]
         .as_array()
         .unwrap()
         .iter()
@@ -81,17 +122,32 @@ pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
 }
 
 /// Polls `check` every 100 ms for at most `limit`; panics with `what` and the last state.
-pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, mut check: impl FnMut() -> (bool, T)) -> T {
+pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, check: impl FnMut() -> (bool, T)) -> T {
+    poll(what, limit, Duration::from_millis(100), check).0
+}
+
+/// Polls `check` every 25 ms for at most `limit`; returns how long it took to hold, which the
+/// queue tests measure (hence the shorter period).
+pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
+    poll(what, limit, Duration::from_millis(25), || (check(), ())).1
+}
+
+fn poll<T: std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    period: Duration,
+    mut check: impl FnMut() -> (bool, T),
+) -> (T, Duration) {
     let start = Instant::now();
     loop {
         let (done, state) = check();
         if done {
-            return state;
+            return (state, start.elapsed());
         }
         if start.elapsed() > limit {
             panic!("timed out after {limit:?} waiting until {what}; last: {state:?}");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(period);
     }
 }
 
@@ -206,54 +262,10 @@ impl Drop for HostDirs {
     }
 }
 
-/// A scratch host for driving `vramgate-hook` directly with a crafted OCI state on stdin: a
-/// config with a private state dir (plus `config_extra`), and a bundle whose `config.json`
-/// requests `request` on GPU 0 of the simulated card.
-pub struct HookHost {
-    _dir: tempfile::TempDir,
-    pub config: PathBuf,
-    pub state_dir: PathBuf,
-    pub bundle: PathBuf,
-}
-
-impl HookHost {
-    pub fn new(request: &str, config_extra: &str) -> HookHost {
-        let dir = tempfile::tempdir().unwrap();
-        let state_dir = dir.path().join("state");
-        let config = dir.path().join("config.toml");
-        std::fs::write(
-            &config,
-            format!("state_dir = {:?}\n{config_extra}", state_dir.display().to_string()),
-        )
-        .unwrap();
-        let bundle = dir.path().join("bundle");
-        std::fs::create_dir(&bundle).unwrap();
-        std::fs::write(
-            bundle.join("config.json"),
-            format!(r#"{{"annotations":{{"vramgate.dev/memory":"{request}","vramgate.dev/gpus":"0"}}}}"#),
-        )
-        .unwrap();
-        HookHost {
-            _dir: dir,
-            config,
-            state_dir,
-            bundle,
-        }
-    }
-
-    /// The OCI state a runtime would write for container `id` whose init is `pid`.
-    pub fn state_json(&self, id: &str, pid: u32) -> String {
-        format!(
-            r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
-            self.bundle.display()
-        )
-    }
-}
-
 /// A private containerd (its own root, state, socket and opt dir under `dir`, no CRI plugin,
 /// which would set up CNI) whose shims, and so the wrapper and the hooks, see
 /// `VRAMGATE_CONFIG` = `config`. Returns the process, its socket and its state dir.
-pub fn start_containerd(dir: &Path, config: &Path) -> (std::process::Child, PathBuf, PathBuf) {
+pub fn start_containerd(dir: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let ctd_config = dir.join("containerd.toml");
     std::fs::write(
@@ -277,9 +289,51 @@ pub fn start_containerd(dir: &Path, config: &Path) -> (std::process::Child, Path
         .arg(&socket)
         .env("VRAMGATE_CONFIG", config)
         .env("PATH", path_with_sbin())
-        .stdout(std::process::Stdio::null())
+        .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
         .spawn()
         .expect("starting containerd");
     (child, socket, state)
+}
+
+/// A small deterministic generator (xorshift64*): reproducible runs from a printed seed,
+/// without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+    /// A seed from `VRAMGATE_TEST_SEED` if set (to replay a failure), else the clock.
+    pub fn seed_from_env() -> u64 {
+        std::env::var("VRAMGATE_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            })
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).trim().to_string()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
