@@ -36,7 +36,8 @@ const POSTSTOP_JSON: &str = include_str!("../hooks/vramgate-poststop.json");
 pub const PRESTART_FILE: &str = "vramgate-prestart.json";
 pub const POSTSTOP_FILE: &str = "vramgate-poststop.json";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Engine {
     Docker,
     Containerd,
