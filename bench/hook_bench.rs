@@ -130,6 +130,7 @@ fn latency(args: &[String]) {
             init: ids[n % ids.len()],
             created_unix_ms: vramgate::ledger::now_unix_ms(),
             waited_ms: 0,
+            bundle: None,
         });
     }
     tx.commit().unwrap();

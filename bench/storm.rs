@@ -164,6 +164,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 init: identity,
                 created_unix_ms: vramgate::ledger::now_unix_ms(),
                 waited_ms: 0,
+                bundle: None,
             });
         }
         tx.commit().unwrap();

@@ -252,6 +252,7 @@ mod tests {
             init: ProcessIdentity { pid: 1, start_time: 1 },
             created_unix_ms: 0,
             waited_ms: 0,
+            bundle: None,
         });
     }
 
@@ -265,6 +266,7 @@ mod tests {
             waiter: ProcessIdentity { pid: 1, start_time: 1 },
             enqueued_unix_ms: at_ms,
             deadline_unix_ms: u64::MAX,
+            bundle: None,
         });
         ticket
     }

@@ -69,6 +69,7 @@ mod tests {
                 init: ProcessIdentity { pid, start_time: 1 },
                 created_unix_ms: 0,
                 waited_ms: 0,
+                bundle: None,
             });
         }
         let me = std::process::id();

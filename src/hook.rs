@@ -134,15 +134,9 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
 }
 
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
-/// container vramgate never saw is no error.
+/// container vramgate never saw is no error. Decided from the ledger, not from the bundle's
+/// spec: a spec rewritten after create must not leave a reservation behind.
 fn release(state: &ContainerState) -> Result<Outcome, HookError> {
-    // The no-request path takes no lock: a spec without a request never had a reservation.
-    // If the bundle is already gone we cannot tell, so we look in the ledger.
-    if let Ok(spec) = SpecView::read_bundle(&state.bundle) {
-        if !request::has_request(&spec) {
-            return Ok(Outcome::NoRequest);
-        }
-    }
     let config = Config::load()?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         return Ok(Outcome::Released { found: false });
@@ -150,7 +144,7 @@ fn release(state: &ContainerState) -> Result<Outcome, HookError> {
     // Releasing needs no GPU numbers: the inventory is never opened here.
     let inventory = inventory::NotNeeded;
     let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, &config);
-    let released = service.release(&state.id, "poststop")?;
+    let released = service.release(&state.id, Some(&state.bundle), "poststop")?;
     Ok(Outcome::Released {
         found: released.reservation.is_some(),
     })
@@ -175,6 +169,9 @@ fn admit(
         container: container.to_string(),
         pid: std::process::id(),
     })?;
+    // The runtime runs hooks as its children: `runc create` is our parent. If the engine
+    // cancels the start and kills it, a waiting hook gives its place up.
+    let runtime = ProcessIdentity::of(nix::unistd::getppid().as_raw() as u32).filter(|p| p.pid > 1);
     // The runtime kills a hook at its timeout; answering before that, with vramgate's own
     // message, is what the margin is for. Every wait (queue and lock) counts against it.
     let budget = options.hook_timeout.map(|t| t.saturating_sub(HOOK_TIMEOUT_MARGIN));
@@ -192,9 +189,11 @@ fn admit(
         container,
         init,
         request,
+        bundle: Some(&state.bundle),
         policy: request.policy.unwrap_or(config.policy),
         wait_for,
         waiter,
+        runtime,
         budget,
     })?;
     match admission {

@@ -49,6 +49,7 @@ mod tests {
                 waiter: ProcessIdentity { pid: 1, start_time: 1 },
                 enqueued_unix_ms: 0,
                 deadline_unix_ms: 0,
+                bundle: None,
             });
         }
         ledger

@@ -37,6 +37,7 @@ fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
         init,
         created_unix_ms: 0,
         waited_ms: 0,
+        bundle: None,
     }
 }
 

@@ -240,3 +240,65 @@ fn env_request_and_release_by_hand() {
         "poststop after a manual release is harmless"
     );
 }
+
+#[test]
+fn a_refused_namesake_in_another_runc_root_leaves_the_live_reservation() {
+    // Two runc roots (two containerd namespaces, say) may each hold a container "twin". The
+    // second is refused; runc then runs its poststop hook, which must not release the first.
+    let (dir, bed) = runc_testbed("vg-twin", "");
+    let _cleanup = Cleanup(&bed);
+    let mut holder = spawn(&bed, "twin", &["sleep", "30"], &request("20Gi"));
+    eventually("holder admitted", || reservations(&bed).len() == 1);
+
+    let other_root = dir.path().join("other-runc-root");
+    std::fs::create_dir_all(&other_root).unwrap();
+    let bundle = bed
+        .bundle("twin-elsewhere", &["true"], &request("10Gi"), &[], true)
+        .unwrap();
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(&other_root)
+        .args(["run", "--bundle"])
+        .arg(&bundle)
+        .arg("twin")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("vramgate: refused container twin"), "{stderr}");
+    assert_eq!(
+        reservations(&bed),
+        vec![("twin".to_string(), 20 * GIB, true)],
+        "the live container keeps its reservation"
+    );
+
+    assert!(bed.runc(&["kill", "twin", "KILL"]).status().unwrap().success());
+    holder.wait().unwrap();
+    assert!(reservations(&bed).is_empty(), "its own stop releases it");
+}
+
+#[test]
+fn a_spec_rewritten_after_create_is_still_released_at_stop() {
+    // The OCI spec may be rewritten after create; release is decided from the ledger, so a
+    // request that is no longer in config.json at poststop is released all the same.
+    let (_dir, bed) = runc_testbed("vg-rewritten", "");
+    let _cleanup = Cleanup(&bed);
+    let mut child = spawn(&bed, "rewritten", &["sleep", "30"], &request("10Gi"));
+    eventually("admitted", || reservations(&bed).len() == 1);
+    let config = bed.dir.join("bundles/rewritten/config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    spec["annotations"] = serde_json::json!({});
+    std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
+
+    assert!(bed.runc(&["kill", "rewritten", "KILL"]).status().unwrap().success());
+    child.wait().unwrap();
+    assert!(reservations(&bed).is_empty(), "poststop released it from the ledger");
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("\"release\"") && l.contains("\"rewritten\"")),
+        "a release, not a reclaim: {events}"
+    );
+}

@@ -129,7 +129,7 @@ fn release(container_id: &str) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     };
     let released = ledger_service(&config, dir)
-        .release(container_id, "vramgate release")
+        .release(container_id, None, "vramgate release")
         .context("releasing")?;
     for t in &released.cancelled {
         println!(

@@ -1,6 +1,6 @@
 //! What the ledger holds, and the invariants a file must meet before anything trusts it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,23 @@ pub struct Reservation {
     /// How long the container waited in the queue before it was admitted.
     #[serde(default)]
     pub waited_ms: u64,
+    /// The container's bundle, with the id what names this container among others of the same
+    /// id (another containerd namespace, another runc root): a stop releases only what this
+    /// container reserved. Absent in ledgers written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<PathBuf>,
+}
+
+impl Reservation {
+    /// Whether a stop of the container `container_id` with `bundle` releases this reservation.
+    /// Without a bundle on either side (an old ledger, `vramgate release <id>`), the id decides.
+    pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
+        self.container_id == container_id
+            && match (&self.bundle, bundle) {
+                (Some(mine), Some(theirs)) => mine == theirs,
+                _ => true,
+            }
+    }
 }
 
 /// A container waiting for room, held by its hook process.
@@ -44,9 +61,21 @@ pub struct Ticket {
     pub waiter: ProcessIdentity,
     pub enqueued_unix_ms: u64,
     pub deadline_unix_ms: u64,
+    /// The waiting container's bundle (see [`Reservation::bundle`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<PathBuf>,
 }
 
 impl Ticket {
+    /// Whether a stop of the container `container_id` with `bundle` ends this wait.
+    pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
+        self.container_id == container_id
+            && match (&self.bundle, bundle) {
+                (Some(mine), Some(theirs)) => mine == theirs,
+                _ => true,
+            }
+    }
+
     /// Whether this ticket waits for any of `gpus`.
     pub fn shares_gpu_with(&self, gpus: &[GpuShare]) -> bool {
         self.gpus.iter().any(|g| gpus.iter().any(|s| s.uuid == g.uuid))
@@ -87,6 +116,15 @@ impl Ledger {
         Some(self.reservations.remove(at))
     }
 
+    /// Removes the reservation that a stop of this container (id and bundle) releases.
+    pub fn remove_reservation_of(&mut self, container_id: &str, bundle: Option<&Path>) -> Option<Reservation> {
+        let at = self
+            .reservations
+            .iter()
+            .position(|r| r.belongs_to(container_id, bundle))?;
+        Some(self.reservations.remove(at))
+    }
+
     pub fn ticket(&self, ticket: u64) -> Option<&Ticket> {
         self.queue.iter().find(|t| t.ticket == ticket)
     }
@@ -96,11 +134,11 @@ impl Ledger {
         Some(self.queue.remove(at))
     }
 
-    /// Removes every ticket of a container and returns them.
-    pub fn remove_tickets_of(&mut self, container_id: &str) -> Vec<Ticket> {
+    /// Removes every ticket of a container (id, and bundle when given) and returns them.
+    pub fn remove_tickets_of(&mut self, container_id: &str, bundle: Option<&Path>) -> Vec<Ticket> {
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
             .into_iter()
-            .partition(|t| t.container_id == container_id);
+            .partition(|t| t.belongs_to(container_id, bundle));
         self.queue = kept;
         gone
     }
@@ -210,6 +248,7 @@ mod tests {
             init: ProcessIdentity { pid: 1, start_time: 7 },
             created_unix_ms: 1,
             waited_ms: 0,
+            bundle: None,
         };
         let ledger = Ledger {
             reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
@@ -228,11 +267,36 @@ mod tests {
             waiter: ProcessIdentity { pid: 1, start_time: 1 },
             enqueued_unix_ms: 0,
             deadline_unix_ms: 0,
+            bundle: None,
         };
         assert_eq!(ledger.enqueue(ticket.clone()), 1);
         assert_eq!(ledger.enqueue(ticket), 2);
         assert_eq!(ledger.next_ticket, 3);
-        assert_eq!(ledger.remove_tickets_of("c").len(), 2);
+        assert_eq!(ledger.remove_tickets_of("c", None).len(), 2);
+    }
+
+    #[test]
+    fn a_stop_releases_only_the_reservation_of_its_own_bundle() {
+        let reservation = |bundle: Option<&str>| Reservation {
+            container_id: "c".into(),
+            gpus: vec![],
+            init: ProcessIdentity { pid: 1, start_time: 1 },
+            created_unix_ms: 0,
+            waited_ms: 0,
+            bundle: bundle.map(PathBuf::from),
+        };
+        let live = reservation(Some("/run/containerd/ns-a/c"));
+        assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));
+        assert!(
+            !live.belongs_to("c", Some(Path::new("/run/containerd/ns-b/c"))),
+            "a namesake elsewhere"
+        );
+        assert!(live.belongs_to("c", None), "vramgate release <id>");
+        assert!(!live.belongs_to("d", None));
+        assert!(
+            reservation(None).belongs_to("c", Some(Path::new("/any"))),
+            "an old ledger"
+        );
     }
 
     #[test]

@@ -151,6 +151,7 @@ mod tests {
             init: id(pid),
             created_unix_ms: 1,
             waited_ms: 0,
+            bundle: None,
         }
     }
 

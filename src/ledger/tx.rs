@@ -146,6 +146,7 @@ mod tests {
             init: ProcessIdentity { pid: 1, start_time: 7 },
             created_unix_ms: 1,
             waited_ms: 0,
+            bundle: None,
         }
     }
 

@@ -14,9 +14,14 @@
 mod outcome;
 mod wait;
 
+use std::path::Path;
 use std::time::Duration;
 
-pub use outcome::{Admission, Refusal, Shortage};
+pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
+
+/// How often a waiter checks that its container can still start, whatever the poll interval:
+/// an engine that gave up on a start must not find its memory taken by it later.
+pub const CONTAINER_CHECK: Duration = Duration::from_secs(1);
 
 use crate::admission::{self, Decision, Rules};
 use crate::attribution;
@@ -57,11 +62,16 @@ pub struct AdmitRequest<'r> {
     /// The container's init process: the reservation lives as long as it does.
     pub init: ProcessIdentity,
     pub request: &'r Request,
+    /// The container's bundle: with the id, what a stop must match to release it.
+    pub bundle: Option<&'r Path>,
     pub policy: Policy,
     /// How long it may wait in the queue under policy `wait`.
     pub wait_for: Duration,
     /// The process that holds the ticket while it waits (the hook itself).
     pub waiter: ProcessIdentity,
+    /// The runtime process that runs the hook (`runc create`), when known: if it is gone, the
+    /// container can no longer start and a wait for it is given up.
+    pub runtime: Option<ProcessIdentity>,
     /// How long the caller has in all (the runtime's hook timeout less a margin); every wait
     /// for the ledger lock counts against it. `None`: only the ledger's own lock timeout.
     pub budget: Option<Duration>,
@@ -202,6 +212,21 @@ impl<'a> Service<'a> {
             }
         }
 
+        // A waiter whose container can no longer start (the engine gave up on the start and
+        // killed or deleted it) leaves the queue and is never admitted afterwards.
+        if progress.ticket.is_some() {
+            if let Some(gone) = self.gone_process(req) {
+                drop_ticket(ledger, progress);
+                let refusal = Refusal::ContainerGone {
+                    container: id.to_string(),
+                    waited,
+                    process: gone,
+                };
+                log.push(self.event(Kind::Cancel, id, &[], refusal.to_string()));
+                return Ok(Step::Done(Admission::Refused(refusal)));
+            }
+        }
+
         // A reservation under this id from a container that is gone (outside the routine
         // reclaim's window in a large ledger) is reclaimed now, not mistaken for a live one.
         if let Some(existing) = ledger.reservation(id) {
@@ -266,6 +291,7 @@ impl<'a> Service<'a> {
                     init: req.init,
                     created_unix_ms: now,
                     waited_ms: if queued { waited.as_millis() as u64 } else { 0 },
+                    bundle: req.bundle.map(Path::to_path_buf),
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
@@ -324,6 +350,7 @@ impl<'a> Service<'a> {
                 waiter: req.waiter,
                 enqueued_unix_ms: now,
                 deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(waited).as_millis() as u64),
+                bundle: req.bundle.map(Path::to_path_buf),
             });
             progress.ticket = Some(ticket);
             log.push(self.event(
@@ -336,9 +363,20 @@ impl<'a> Service<'a> {
         Ok(Step::Wait)
     }
 
-    /// Sleeps until an attempt could succeed: the deadline came, or this waiter may be served
-    /// (it heads its GPUs' queues, or someone ahead is gone) and either the ledger changed or
-    /// the poll interval passed (memory freed outside vramgate shows only in the inventory).
+    /// Which process a waiting container needs is gone: its init (the engine killed or deleted
+    /// the container) or the runtime process running the hook (the engine cancelled the start).
+    fn gone_process(&self, req: &AdmitRequest) -> Option<GoneProcess> {
+        if self.liveness.life(&req.init) == procfs::Life::Gone {
+            return Some(GoneProcess::Init(req.init.pid));
+        }
+        let runtime = req.runtime?;
+        (self.liveness.life(&runtime) == procfs::Life::Gone).then_some(GoneProcess::Runtime(runtime.pid))
+    }
+
+    /// Sleeps until an attempt could succeed: the deadline came, the container can no longer
+    /// start (checked at least every [`CONTAINER_CHECK`]), or this waiter may be served (it
+    /// heads its GPUs' queues, or someone ahead is gone) and either the ledger changed or the
+    /// poll interval passed (memory freed outside vramgate shows only in the inventory).
     /// Waiters further back only read the ledger, without the lock, so a long queue costs one
     /// locked transaction (and one inventory query) per change, not one per waiter.
     fn sleep_until_worth_trying(&self, req: &AdmitRequest, progress: &Progress, watcher: &mut wait::LedgerWatcher) {
@@ -350,7 +388,11 @@ impl<'a> Service<'a> {
                 return;
             }
             // Saturating: the poll time may already be past (a slow wake-up on a loaded host).
-            let changed = watcher.wait(next_poll.min(deadline).saturating_sub(now));
+            let wake = next_poll.min(deadline).min(now + CONTAINER_CHECK);
+            let changed = watcher.wait(wake.saturating_sub(now));
+            if self.gone_process(req).is_some() {
+                return;
+            }
             let polled = self.clock.monotonic() >= next_poll;
             if polled {
                 next_poll = self.clock.monotonic() + self.poll_interval;
@@ -380,13 +422,41 @@ impl<'a> Service<'a> {
     }
 
     /// Removes a container's reservation and ends its waits, in one transaction that also
-    /// reclaims what is gone. `why` goes into the event log ("poststop", "vramgate release").
-    pub fn release(&self, container: &str, why: &str) -> Result<Released> {
-        let (mut tx, reclaimed, _) = self.dir.begin_reclaiming(self.liveness, LOCK_TIMEOUT)?;
-        let released = Released {
-            reservation: tx.ledger.remove_reservation(container),
-            cancelled: tx.ledger.remove_tickets_of(container),
+    /// reclaims what is gone. With a `bundle` (a stop seen by the hook), only entries of that
+    /// container match, never a namesake's; without (`vramgate release <id>`), the id decides.
+    /// What is released is decided from the ledger alone: a container's spec may have changed
+    /// since it was admitted. A container the ledger does not hold costs one unlocked read.
+    /// `why` goes into the event log ("poststop", "vramgate release").
+    pub fn release(&self, container: &str, bundle: Option<&Path>, why: &str) -> Result<Released> {
+        let held = |ledger: &Ledger| {
+            ledger.reservations.iter().any(|r| r.belongs_to(container, bundle))
+                || ledger.queue.iter().any(|t| t.belongs_to(container, bundle))
         };
+        if !held(&self.dir.read()?) {
+            return Ok(Released::default());
+        }
+        let (mut tx, mut reclaimed, _) = self.dir.begin_reclaiming(self.liveness, LOCK_TIMEOUT)?;
+        let mut released = Released {
+            reservation: tx.ledger.remove_reservation_of(container, bundle),
+            cancelled: tx.ledger.remove_tickets_of(container, bundle),
+        };
+        // At poststop the container's init is already gone, so the routine reclaim that opens
+        // the transaction may have taken its reservation first: it is this stop's release, and
+        // logged as one (a reclaim means a stop that was never seen).
+        if released.reservation.is_none() {
+            if let Some(at) = reclaimed
+                .reservations
+                .iter()
+                .position(|r| r.belongs_to(container, bundle))
+            {
+                released.reservation = Some(reclaimed.reservations.remove(at));
+            }
+        }
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut reclaimed.tickets)
+            .into_iter()
+            .partition(|t| t.belongs_to(container, bundle));
+        reclaimed.tickets = others;
+        released.cancelled.extend(mine);
         tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);

@@ -47,6 +47,25 @@ impl fmt::Display for Shortage {
     }
 }
 
+/// The process whose end shows that a waiting container will never start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoneProcess {
+    Init(u32),
+    Runtime(u32),
+}
+
+impl fmt::Display for GoneProcess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GoneProcess::Init(pid) => write!(f, "its init process {pid} is gone: the engine killed or deleted it"),
+            GoneProcess::Runtime(pid) => write!(
+                f,
+                "the runtime process {pid} that was starting it is gone: the engine cancelled the start"
+            ),
+        }
+    }
+}
+
 /// A decided refusal. The container does not start and nothing stays reserved for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -67,6 +86,12 @@ pub enum Refusal {
     },
     /// Its wait was ended by `vramgate release` (or its ticket otherwise removed).
     Cancelled { container: String, waited: Duration },
+    /// The container can no longer start while it waited: the engine cancelled or deleted it.
+    ContainerGone {
+        container: String,
+        waited: Duration,
+        process: GoneProcess,
+    },
     /// Another live container already holds a reservation under the same id.
     SameIdLive { container: String, holder_pid: u32 },
 }
@@ -78,6 +103,7 @@ impl Refusal {
             | Refusal::NoRoom { container, .. }
             | Refusal::TimedOut { container, .. }
             | Refusal::Cancelled { container, .. }
+            | Refusal::ContainerGone { container, .. }
             | Refusal::SameIdLive { container, .. } => container,
         }
     }
@@ -114,6 +140,15 @@ impl fmt::Display for Refusal {
             Refusal::Cancelled { container, waited } => write!(
                 f,
                 "vramgate: refused container {container}: its wait was cancelled after {} (vramgate release {container}); nothing was reserved for it",
+                format_duration(*waited),
+            ),
+            Refusal::ContainerGone {
+                container,
+                waited,
+                process,
+            } => write!(
+                f,
+                "vramgate: refused container {container}: it can no longer start ({process}) after waiting {}; its place in the queue was given up and nothing was reserved",
                 format_duration(*waited),
             ),
             Refusal::SameIdLive { container, holder_pid } => write!(

@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
+use std::path::Path;
 
 use super::*;
 use crate::inventory::GpuMemory;
@@ -155,9 +156,11 @@ fn admit_req<'r>(id: &'r str, n: u32, request: &'r Request, policy: Policy) -> A
         container: id,
         init: pid(n),
         request,
+        bundle: None,
         policy,
         wait_for: Duration::from_secs(60),
         waiter: pid(10_000 + n),
+        runtime: Some(pid(20_000 + n)),
         budget: None,
     }
 }
@@ -412,7 +415,7 @@ fn a_cancelled_waiter_is_refused_and_never_admitted() {
     let mut progress = Progress::default();
     let _ = step(&service, &mut ledger, &req, &mut progress);
     // `vramgate release waiter` removes the ticket; then the memory frees up.
-    ledger.remove_tickets_of("waiter");
+    ledger.remove_tickets_of("waiter", None);
     ledger.remove_reservation("holder");
     let (s, _) = step(&service, &mut ledger, &req, &mut progress);
     assert!(matches!(refusal(s), Refusal::Cancelled { .. }));
@@ -547,10 +550,10 @@ fn admit_release_and_gc_through_the_ledger_file() {
     );
     service.admit(&admit_req("b", 2, &r, Policy::Reject)).unwrap();
     assert_eq!(w.state.read().unwrap().reservations.len(), 2);
-    let released = service.release("a", "test").unwrap();
+    let released = service.release("a", None, "test").unwrap();
     assert_eq!(released.reservation.unwrap().container_id, "a");
     assert!(
-        service.release("a", "test").unwrap().reservation.is_none(),
+        service.release("a", None, "test").unwrap().reservation.is_none(),
         "idempotent"
     );
     w.liveness.unknown.borrow_mut().insert(3);
@@ -584,9 +587,9 @@ fn a_release_ends_a_wait_and_the_waiter_is_refused() {
         ..Progress::default()
     };
     assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
-    let released = service.release("waiter", "vramgate release").unwrap();
+    let released = service.release("waiter", None, "vramgate release").unwrap();
     assert!(released.reservation.is_none() && released.cancelled.len() == 1);
-    service.release("holder", "test").unwrap();
+    service.release("holder", None, "test").unwrap();
     assert!(service.may_be_served(&progress), "a cancelled waiter wakes up");
     let step = service.attempt(&req, &mut progress);
     assert!(matches!(refusal(step), Refusal::Cancelled { .. }));
@@ -646,4 +649,91 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
     let started = std::time::Instant::now();
     service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
+    for (gone, expected) in [(2, "its init process 2 is gone"), (20_002, "the runtime process 20002")] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.poll_interval = Duration::from_secs(10);
+        let service = w.service();
+        let mut ledger = Ledger::default();
+        let big = request(8 * GI, "0");
+        let _ = step(
+            &service,
+            &mut ledger,
+            &admit_req("holder", 1, &big, Policy::Wait),
+            &mut Progress::default(),
+        );
+        let req = admit_req("waiter", 2, &big, Policy::Wait);
+        let mut progress = Progress::default();
+        assert!(matches!(
+            step(&service, &mut ledger, &req, &mut progress).0,
+            Ok(Step::Wait)
+        ));
+        w.liveness.gone.borrow_mut().insert(gone);
+        // The sleeping waiter notices within a second, whatever the poll interval.
+        let mut watcher = wait::LedgerWatcher::new(w.state.path());
+        let started = std::time::Instant::now();
+        service.sleep_until_worth_trying(&req, &progress, &mut watcher);
+        assert!(started.elapsed() < CONTAINER_CHECK + Duration::from_millis(500));
+        ledger.remove_reservation("holder");
+        let (s, log) = step(&service, &mut ledger, &req, &mut progress);
+        let line = refusal(s).to_string();
+        assert!(
+            line.contains(expected) && line.contains("nothing was reserved"),
+            "{line}"
+        );
+        assert!(
+            ledger.queue.is_empty() && ledger.reservations.is_empty(),
+            "never admitted"
+        );
+        assert_eq!(log[0].event, Kind::Cancel);
+    }
+}
+
+#[test]
+fn a_stop_releases_its_own_reservation_never_a_namesakes() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "0");
+    let mine = Path::new("/run/containerd/io.containerd.runtime.v2.task/ns-a/c");
+    let theirs = Path::new("/run/containerd/io.containerd.runtime.v2.task/ns-b/c");
+    let mut req = admit_req("c", 1, &r, Policy::Reject);
+    req.bundle = Some(mine);
+    service.admit(&req).unwrap();
+    // A refused container of the same id elsewhere runs its poststop: nothing is released.
+    let released = service.release("c", Some(theirs), "poststop").unwrap();
+    assert!(released.reservation.is_none());
+    assert_eq!(w.state.read().unwrap().reservations.len(), 1);
+    let released = service.release("c", Some(mine), "poststop").unwrap();
+    assert_eq!(released.reservation.unwrap().bundle.as_deref(), Some(mine));
+    assert!(w.state.read().unwrap().reservations.is_empty());
+}
+
+#[test]
+fn a_stop_is_logged_as_a_release_even_when_its_init_is_already_gone() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "0");
+    service.admit(&admit_req("stopped", 1, &r, Policy::Reject)).unwrap();
+    service.admit(&admit_req("crashed", 2, &r, Policy::Reject)).unwrap();
+    // Both inits are gone at poststop time; only one stop is seen.
+    w.liveness.gone.borrow_mut().extend([1, 2]);
+    let released = service.release("stopped", None, "poststop").unwrap();
+    assert_eq!(released.reservation.unwrap().container_id, "stopped");
+    let events = std::fs::read_to_string(w.state.path().join(crate::events::EVENTS_FILE)).unwrap();
+    let last_two: Vec<&str> = events.lines().rev().take(2).collect();
+    assert!(
+        last_two
+            .iter()
+            .any(|l| l.contains("\"release\"") && l.contains("\"stopped\"")),
+        "{events}"
+    );
+    assert!(
+        last_two
+            .iter()
+            .any(|l| l.contains("\"reclaim\"") && l.contains("\"crashed\"")),
+        "{events}"
+    );
 }
