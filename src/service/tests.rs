@@ -191,6 +191,23 @@ fn admitted(step: &Result<Step>) -> bool {
     matches!(step, Ok(Step::Done(Admission::Admitted { .. })))
 }
 
+/// A ledger in which "holder" (init pid 1) was admitted with `request`.
+fn held(service: &Service, request: &Request) -> Ledger {
+    let mut ledger = Ledger::default();
+    let holder = admit_req("holder", 1, request, Policy::Wait);
+    assert!(admitted(
+        &step(service, &mut ledger, &holder, &mut Progress::default()).0
+    ));
+    ledger
+}
+
+/// One attempt of `req` that must queue; returns its progress for the next attempt.
+fn queued(service: &Service, ledger: &mut Ledger, req: &AdmitRequest) -> Progress {
+    let mut progress = Progress::default();
+    assert!(matches!(step(service, ledger, req, &mut progress).0, Ok(Step::Wait)));
+    progress
+}
+
 #[test]
 fn the_paper_card_admits_twenty_of_1205_mib_and_refuses_the_rest() {
     let w = World::new(1, CARD);
@@ -235,17 +252,8 @@ fn a_request_larger_than_the_gpu_is_refused_even_under_wait() {
 fn a_waiter_queues_then_is_admitted_when_memory_is_released() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
-    let mut ledger = Ledger::default();
     let big = request(8 * GI, "0");
-    assert!(admitted(
-        &step(
-            &service,
-            &mut ledger,
-            &admit_req("holder", 1, &big, Policy::Wait),
-            &mut Progress::default()
-        )
-        .0
-    ));
+    let mut ledger = held(&service, &big);
     let req = admit_req("waiter", 2, &big, Policy::Wait);
     let mut progress = Progress::default();
     let (first, log) = step(&service, &mut ledger, &req, &mut progress);
@@ -376,21 +384,11 @@ fn backfill_passes_an_older_waiter_only_within_the_bound() {
 fn a_timed_out_waiter_is_refused_with_its_place_and_leaves_no_ticket() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
-    let mut ledger = Ledger::default();
     let big = request(8 * GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("holder", 1, &big, Policy::Wait),
-        &mut Progress::default(),
-    );
+    let mut ledger = held(&service, &big);
     let mut req = admit_req("late", 2, &big, Policy::Wait);
     req.wait_for = Duration::from_secs(5);
-    let mut progress = Progress::default();
-    assert!(matches!(
-        step(&service, &mut ledger, &req, &mut progress).0,
-        Ok(Step::Wait)
-    ));
+    let mut progress = queued(&service, &mut ledger, &req);
     w.clock.advance(Duration::from_secs(5));
     let (s, log) = step(&service, &mut ledger, &req, &mut progress);
     let line = refusal(s).to_string();
@@ -403,14 +401,8 @@ fn a_timed_out_waiter_is_refused_with_its_place_and_leaves_no_ticket() {
 fn a_cancelled_waiter_is_refused_and_never_admitted() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
-    let mut ledger = Ledger::default();
     let big = request(8 * GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("holder", 1, &big, Policy::Wait),
-        &mut Progress::default(),
-    );
+    let mut ledger = held(&service, &big);
     let req = admit_req("waiter", 2, &big, Policy::Wait);
     let mut progress = Progress::default();
     let _ = step(&service, &mut ledger, &req, &mut progress);
@@ -657,20 +649,10 @@ fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
         let mut w = World::new(1, 10 * GI);
         w.config.poll_interval = Duration::from_secs(10);
         let service = w.service();
-        let mut ledger = Ledger::default();
         let big = request(8 * GI, "0");
-        let _ = step(
-            &service,
-            &mut ledger,
-            &admit_req("holder", 1, &big, Policy::Wait),
-            &mut Progress::default(),
-        );
+        let mut ledger = held(&service, &big);
         let req = admit_req("waiter", 2, &big, Policy::Wait);
-        let mut progress = Progress::default();
-        assert!(matches!(
-            step(&service, &mut ledger, &req, &mut progress).0,
-            Ok(Step::Wait)
-        ));
+        let mut progress = queued(&service, &mut ledger, &req);
         w.liveness.gone.borrow_mut().insert(gone);
         // The sleeping waiter notices within a second, whatever the poll interval.
         let mut watcher = wait::LedgerWatcher::new(w.state.path());
