@@ -117,6 +117,10 @@ pub struct Ledger {
     pub reservations: Vec<Reservation>,
     /// Waiting containers in arrival order (ticket numbers only grow).
     pub queue: Vec<Ticket>,
+    /// Outcomes so far, for metrics (see `counters.rs`); absent from ledgers written before
+    /// they existed.
+    #[serde(default)]
+    pub counters: crate::counters::Counters,
 }
 
 impl Default for Ledger {
@@ -127,6 +131,7 @@ impl Default for Ledger {
             next_ticket: 1,
             reservations: Vec::new(),
             queue: Vec::new(),
+            counters: Default::default(),
         }
     }
 }

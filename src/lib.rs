@@ -10,6 +10,7 @@ pub mod admission;
 pub mod atomic_file;
 pub mod attribution;
 pub mod config;
+pub mod counters;
 pub mod doctor;
 pub mod events;
 pub mod hook;
