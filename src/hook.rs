@@ -161,6 +161,10 @@ pub fn release_in(dir: &StateDir, container_id: &str, why: &str) -> Result<(bool
     for t in tickets {
         tx.ledger.remove_ticket(t);
     }
+    tx.ledger.counters.record_reclaimed(&reclaimed);
+    if removed.is_some() {
+        tx.ledger.counters.record_release();
+    }
     tx.commit()?;
     reclaim_events(&reclaimed, &mut log);
     if let Some(r) = &removed {
@@ -175,6 +179,7 @@ pub fn release_in(dir: &StateDir, container_id: &str, why: &str) -> Result<(bool
 pub fn gc_in(dir: &StateDir) -> Result<crate::ledger::Reclaimed, LedgerError> {
     let mut tx = dir.begin()?;
     let reclaimed = tx.ledger.reclaim_dead();
+    tx.ledger.counters.record_reclaimed(&reclaimed);
     tx.commit()?;
     let mut log = Vec::new();
     reclaim_events(&reclaimed, &mut log);
@@ -327,6 +332,7 @@ impl Admission<'_> {
                 reclaimed.reservations.push(gone);
             }
         }
+        tx.ledger.counters.record_reclaimed(&reclaimed);
         if let Some(existing) = tx.ledger.reservation(id) {
             // The same container seen at a second stage (createRuntime and prestart both
             // configured): admission is idempotent.
@@ -371,7 +377,9 @@ impl Admission<'_> {
             // Only part of a large ledger was checked; before anyone is refused or queued for
             // lack of room, every reservation is. Reclaiming only adds room, so a request
             // admitted without this would be admitted with it too.
-            reclaimed.extend(tx.ledger.reclaim_dead());
+            let more = tx.ledger.reclaim_dead();
+            tx.ledger.counters.record_reclaimed(&more);
+            reclaimed.extend(more);
             decision = decide(&tx.ledger);
         }
         let waited = self.started.elapsed();
@@ -386,6 +394,7 @@ impl Admission<'_> {
                     created_unix_ms: now,
                     waited_ms: if waited_in_queue { waited.as_millis() as u64 } else { 0 },
                 });
+                tx.ledger.counters.record_admit(waited_in_queue.then_some(waited));
                 tx.commit()?;
                 let kind = if waited_in_queue {
                     Kind::AdmitAfterWait
@@ -404,6 +413,7 @@ impl Admission<'_> {
             }
             Decision::Never { request, account } => {
                 self.drop_ticket(&mut tx);
+                tx.ledger.counters.record_refuse();
                 tx.commit()?;
                 let message = format!(
                     "vramgate: refused container {id}: it requests {} on GPU {}, more than the GPU can ever hold: {}; request less (annotation {}) or run it on a larger GPU",
@@ -434,6 +444,7 @@ impl Admission<'_> {
                 self.last_reason = reason.clone();
                 self.last_position = position;
                 if self.policy == Policy::Reject {
+                    tx.ledger.counters.record_refuse();
                     tx.commit()?;
                     let message = format!(
                         "vramgate: refused container {id}: {reason}; retry when a container on that GPU stops, request less, or set {}=wait to queue",
@@ -443,6 +454,7 @@ impl Admission<'_> {
                     Err(HookError::Refused(message))
                 } else if self.deadline_passed() {
                     self.drop_ticket(&mut tx);
+                    tx.ledger.counters.record_timeout();
                     tx.commit()?;
                     let message = format!(
                         "vramgate: refused container {id}: waited {} (its timeout) and was still number {position} in the queue: {reason}; raise {} or retry later",
