@@ -46,14 +46,21 @@ pub enum MetricsError {
 }
 
 /// Takes a snapshot, as `vramgate status` does (the ledger read without the lock, which
-/// atomic renames make safe, and the inventory now), and renders it.
+/// atomic renames make safe, and the inventory now) but without asking `/proc` whether each
+/// entry's process is alive (metrics do not show it), and renders it.
 pub fn snapshot(config: &Config, inventory: &dyn Inventory) -> Result<String, MetricsError> {
     let ledger = match StateDir::open_existing(&config.state_dir)? {
         Some(dir) => dir.read()?,
         // Nothing was ever admitted on this host: every GPU empty, every counter zero.
         None => Ledger::default(),
     };
-    let report = crate::status::build(config, inventory, &ledger)?;
+    let report = crate::status::build_checking(
+        config,
+        inventory,
+        &ledger,
+        crate::procfs::pid_namespace,
+        crate::status::Liveness::Skip,
+    )?;
     Ok(render(&report, &ledger.counters, crate::ledger::now_unix_ms()))
 }
 
@@ -320,6 +327,11 @@ impl Exposition {
 /// Container ids come from the runtime and may hold quotes or backslashes (control characters
 /// are refused when the OCI state is read, but a newline is escaped here all the same).
 fn escape_label_value(out: &mut String, value: &str) {
+    // Nearly every value needs no escaping: copy it whole (a scrape writes thousands).
+    if !value.contains(['\\', '"', '\n']) {
+        out.push_str(value);
+        return;
+    }
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -348,7 +360,7 @@ mod tests {
             age_ms: 1_000,
             waited_ms: 0,
             pid: 42,
-            alive: true,
+            alive: None,
         }
     }
 
@@ -361,7 +373,7 @@ mod tests {
             waited_ms,
             deadline_in_ms: 60_000,
             waiter_pid: 43,
-            alive: true,
+            alive: None,
         }
     }
 

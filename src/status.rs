@@ -46,7 +46,10 @@ pub struct ReservationStatus {
     pub age_ms: u64,
     pub waited_ms: u64,
     pub pid: u32,
-    pub alive: bool,
+    /// Whether the container's init process is still there; `None` when not checked (see
+    /// [`Liveness::Skip`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alive: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,7 +61,21 @@ pub struct TicketStatus {
     pub waited_ms: u64,
     pub deadline_in_ms: u64,
     pub waiter_pid: u32,
-    pub alive: bool,
+    /// Whether the waiting hook is still there; `None` when not checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alive: Option<bool>,
+}
+
+/// Whether a report checks that each reservation's and ticket's process is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// `vramgate status` shows it: one read of `/proc/<pid>/stat` (three system calls) for
+    /// each entry.
+    Check,
+    /// Metrics do not show it (an entry of a dead process is still reserved until a
+    /// transaction reclaims it, and is counted as such): at 1,000 reservations the checks
+    /// would be most of a scrape's time.
+    Skip,
 }
 
 pub fn build(
@@ -76,6 +93,18 @@ pub fn build_with(
     ledger: &Ledger,
     pid_namespace: impl Fn(u32) -> Option<u64>,
 ) -> Result<StatusReport, crate::inventory::InventoryError> {
+    build_checking(config, inventory, ledger, pid_namespace, Liveness::Check)
+}
+
+/// `build_with`, checking the processes' liveness or not.
+pub fn build_checking(
+    config: &Config,
+    inventory: &dyn Inventory,
+    ledger: &Ledger,
+    pid_namespace: impl Fn(u32) -> Option<u64>,
+    liveness: Liveness,
+) -> Result<StatusReport, crate::inventory::InventoryError> {
+    let alive = |p: &crate::procfs::ProcessIdentity| (liveness == Liveness::Check).then(|| p.is_alive());
     let snapshot = inventory.snapshot()?;
     let attribution = attribution::attribute(ledger, &snapshot.processes, pid_namespace);
     let rules = Rules::from_config(config);
@@ -106,7 +135,7 @@ pub fn build_with(
                         age_ms: now.saturating_sub(r.created_unix_ms),
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,
-                        alive: r.init.is_alive(),
+                        alive: alive(&r.init),
                     })
                 })
                 .collect();
@@ -123,7 +152,7 @@ pub fn build_with(
                     waited_ms: now.saturating_sub(t.enqueued_unix_ms),
                     deadline_in_ms: t.deadline_unix_ms.saturating_sub(now),
                     waiter_pid: t.waiter.pid,
-                    alive: t.waiter.is_alive(),
+                    alive: alive(&t.waiter),
                 })
                 .collect();
             GpuStatus {
@@ -187,7 +216,7 @@ pub fn render(report: &StatusReport) -> String {
             for r in &gpu.reservations {
                 let used = r.used.map(format_bytes).unwrap_or_else(|| "-".into());
                 let mut note = String::new();
-                if !r.alive {
+                if r.alive == Some(false) {
                     note += "gone (reclaimed at the next transaction or `vramgate gc`) ";
                 }
                 if r.over_reservation {
@@ -227,7 +256,7 @@ pub fn render(report: &StatusReport) -> String {
                     format_bytes(t.bytes),
                     format_duration(std::time::Duration::from_secs(t.waited_ms / 1000)),
                     format_duration(std::time::Duration::from_secs(t.deadline_in_ms / 1000)),
-                    if t.alive { "" } else { "  (waiter gone)" }
+                    if t.alive == Some(false) { "  (waiter gone)" } else { "" }
                 );
             }
         }
