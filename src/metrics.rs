@@ -84,7 +84,9 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
         text: String::with_capacity(4096 + 160 * (9 * report.gpus.len() + 3 * reservations)),
     };
 
-    let gpu_gauges: [(&str, &str, fn(&crate::status::GpuStatus) -> u64); 7] = [
+    /// Name, HELP, and the value of one GPU's series.
+    type GpuGauge = (&'static str, &'static str, fn(&crate::status::GpuStatus) -> u64);
+    let gpu_gauges: [GpuGauge; 7] = [
         (
             "vramgate_gpu_memory_total_bytes",
             "Memory of the GPU (of the MIG device, for one).",
