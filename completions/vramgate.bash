@@ -22,6 +22,9 @@ _vramgate() {
             vramgate,doctor)
                 cmd="vramgate__subcmd__doctor"
                 ;;
+            vramgate,exporter)
+                cmd="vramgate__subcmd__exporter"
+                ;;
             vramgate,gc)
                 cmd="vramgate__subcmd__gc"
                 ;;
@@ -30,6 +33,9 @@ _vramgate() {
                 ;;
             vramgate,ledger)
                 cmd="vramgate__subcmd__ledger"
+                ;;
+            vramgate,metrics)
+                cmd="vramgate__subcmd__metrics"
                 ;;
             vramgate,release)
                 cmd="vramgate__subcmd__release"
@@ -46,6 +52,9 @@ _vramgate() {
             vramgate__subcmd__help,doctor)
                 cmd="vramgate__subcmd__help__subcmd__doctor"
                 ;;
+            vramgate__subcmd__help,exporter)
+                cmd="vramgate__subcmd__help__subcmd__exporter"
+                ;;
             vramgate__subcmd__help,gc)
                 cmd="vramgate__subcmd__help__subcmd__gc"
                 ;;
@@ -54,6 +63,9 @@ _vramgate() {
                 ;;
             vramgate__subcmd__help,ledger)
                 cmd="vramgate__subcmd__help__subcmd__ledger"
+                ;;
+            vramgate__subcmd__help,metrics)
+                cmd="vramgate__subcmd__help__subcmd__metrics"
                 ;;
             vramgate__subcmd__help,release)
                 cmd="vramgate__subcmd__help__subcmd__release"
@@ -95,7 +107,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc ledger demo setup help"
+            opts="-h -V --config --help --version status doctor release gc metrics exporter ledger demo setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -172,6 +184,28 @@ _vramgate() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        vramgate__subcmd__exporter)
+            opts="-h -V --listen --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --listen)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         vramgate__subcmd__gc)
             opts="-h -V --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -191,7 +225,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc ledger demo setup help"
+            opts="status doctor release gc metrics exporter ledger demo setup help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -219,6 +253,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__doctor)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__exporter)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -291,6 +339,20 @@ _vramgate() {
         vramgate__subcmd__help__subcmd__ledger__subcmd__show)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__metrics)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -443,6 +505,28 @@ _vramgate() {
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__metrics)
+            opts="-h -V --textfile-dir --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --textfile-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -31,6 +31,8 @@ complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "status" -d 'Show 
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "metrics" -d 'Print Prometheus metrics (GPU memory, reservations, queue, outcome counters), or write them for node_exporter\'s textfile collector'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "exporter" -d 'Serve Prometheus metrics over HTTP at /metrics (what `vramgate metrics` prints, taken at each scrape)'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "ledger" -d 'Inspect or repair the ledger'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
@@ -51,6 +53,14 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand release" -s V -l versi
 complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -s h -l help -d 'Print help'
 complete -c vramgate -n "__fish_vramgate_using_subcommand gc" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand metrics" -l textfile-dir -d 'Write DIR/vramgate.prom atomically instead of printing, for node_exporter\'s --collector.textfile.directory (run it from a timer)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand metrics" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand metrics" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand metrics" -s V -l version -d 'Print version'
+complete -c vramgate -n "__fish_vramgate_using_subcommand exporter" -l listen -d 'The address and port to listen on; metrics name containers, so keep it on loopback or a network only Prometheus reaches' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand exporter" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand exporter" -s h -l help -d 'Print help'
+complete -c vramgate -n "__fish_vramgate_using_subcommand exporter" -s V -l version -d 'Print version'
 complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -s h -l help -d 'Print help'
 complete -c vramgate -n "__fish_vramgate_using_subcommand ledger; and not __fish_seen_subcommand_from show repair help" -s V -l version -d 'Print version'
@@ -89,13 +99,15 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l remove -d 'U
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l set-as-default -d 'Make vramgate the engine\'s default runtime (docker, containerd)'
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -s h -l help -d 'Print help'
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -s V -l version -d 'Print version'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "ledger" -d 'Inspect or repair the ledger'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc ledger demo setup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "metrics" -d 'Print Prometheus metrics (GPU memory, reservations, queue, outcome counters), or write them for node_exporter\'s textfile collector'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "exporter" -d 'Serve Prometheus metrics over HTTP at /metrics (what `vramgate metrics` prints, taken at each scrape)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "ledger" -d 'Inspect or repair the ledger'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "demo" -d 'Replay the published failure on a simulated GPU with real runc containers'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter ledger demo setup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "show" -d 'Print the raw ledger JSON'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and __fish_seen_subcommand_from ledger" -f -a "repair" -d 'Set an unreadable ledger aside (renamed, never deleted) and start an empty one'

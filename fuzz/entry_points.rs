@@ -13,11 +13,12 @@ use std::path::Path;
 
 use vramgate::admission::{self, Allocated, Rules};
 use vramgate::config::Config;
-use vramgate::inventory::{GpuMemory, Snapshot};
+use vramgate::inventory::{GpuMemory, RecordedHost, RecordedInventory, Snapshot};
 use vramgate::ledger::{GpuShare, Ledger};
 use vramgate::quantity::{self, Quantity};
 use vramgate::request::{self, GpuSelector, Request};
 use vramgate::spec::{ContainerState, ProcessView, SpecView};
+use vramgate::{metrics, status};
 
 /// The fuzz targets, by name: the corpus lives in `fuzz/corpus/<name>/`.
 pub const TARGETS: &[(&str, fn(&[u8]))] = &[
@@ -217,4 +218,54 @@ pub fn ledger(data: &[u8]) {
         copy.reservations.len() + reclaimed.reservations.len(),
         ledger.reservations.len()
     );
+    metrics_of(&ledger);
+}
+
+/// The metrics of whatever a ledger holds, on GPUs named after its own shares (so every
+/// reservation and ticket shows): each sample is one line whose last field is a number, so a
+/// container id cannot break the exposition.
+fn metrics_of(ledger: &Ledger) {
+    let mut uuids: Vec<&str> = ledger
+        .reservations
+        .iter()
+        .flat_map(|r| &r.gpus)
+        .chain(ledger.queue.iter().flat_map(|t| &t.gpus))
+        .map(|s| s.uuid.as_str())
+        .collect();
+    uuids.sort_unstable();
+    uuids.dedup();
+    let host = RecordedHost {
+        snapshot: Snapshot {
+            gpus: uuids
+                .iter()
+                .enumerate()
+                .map(|(n, uuid)| GpuMemory {
+                    index: n as u32,
+                    mig_index: None,
+                    uuid: uuid.to_string(),
+                    minor: None,
+                    total: 80 << 30,
+                    free: 70 << 30,
+                })
+                .collect(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let inventory = RecordedInventory { host };
+    let sources = status::Sources {
+        inventory: &inventory,
+        clock: &vramgate::clock::SystemClock,
+        liveness: &vramgate::procfs::NotChecked,
+        pid_namespace: &|_| None,
+    };
+    let rules = vramgate::admission::Rules::from_config(&Config::default());
+    let report = status::build_report(&sources, &rules, std::path::Path::new("/run/vramgate"), ledger)
+        .expect("a recorded inventory answers");
+    let text = metrics::render(&report, &ledger.counters, u64::MAX);
+    for line in text.lines().filter(|l| !l.starts_with("# ")) {
+        assert!(line.starts_with("vramgate_"), "{line:?}");
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line:?}");
+    }
 }

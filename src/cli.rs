@@ -13,7 +13,9 @@ Examples:
   vramgate status                  GPUs, reservations and the wait queue
   vramgate status --json           the same, for scripts
   vramgate release 3f2a9c0d1e      release one container's reservation by hand
-  vramgate gc                      reclaim reservations of containers that are gone";
+  vramgate gc                      reclaim reservations of containers that are gone
+  vramgate metrics                 the same numbers for Prometheus, on stdout
+  vramgate exporter                serve them at http://127.0.0.1:9835/metrics";
 
 /// Shown after `vramgate-hook --help` and in vramgate-hook(8).
 const HOOK_EXAMPLES: &str = "\
@@ -72,6 +74,22 @@ pub enum Command {
     },
     /// Reclaim reservations and tickets whose processes are gone
     Gc,
+    /// Print Prometheus metrics (GPU memory, reservations, queue, outcome counters), or write
+    /// them for node_exporter's textfile collector
+    Metrics {
+        /// Write DIR/vramgate.prom atomically instead of printing, for node_exporter's
+        /// --collector.textfile.directory (run it from a timer)
+        #[arg(long, value_name = "DIR")]
+        textfile_dir: Option<PathBuf>,
+    },
+    /// Serve Prometheus metrics over HTTP at /metrics (what `vramgate metrics` prints, taken
+    /// at each scrape)
+    Exporter {
+        /// The address and port to listen on; metrics name containers, so keep it on loopback
+        /// or a network only Prometheus reaches
+        #[arg(long, value_name = "ADDR", default_value = crate::exporter::DEFAULT_LISTEN)]
+        listen: String,
+    },
     /// Inspect or repair the ledger
     Ledger {
         #[command(subcommand)]

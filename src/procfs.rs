@@ -137,6 +137,18 @@ impl Liveness for ProcLiveness {
     }
 }
 
+/// Liveness that does not look: every process is [`Life::Unknown`]. For readers that do not
+/// show liveness (metrics): at 1,000 reservations the `/proc` reads would be most of a scrape.
+/// Never for a transaction, where unknown means "keep".
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotChecked;
+
+impl Liveness for NotChecked {
+    fn life(&self, _: &ProcessIdentity) -> Life {
+        Life::Unknown
+    }
+}
+
 fn is_running_state(state: u8) -> bool {
     !matches!(state, b'Z' | b'X' | b'x')
 }

@@ -48,7 +48,10 @@ pub struct ReservationStatus {
     pub age_ms: u64,
     pub waited_ms: u64,
     pub pid: u32,
-    pub alive: bool,
+    /// Whether the container's init process is still there; `None` when not checked or
+    /// unreadable (metrics do not check: see [`crate::procfs::NotChecked`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alive: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,7 +63,9 @@ pub struct TicketStatus {
     pub waited_ms: u64,
     pub deadline_in_ms: u64,
     pub waiter_pid: u32,
-    pub alive: bool,
+    /// Whether the waiting hook is still there; `None` when not checked or unreadable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alive: Option<bool>,
 }
 
 /// Where a report's facts come from: live sources on a host, recorded or fake ones in tests.
@@ -107,7 +112,11 @@ pub fn build_report(
     let attribution = attribution::attribute(ledger, &snapshot.processes, sources.pid_namespace);
     let now = sources.clock.now_unix_ms();
     let can_see_processes = sources.inventory.sees_processes();
-    let alive = |p: &ProcessIdentity| sources.liveness.life(p) != Life::Gone;
+    let alive = |p: &ProcessIdentity| match sources.liveness.life(p) {
+        Life::Alive => Some(true),
+        Life::Gone => Some(false),
+        Life::Unknown => None,
+    };
     let gpus = snapshot
         .gpus
         .iter()
@@ -217,7 +226,7 @@ pub fn render(report: &StatusReport) -> String {
             for r in &gpu.reservations {
                 let used = r.used.map(format_bytes).unwrap_or_else(|| "-".into());
                 let mut note = String::new();
-                if !r.alive {
+                if r.alive == Some(false) {
                     note += "gone (reclaimed at the next transaction or `vramgate gc`) ";
                 }
                 if r.over_reservation {
@@ -257,7 +266,7 @@ pub fn render(report: &StatusReport) -> String {
                     format_bytes(t.bytes),
                     format_duration(std::time::Duration::from_secs(t.waited_ms / 1000)),
                     format_duration(std::time::Duration::from_secs(t.deadline_in_ms / 1000)),
-                    if t.alive { "" } else { "  (waiter gone)" }
+                    if t.alive == Some(false) { "  (waiter gone)" } else { "" }
                 );
             }
         }

@@ -137,6 +137,35 @@ fn thirty_two_workers_never_overcommit_and_never_starve() {
     assert!(total.admitted > 1000 && total.refused > 100, "{total:?}");
     assert!(total.admitted_after_wait > 50 && total.wait_timeouts > 0, "{total:?}");
     assert!(states.iter().any(|s| s.queue.len() >= 3), "waiters really queued");
+
+    // The counters in the ledger (what metrics expose) agree with what the workers saw, one
+    // for one, although 32 hooks raced to increment them.
+    let c = &last.counters;
+    assert_eq!(
+        (c.admitted + c.admitted_after_wait, c.refused, c.timed_out, c.released),
+        (
+            total.admitted as u64,
+            total.refused as u64,
+            total.wait_timeouts as u64,
+            total.released as u64
+        ),
+        "counters {c:?} against {total:?}"
+    );
+    assert_eq!((c.reclaimed, c.abandoned), (0, 0), "nobody died: {c:?}");
+    assert_eq!(c.wait.count, c.admitted_after_wait);
+    for pair in states.windows(2) {
+        let (a, b) = (&pair[0].counters, &pair[1].counters);
+        assert!(
+            b.admitted >= a.admitted
+                && b.admitted_after_wait >= a.admitted_after_wait
+                && b.refused >= a.refused
+                && b.timed_out >= a.timed_out
+                && b.released >= a.released
+                && b.wait.count >= a.wait.count,
+            "generation {}: a counter went down: {a:?} -> {b:?}",
+            pair[1].generation
+        );
+    }
 }
 
 fn worker(scratch: &HookHarness, w: usize, seed: u64) -> Tally {

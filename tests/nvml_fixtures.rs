@@ -83,6 +83,83 @@ fn status_shows_used_against_reserved_and_flags_the_excess() {
     );
 }
 
+/// The value of one series in an exposition, found by its name and labels.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+fn metrics_of(host: &RecordedHost) -> String {
+    let inventory = RecordedInventory { host: host.clone() };
+    let report =
+        vramgate::status::build_with(&Config::default(), &inventory, &host.ledger, host.pid_namespace()).unwrap();
+    vramgate::metrics::render(&report, &host.ledger.counters, 0)
+}
+
+/// The metrics of the recorded H200 moment carry what NVML said: a used 2.7 GiB of its 3 GiB,
+/// b used 3.7 GiB of its 1 GiB (over), and memory outside any reservation.
+#[test]
+fn metrics_show_recorded_usage_and_the_over_reservation() {
+    let host = fixture("attribution.json");
+    let uuid = host.snapshot.gpus[0].uuid.clone();
+    let text = metrics_of(&host);
+    let c = |name: &str, id: &str| {
+        sample(
+            &text,
+            &format!(r#"{name}{{container_id="{id}",gpu="0",gpu_uuid="{uuid}"}}"#),
+        )
+    };
+    assert_eq!(c("vramgate_container_reserved_bytes", "gputest-a"), 3 << 30);
+    assert_eq!(c("vramgate_container_used_bytes", "gputest-a"), 2_864_709_632);
+    assert_eq!(c("vramgate_container_over_reservation", "gputest-a"), 0);
+    assert_eq!(c("vramgate_container_reserved_bytes", "gputest-b"), 1 << 30);
+    assert_eq!(c("vramgate_container_used_bytes", "gputest-b"), 3_938_451_456);
+    assert_eq!(c("vramgate_container_over_reservation", "gputest-b"), 1);
+
+    let a = allocated(&host);
+    let account = admission::account(&host.ledger, &host.snapshot.gpus[0], &a.allocated, &rules());
+    let g = |name: &str| sample(&text, &format!(r#"{name}{{gpu="0",gpu_uuid="{uuid}"}}"#));
+    assert_eq!(g("vramgate_gpu_memory_total_bytes"), host.snapshot.gpus[0].total);
+    assert_eq!(g("vramgate_gpu_memory_free_bytes"), host.snapshot.gpus[0].free);
+    assert_eq!(g("vramgate_gpu_memory_reserved_bytes"), 4 << 30);
+    assert_eq!(g("vramgate_gpu_memory_used_outside_bytes"), account.used_outside());
+    // The host process's 1.5 GiB and b's 2.7 GiB beyond its reservation are both outside.
+    assert!(g("vramgate_gpu_memory_used_outside_bytes") > 1_616_904_192 + (3_938_451_456 - (1 << 30)));
+    assert_eq!(g("vramgate_gpu_memory_available_bytes"), account.available());
+    assert_eq!(g("vramgate_gpu_reservations"), 2);
+}
+
+/// The N=24 moment: 20 running, each using 6828 of its 6848 MiB, and 4 queued.
+#[test]
+fn metrics_of_the_recorded_queue_moment() {
+    let host = fixture("wait-24.json");
+    let uuid = host.snapshot.gpus[0].uuid.clone();
+    let text = metrics_of(&host);
+    let gpu = format!(r#"{{gpu="0",gpu_uuid="{uuid}"}}"#);
+    assert_eq!(sample(&text, &format!("vramgate_queue_length{gpu}")), 4);
+    assert_eq!(sample(&text, &format!("vramgate_gpu_reservations{gpu}")), 20);
+    assert_eq!(
+        sample(&text, &format!("vramgate_gpu_memory_reserved_bytes{gpu}")),
+        20 * 6848 * MI
+    );
+    let used: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("vramgate_container_used_bytes{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(used.len(), 20);
+    assert!(used.iter().all(|&u| u == 6828 * MI), "{used:?}");
+    assert!(
+        text.contains("vramgate_container_over_reservation{")
+            && !text
+                .lines()
+                .any(|l| l.starts_with("vramgate_container_over_reservation{") && l.ends_with(" 1"))
+    );
+}
+
 /// 24 containers of 6 GiB on the H200, policy wait, 9 s in: 20 running, 4 queued.
 #[test]
 fn recorded_queue_moment_admission_counts_allocation_once() {

@@ -198,6 +198,9 @@ fn packages_install_gate_a_container_and_purge_clean() {
             "/usr/share/containers/oci/hooks.d/vramgate-prestart.json",
             "/usr/share/containers/oci/hooks.d/vramgate-poststop.json",
             "/usr/lib/tmpfiles.d/vramgate.conf",
+            "/usr/lib/systemd/system/vramgate-exporter.service",
+            "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
+            "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
             "/usr/share/man/man8/vramgate.8.gz",
             "/usr/share/man/man8/vramgate-hook.8.gz",
             "/usr/share/man/man8/vramgate-runtime.8.gz",
@@ -276,6 +279,9 @@ fn packages_install_gate_a_container_and_purge_clean() {
     for path in [
         "/etc/vramgate/config.toml",
         "/usr/lib/tmpfiles.d/vramgate.conf",
+        "/usr/lib/systemd/system/vramgate-exporter.service",
+        "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
+        "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
         "/usr/share/man/man8/vramgate.8.gz",
         "/usr/share/man/man8/vramgate-hook.8.gz",
         "/usr/share/man/man8/vramgate-runtime.8.gz",
@@ -298,6 +304,20 @@ fn packages_install_gate_a_container_and_purge_clean() {
             .env("MANWIDTH", "80"),
     );
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
+    // The exporter's unit: valid for this systemd, installed but not enabled.
+    let unit = "/usr/lib/systemd/system/vramgate-exporter.service";
+    if Path::new("/usr/bin/systemd-analyze").exists() {
+        run_ok(Command::new("systemd-analyze").args(["verify", unit]));
+    }
+    let enabled: Vec<PathBuf> = std::fs::read_dir("/etc/systemd/system")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_dir(e.ok()?.path()).ok())
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n == "vramgate-exporter.service"))
+        .collect();
+    assert!(enabled.is_empty(), "the package enabled the exporter: {enabled:?}");
 
     // 5. The installed tool works with the installed config: doctor where it exists.
     let has_doctor = run(Command::new("/usr/bin/vramgate").args(["doctor", "--help"]))

@@ -46,6 +46,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Release { container_id } => release(&container_id),
         Command::Gc => gc(),
+        Command::Metrics { textfile_dir } => metrics(textfile_dir.as_deref()),
+        Command::Exporter { listen } => exporter(&listen),
         Command::Ledger {
             command: LedgerCommand::Show,
         } => {
@@ -116,6 +118,36 @@ fn status(json: bool, record: Option<&std::path::Path>, note: &str) -> Result<Ex
 /// The service for commands that change the ledger but never read the GPUs.
 fn ledger_service<'a>(config: &'a Config, dir: StateDir) -> Service<'a> {
     Service::new(dir, &NotNeeded, &SystemClock, &ProcLiveness, config)
+}
+
+fn metrics(textfile_dir: Option<&std::path::Path>) -> Result<ExitCode> {
+    let config = Config::load()?;
+    let inventory = vramgate::inventory::open(&config)?;
+    // On failure nothing is written: node_exporter keeps the last file, and its
+    // vramgate_snapshot_timestamp_seconds stops advancing, which the shipped alerts watch.
+    let text = vramgate::metrics::snapshot(&config, inventory.as_ref())?;
+    match textfile_dir {
+        Some(dir) => {
+            vramgate::metrics::write_textfile(dir, &text)?;
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn exporter(listen: &str) -> Result<ExitCode> {
+    // A long-running network-facing daemon keeps only what a snapshot needs, the hook's one
+    // capability (reading containers' pid namespaces for attribution). Capabilities are per
+    // thread, so this comes before the HTTP server starts its threads.
+    vramgate::privilege::drop_for_hook()?;
+    let exporter = vramgate::exporter::Exporter::bind(listen)?;
+    eprintln!(
+        "vramgate exporter: serving http://{}{}",
+        exporter.local_addr(),
+        vramgate::exporter::METRICS_PATH
+    );
+    exporter.serve()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn release(container_id: &str) -> Result<ExitCode> {

@@ -92,6 +92,11 @@ pub struct Ledger {
     pub reservations: Vec<Reservation>,
     /// Waiting containers in arrival order (ticket numbers only grow).
     pub queue: Vec<Ticket>,
+    /// Outcomes so far, for metrics (see `counters.rs`): kept here because the hook is a
+    /// short-lived process and the ledger is rewritten by every transaction anyway. Absent
+    /// from ledgers written before they existed.
+    #[serde(default)]
+    pub counters: crate::counters::Counters,
 }
 
 impl Default for Ledger {
@@ -102,6 +107,7 @@ impl Default for Ledger {
             next_ticket: 1,
             reservations: Vec::new(),
             queue: Vec::new(),
+            counters: Default::default(),
         }
     }
 }

@@ -176,6 +176,7 @@ impl<'a> Service<'a> {
             .begin_reclaiming(self.liveness, self.lock_timeout(req, progress))?;
         let mut log = Vec::new();
         let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
+        tx.ledger.counters.record_reclaimed(&reclaimed);
         // A request error still commits: the reclaim happened, and its ticket is dropped.
         tx.commit()?;
         self.reclaim_events(&reclaimed, &mut log);
@@ -208,6 +209,7 @@ impl<'a> Service<'a> {
                     container: id.to_string(),
                     waited,
                 };
+                ledger.counters.record_abandon();
                 return Ok(Step::Done(Admission::Refused(refusal)));
             }
         }
@@ -223,6 +225,7 @@ impl<'a> Service<'a> {
                     process: gone,
                 };
                 log.push(self.event(Kind::Cancel, id, &[], refusal.to_string()));
+                ledger.counters.record_abandon();
                 return Ok(Step::Done(Admission::Refused(refusal)));
             }
         }
@@ -302,6 +305,7 @@ impl<'a> Service<'a> {
                 for note in &req.request.notes {
                     log.push(self.event(Kind::Note, id, &[], note.clone()));
                 }
+                ledger.counters.record_admit(queued.then_some(waited));
                 let waited = if queued { waited } else { Duration::ZERO };
                 return Ok(Step::Done(Admission::Admitted { waited, queued }));
             }
@@ -313,6 +317,7 @@ impl<'a> Service<'a> {
                     account,
                 };
                 log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
+                ledger.counters.record_refuse();
                 return Ok(Step::Done(Admission::Refused(refusal)));
             }
             Decision::NoRoom { request, account } => Shortage::Memory { request, account },
@@ -329,6 +334,7 @@ impl<'a> Service<'a> {
                 shortage,
             };
             log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
+            ledger.counters.record_refuse();
             return Ok(Step::Done(Admission::Refused(refusal)));
         }
         if waited >= req.wait_for {
@@ -340,6 +346,7 @@ impl<'a> Service<'a> {
                 shortage,
             };
             log.push(self.event(Kind::Timeout, id, &shares, refusal.to_string()));
+            ledger.counters.record_timeout();
             return Ok(Step::Done(Admission::Refused(refusal)));
         }
         if progress.ticket.is_none() {
@@ -457,6 +464,10 @@ impl<'a> Service<'a> {
             .partition(|t| t.belongs_to(container, bundle));
         reclaimed.tickets = others;
         released.cancelled.extend(mine);
+        tx.ledger.counters.record_reclaimed(&reclaimed);
+        if released.reservation.is_some() {
+            tx.ledger.counters.record_release();
+        }
         tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
@@ -479,6 +490,7 @@ impl<'a> Service<'a> {
     pub fn gc(&self) -> Result<Reclaimed> {
         let mut tx = self.dir.begin()?;
         let reclaimed = tx.ledger.reclaim_all(self.liveness);
+        tx.ledger.counters.record_reclaimed(&reclaimed);
         tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
