@@ -494,7 +494,7 @@ impl Admission<'_> {
     /// inventory). Waiters further back only read the ledger, without the lock, so a long queue
     /// costs one locked transaction (and one inventory query) per change, not one per waiter.
     fn sleep_until_worth_trying(&mut self, watcher: &mut LedgerWatcher) {
-        let poll = self.config.poll_interval;
+        let poll = self.config.queue.poll_interval;
         let deadline = self.started + self.wait_for;
         let mut next_poll = Instant::now() + poll;
         loop {
@@ -531,7 +531,7 @@ impl Admission<'_> {
             }
             any_ahead = true;
         }
-        !any_ahead || self.config.backfill
+        !any_ahead || self.config.queue.backfill
     }
 }
 

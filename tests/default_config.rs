@@ -61,12 +61,10 @@ fn the_commented_defaults_are_the_real_defaults() {
     let config = Config::parse(&text, Path::new("uncommented.toml"))
         .unwrap_or_else(|e| panic!("packaging/config.toml with every setting uncommented: {e}"));
     // The one example that is not a default: the static GPU table.
-    assert_eq!(config.static_gpus.len(), 1);
-    assert_eq!(config.static_gpus[0].total, 80 << 30);
-    let config = Config {
-        static_gpus: Vec::new(),
-        ..config
-    };
+    assert_eq!(config.inventory.gpus.len(), 1);
+    assert_eq!(config.inventory.gpus[0].total, 80 << 30);
+    let mut config = config;
+    config.inventory.gpus.clear();
     assert_eq!(without_source(config), without_source(Config::default()));
 }
 
