@@ -292,6 +292,29 @@ fn create_adds_hooks_in_every_bundle_flag_form() {
 }
 
 #[test]
+fn a_symlinked_bundle_is_followed_as_runc_follows_it() {
+    let bench = Bench::standard();
+    let spec = request_spec();
+    let real = bench.bundle("real-bundle", &spec);
+    let link = bench.dir.path().join("link-bundle");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let args = vec![
+        OsString::from("create"),
+        OsString::from("--bundle"),
+        link.clone().into_os_string(),
+        OsString::from("id"),
+    ];
+    assert_quiet_success(&bench.run(&args, bench.dir.path()), "create through a symlink");
+    assert_eq!(bench.recorded().as_ref(), Some(&args));
+    assert_only_hooks_added(&spec, &std::fs::read(real.join("config.json")).unwrap(), &bench);
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+        "the link stays"
+    );
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 1, "no temporary file left");
+}
+
+#[test]
 fn a_bundle_named_create_is_not_the_verb() {
     let bench = Bench::standard();
     let spec = request_spec();

@@ -28,8 +28,8 @@ pub use argv::{parse_args, Invocation};
 pub use exec::{exec_runtime, find_next_runtime};
 pub use runc_log::Level;
 pub use spec_edit::{
-    add_hooks, hook_entry, hook_path, hook_timeout_secs, is_vramgate_hook, prepare_bundle, write_atomically,
-    LazyConfig, ADMISSION_STAGE, DEFAULT_HOOK_PATH, HOOK_BINARY, HOOK_TIMEOUT_SLACK, RELEASE_STAGE,
+    add_hooks, hook_entry, hook_path, hook_timeout_secs, is_vramgate_hook, prepare_bundle, LazyConfig, ADMISSION_STAGE,
+    DEFAULT_HOOK_PATH, HOOK_BINARY, HOOK_TIMEOUT_SLACK, RELEASE_STAGE,
 };
 
 use crate::config::{self, ConfigError, RuntimeConfig};

@@ -6,14 +6,14 @@
 //! and a spec without a request is not even rewritten.
 
 use std::ffi::OsStr;
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
 use super::{Result, RuntimeError};
+use crate::atomic_file;
 use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV};
 use crate::hook::HOOK_TIMEOUT_MARGIN;
 use crate::request;
@@ -147,39 +147,6 @@ pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value
     Ok(changed)
 }
 
-/// Replaces `path` with `bytes`: a temporary file in the same directory with the original's
-/// mode and owner, fsync, rename over, fsync of the directory. A reader (runc) sees the old
-/// file or the new one, never a torn one, and a crash leaves one of the two.
-pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32, owner: Option<(u32, u32)>) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = dir.join(format!(".{name}.vramgate-{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode & 0o7777)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&temp)?;
-        // The umask narrowed the mode at creation; the original's is what runc and the engine expect.
-        file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
-        }
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&temp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
-}
-
 /// The wrapper's config, read from disk the first time it is needed (a `create` without a
 /// request before `exec` needs only the runtime list; most verbs need nothing else).
 pub struct LazyConfig {
@@ -227,6 +194,10 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     if !add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook)? {
         return Ok(false);
     }
+    let write_err = |source| RuntimeError::WriteSpec {
+        path: path.clone(),
+        source,
+    };
     // Keep the writer's layout: engines write compact JSON, `runc spec` writes indented.
     let pretty = bytes.starts_with(b"{\n");
     let out = if pretty {
@@ -234,14 +205,16 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     } else {
         serde_json::to_vec(&spec)
     }
-    .expect("a serde_json::Value always serializes");
+    .map_err(|e| write_err(e.into()))?;
+    // The new file keeps the old one's mode and owner: runc and the engine expect them.
     let meta = std::fs::metadata(&path).map_err(read_err)?;
     let owner = (meta.uid() != nix::unistd::geteuid().as_raw() || meta.gid() != nix::unistd::getegid().as_raw())
         .then(|| (meta.uid(), meta.gid()));
-    write_atomically(&path, &out, meta.mode(), owner).map_err(|source| RuntimeError::WriteSpec {
-        path: path.clone(),
-        source,
-    })?;
+    // runc follows a bundle directory that is a symlink (it chdirs into it), and so must the
+    // rewrite; atomic_file opens the directory it writes in with O_NOFOLLOW, so it gets the
+    // resolved one.
+    let target = std::fs::canonicalize(bundle).map_err(write_err)?.join("config.json");
+    atomic_file::replace(&target, &out, meta.mode(), owner).map_err(write_err)?;
     Ok(true)
 }
 
