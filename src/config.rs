@@ -269,17 +269,7 @@ pub fn path_from_env() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
-/// The config path in effect: `$VRAMGATE_CONFIG`, else the default.
-pub fn config_path() -> PathBuf {
-    path_from_env()
-}
-
 impl Config {
-    /// Loads the config in effect. A missing file means defaults; anything else wrong is an error.
-    pub fn load() -> Result<Config, ConfigError> {
-        Config::load_from(&config_path())
-    }
-
     /// Loads the config at `path`. A missing file means defaults; anything else wrong is an error.
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {

@@ -15,7 +15,7 @@ use crate::inventory::{self, Inventory, NvmlInventory};
 use crate::ledger::StateDir;
 use crate::quantity::format_bytes;
 
-/// Where doctor looks. `Paths::host()` is the real host; tests use `Paths::under(root)`.
+/// Where doctor looks. `Paths::host(config)` is the real host; tests use `Paths::under(root, config)`.
 #[derive(Debug, Clone)]
 pub struct Paths {
     pub config: PathBuf,
@@ -28,8 +28,8 @@ pub struct Paths {
 pub const HOOK_BINARY: &str = "vramgate-hook";
 
 impl Paths {
-    pub fn host() -> Paths {
-        Paths::under(Path::new("/"), crate::config::config_path())
+    pub fn host(config: PathBuf) -> Paths {
+        Paths::under(Path::new("/"), config)
     }
 
     pub fn under(root: &Path, config: PathBuf) -> Paths {

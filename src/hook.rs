@@ -6,6 +6,7 @@
 //! Waiting (policy `wait`) never holds the lock while it sleeps.
 
 use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::admission::{self, Decision, Rules};
@@ -89,17 +90,19 @@ pub enum Outcome {
     FailedOpen(String),
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HookOptions {
     /// The timeout the runtime gives this hook, when the hook entry says so (`--hook-timeout`).
     pub hook_timeout: Option<Duration>,
+    /// The config file to read (the binary takes it from `$VRAMGATE_CONFIG`).
+    pub config_path: PathBuf,
 }
 
 /// Runs one hook invocation: `state_json` is what the runtime wrote on stdin.
 pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) -> Result<Outcome, HookError> {
     let state = ContainerState::read_from(state_json)?;
     match stage {
-        Stage::Poststop => release(&state),
+        Stage::Poststop => release(&state, &options.config_path),
         _ => {
             let spec = SpecView::read_bundle(&state.bundle)?;
             if !request::has_request(&spec) {
@@ -112,7 +115,7 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
             let Some(request) = request else {
                 return Ok(Outcome::NoRequest);
             };
-            let config = Config::load()?;
+            let config = Config::load_from(&options.config_path)?;
             match admit(&state, &request, &config, options) {
                 Err(e) if e.is_state_error() && config.on_state_error == OnStateError::FailOpen => {
                     let message = e.to_string();
@@ -129,7 +132,7 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
 
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
 /// container vramgate never saw is no error.
-fn release(state: &ContainerState) -> Result<Outcome, HookError> {
+fn release(state: &ContainerState, config_path: &Path) -> Result<Outcome, HookError> {
     // The no-request path takes no lock: a spec without a request never had a reservation.
     // If the bundle is already gone we cannot tell, so we look in the ledger.
     if let Ok(spec) = SpecView::read_bundle(&state.bundle) {
@@ -137,7 +140,7 @@ fn release(state: &ContainerState) -> Result<Outcome, HookError> {
             return Ok(Outcome::NoRequest);
         }
     }
-    let config = Config::load()?;
+    let config = Config::load_from(config_path)?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         return Ok(Outcome::Released { found: false });
     };

@@ -32,7 +32,7 @@ pub use spec_edit::{
     DEFAULT_HOOK_PATH, HOOK_BINARY, HOOK_TIMEOUT_SLACK, RELEASE_STAGE,
 };
 
-use crate::config::{self, ConfigError, RuntimeConfig};
+use crate::config::{ConfigError, RuntimeConfig};
 use crate::spec::SpecError;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,11 +80,11 @@ fn warn(inv: &Invocation, message: &str) {
     let _ = runc_log::append(inv, Level::Warning, message);
 }
 
-/// The whole wrapper: `args` is argv without argv[0]. Returns only when it could not exec.
-pub fn run(args: &[OsString]) -> RuntimeError {
+/// The whole wrapper: `args` is argv without argv[0], `config_path` the config file in
+/// effect (the binary reads `$VRAMGATE_CONFIG`). Returns only when it could not exec.
+pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     let inv = parse_args(args);
-    let config_path = config::config_path();
-    let mut config = LazyConfig::new(config_path.clone());
+    let mut config = LazyConfig::new(config_path.to_path_buf());
     if let Some(bundle) = &inv.bundle {
         if let Err(e) = prepare_bundle(bundle, &mut config) {
             report_error(&inv, &format!("vramgate: {e}"));

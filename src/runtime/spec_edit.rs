@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::{Result, RuntimeError};
 use crate::atomic_file;
-use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV};
+use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV, DEFAULT_CONFIG_PATH};
 use crate::hook::HOOK_TIMEOUT_MARGIN;
 use crate::request;
 use crate::spec::{self, SpecError, SpecView, MAX_SPEC_BYTES};
@@ -160,10 +160,18 @@ impl LazyConfig {
     }
 
     pub fn get(&mut self) -> Result<&Config, ConfigError> {
-        if self.loaded.is_none() {
-            self.loaded = Some(Config::load_from(&self.path)?);
-        }
-        Ok(self.loaded.as_ref().expect("just loaded"))
+        let config = match self.loaded.take() {
+            Some(config) => config,
+            None => Config::load_from(&self.path)?,
+        };
+        Ok(self.loaded.insert(config))
+    }
+
+    /// What the hook needs to read the same file: its path, when it is not the default the
+    /// hook would read anyway. Absolute, since runc starts hooks in another directory.
+    fn path_for_hook(&self) -> Option<PathBuf> {
+        (self.path != Path::new(DEFAULT_CONFIG_PATH))
+            .then(|| std::path::absolute(&self.path).unwrap_or_else(|_| self.path.clone()))
     }
 }
 
@@ -182,6 +190,7 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     if !request::has_request(&view) {
         return Ok(false);
     }
+    let config_env = config.path_for_hook();
     let config = config.get()?;
     let mut spec: Value = serde_json::from_slice(&bytes).map_err(|source| SpecError::ParseSpec {
         path: path.clone(),
@@ -189,7 +198,6 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     })?;
     let hook = hook_path(&config.runtime);
     let timeout = hook_timeout_secs(config);
-    let config_env = std::env::var_os(CONFIG_ENV).map(|p| std::path::absolute(&p).unwrap_or_else(|_| p.into()));
     let entry = |stage| hook_entry(&hook, stage, timeout, config_env.as_deref());
     if !add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook)? {
         return Ok(false);
@@ -261,6 +269,20 @@ mod tests {
         )
         .unwrap());
         assert_eq!(serde_json::to_string(&spec).unwrap(), once);
+    }
+
+    #[test]
+    fn the_hook_is_told_the_config_path_only_when_it_is_not_the_default() {
+        assert_eq!(
+            LazyConfig::new(PathBuf::from(DEFAULT_CONFIG_PATH)).path_for_hook(),
+            None
+        );
+        assert_eq!(
+            LazyConfig::new(PathBuf::from("/srv/vg.toml")).path_for_hook(),
+            Some(PathBuf::from("/srv/vg.toml"))
+        );
+        let relative = LazyConfig::new(PathBuf::from("vg.toml")).path_for_hook().unwrap();
+        assert!(relative.is_absolute() && relative.ends_with("vg.toml"), "{relative:?}");
     }
 
     #[test]
