@@ -552,6 +552,56 @@ fn missing_runtime_and_broken_config() {
 }
 
 #[test]
+fn a_broken_config_does_not_block_containers_without_a_request() {
+    // As Docker's default runtime, a broken config.toml must not stop every container: one
+    // without a request goes through untouched, with a warning in runc's log only.
+    let bench = Bench::new("[runtime]\nruntimez = 1");
+    let plain = spec_with(json!({"org.example/x": "y"}), &["PATH=/bin"]);
+    for format in ["json", "text"] {
+        let bundle = bench.bundle(&format!("plain-{format}"), &plain);
+        let before = std::fs::read(bundle.join("config.json")).unwrap();
+        let log = bench.dir.path().join(format!("log-{format}"));
+        let args: Vec<OsString> = vec![
+            "--log".into(),
+            log.clone().into(),
+            "--log-format".into(),
+            format.into(),
+            "create".into(),
+            "--bundle".into(),
+            bundle.clone().into(),
+            "c".into(),
+        ];
+        let out = bench.run(&args, bench.dir.path());
+        assert_quiet_success(&out, &format!("create without a request, broken config, {format} log"));
+        assert_eq!(bench.recorded().as_ref(), Some(&args));
+        assert_eq!(std::fs::read(bundle.join("config.json")).unwrap(), before);
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        if format == "json" {
+            let line: Value = serde_json::from_str(logged.trim()).unwrap();
+            assert_eq!(line["level"], "warning");
+            assert!(line["msg"].as_str().unwrap().contains("runtimez"), "{logged}");
+        } else {
+            assert!(
+                logged.contains("level=warning") && logged.contains("runtimez"),
+                "{logged}"
+            );
+        }
+    }
+    // `run` is `create` + `start`: the same holds.
+    let bundle = bench.bundle("plain-run", &plain);
+    let args = vec![
+        OsString::from("run"),
+        OsString::from("-d"),
+        OsString::from("-b"),
+        bundle.into(),
+        OsString::from("c"),
+    ];
+    assert_quiet_success(&bench.run(&args, bench.dir.path()), "run without a request");
+    assert_eq!(bench.recorded().as_ref(), Some(&args));
+}
+
+#[test]
 fn the_wrapper_never_execs_itself() {
     // Installed under the name of the next runtime (a common mistake), it must skip itself.
     let bench = Bench::new("[runtime]\nruntimes = [\"selfish\", \"fake-runc\"]");

@@ -93,12 +93,11 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     }
     let runtimes = match config.get() {
         Ok(config) => config.runtime.runtimes.clone(),
-        Err(e) if inv.bundle.is_some() => {
-            report_error(&inv, &format!("vramgate: {e}"));
-            return e.into();
-        }
-        // A broken config must not stop `delete` or `kill` of running containers: pass the
-        // verb to the default runtimes, and say so in the log.
+        // A container with a request needs the config (the hook timeout) and was refused above
+        // with this same error. Everything else must not be stopped by a broken config: not
+        // `delete` or `kill` of running containers, and not `create` of containers without a
+        // request (as Docker's default runtime, that would be every container of the host).
+        // So: the default runtimes, and a warning in the log.
         Err(e) => {
             warn(&inv, &format!("vramgate: {e}; using the default runtimes"));
             RuntimeConfig::default().runtimes
