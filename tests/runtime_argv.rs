@@ -420,6 +420,44 @@ fn env_request_pretty_spec_and_idempotence() {
 }
 
 #[test]
+fn vramgate_releases_before_the_specs_own_poststop_hooks() {
+    // runc stops at the first failing poststop hook: a failing user hook placed before
+    // vramgate's would skip the release and keep the memory reserved.
+    let bench = Bench::standard();
+    let mut spec = request_spec();
+    spec["hooks"] = json!({
+        "createRuntime": [{"path": "/usr/bin/user-create"}],
+        "poststop": [{"path": "/usr/bin/user-stop-1"}, {"path": "/usr/bin/user-stop-2"}]
+    });
+    let bundle = bench.bundle("user-hooks", &spec);
+    let args = vec![
+        OsString::from("create"),
+        OsString::from("-b"),
+        bundle.clone().into(),
+        OsString::from("c"),
+    ];
+    let hook = Path::new(HOOK).canonicalize().unwrap();
+    let is_ours = |e: &Value| Path::new(e["path"].as_str().unwrap()).canonicalize().ok().as_deref() == Some(&*hook);
+    for round in 0..2 {
+        assert_quiet_success(&bench.run(&args, bench.dir.path()), "create");
+        let v: Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let stop = v["hooks"]["poststop"].as_array().unwrap();
+        assert_eq!(stop.len(), 3, "round {round}: {stop:?}");
+        assert!(
+            is_ours(&stop[0]),
+            "round {round}: vramgate's release runs first: {stop:?}"
+        );
+        assert_eq!(stop[1]["path"], "/usr/bin/user-stop-1");
+        assert_eq!(stop[2]["path"], "/usr/bin/user-stop-2");
+        // Admission stays after the spec's own createRuntime hooks.
+        let create = v["hooks"]["createRuntime"].as_array().unwrap();
+        assert_eq!(create.len(), 2, "round {round}: {create:?}");
+        assert_eq!(create[0]["path"], "/usr/bin/user-create");
+        assert!(is_ours(&create[1]));
+    }
+}
+
+#[test]
 fn errors_go_to_stderr_and_the_runc_log() {
     let bench = Bench::standard();
     // A bundle without config.json: the wrapper refuses before exec, in runc's JSON log format.

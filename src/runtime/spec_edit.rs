@@ -94,8 +94,9 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// Adds the admission and release hooks to `spec` unless a vramgate hook is already at that
-/// stage. Returns whether anything changed; every other field is left as it was.
+/// Adds the admission hook (after the spec's own) and the release hook (before them) to `spec`,
+/// unless a vramgate hook is already at that stage. Returns whether anything changed; every
+/// other field is left as it was.
 pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value, hook: &Path) -> Result<bool> {
     let shape = |field: &str, found: &Value, expected| RuntimeError::SpecShape {
         path: path.to_path_buf(),
@@ -128,21 +129,26 @@ pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value
             .is_some_and(|entries| entries.iter().any(|e| is_vramgate_hook(e, hook)))
     };
     let mut changed = false;
-    let mut append = |hooks: &mut Map<String, Value>, stage: &str, entry: Value| {
+    let mut add = |hooks: &mut Map<String, Value>, stage: &str, entry: Value, first: bool| {
         let list = hooks.entry(stage).or_insert_with(|| Value::Array(Vec::new()));
         if list.is_null() {
             *list = Value::Array(Vec::new());
         }
         if let Value::Array(entries) = list {
-            entries.push(entry);
+            entries.insert(if first { 0 } else { entries.len() }, entry);
             changed = true;
         }
     };
+    // Admission stays after the spec's own hooks (where it always was): one of theirs that
+    // fails then stops the start before anything is reserved.
     if !ADMISSION_STAGES.iter().any(|s| present(hooks, s)) {
-        append(hooks, ADMISSION_STAGE, admission);
+        add(hooks, ADMISSION_STAGE, admission, false);
     }
+    // Release goes first: runc stops at the first poststop hook that fails, so behind a failing
+    // hook of the spec's own it would never run and the memory would stay reserved. A vramgate
+    // hook already there, wherever it is, is left where its writer put it.
     if !present(hooks, RELEASE_STAGE) {
-        append(hooks, RELEASE_STAGE, release);
+        add(hooks, RELEASE_STAGE, release, true);
     }
     Ok(changed)
 }
@@ -283,6 +289,30 @@ mod tests {
         );
         let relative = LazyConfig::new(PathBuf::from("vg.toml")).path_for_hook().unwrap();
         assert!(relative.is_absolute() && relative.ends_with("vg.toml"), "{relative:?}");
+    }
+
+    #[test]
+    fn release_goes_before_the_specs_poststop_hooks_admission_after() {
+        let hook = Path::new("/usr/bin/vramgate-hook");
+        let mut spec = json!({"hooks": {
+            "createRuntime": [{"path": "/a"}],
+            "poststop": [{"path": "/failing"}, {"path": "/b"}]
+        }});
+        let e = |s| hook_entry(hook, s, 60, None);
+        assert!(add_hooks(&mut spec, Path::new("c"), e("createRuntime"), e("poststop"), hook).unwrap());
+        let paths = |stage: &str| -> Vec<String> {
+            spec["hooks"][stage]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["path"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(paths("poststop"), ["/usr/bin/vramgate-hook", "/failing", "/b"]);
+        assert_eq!(paths("createRuntime"), ["/a", "/usr/bin/vramgate-hook"]);
+        let once = spec.clone();
+        assert!(!add_hooks(&mut spec, Path::new("c"), e("createRuntime"), e("poststop"), hook).unwrap());
+        assert_eq!(spec, once, "twice adds nothing");
     }
 
     #[test]
