@@ -315,6 +315,56 @@ fn a_symlinked_bundle_is_followed_as_runc_follows_it() {
 }
 
 #[test]
+fn run_adds_hooks_like_create() {
+    // `runc run` is `create` + `start` in one: a container started that way must be admitted.
+    let bench = Bench::standard();
+    let spec = request_spec();
+    let forms: &[&[&str]] = &[
+        &["run", "--bundle", "B", "id1"],
+        &["run", "-d", "-b=B", "id1"],
+        &[
+            "--root",
+            "/run/r",
+            "--log",
+            "/dev/null",
+            "run",
+            "--detach",
+            "--pid-file",
+            "/run/p.pid",
+            "--console-socket",
+            "/s.sock",
+            "--preserve-fds",
+            "1",
+            "--no-subreaper",
+            "--no-pivot",
+            "--no-new-keyring",
+            "--keep",
+            "-bundle",
+            "B",
+            "id1",
+        ],
+    ];
+    for (n, form) in forms.iter().enumerate() {
+        let bundle = bench.bundle(&format!("run{n}"), &spec);
+        let args: Vec<OsString> = form
+            .iter()
+            .map(|a| match *a {
+                "B" => bundle.clone().into_os_string(),
+                "-b=B" => OsString::from(format!("-b={}", bundle.display())),
+                _ => OsString::from(a),
+            })
+            .collect();
+        assert_quiet_success(&bench.run(&args, bench.dir.path()), &format!("{form:?}"));
+        assert_eq!(bench.recorded().as_ref(), Some(&args), "argv unchanged for {form:?}");
+        assert_only_hooks_added(&spec, &std::fs::read(bundle.join("config.json")).unwrap(), &bench);
+    }
+    // No bundle flag: the current directory, as for create.
+    let bundle = bench.bundle("run-cwd", &spec);
+    assert_quiet_success(&bench.run(&os(&["run", "id2"]), &bundle), "run in the bundle");
+    assert_only_hooks_added(&spec, &std::fs::read(bundle.join("config.json")).unwrap(), &bench);
+}
+
+#[test]
 fn a_bundle_named_create_is_not_the_verb() {
     let bench = Bench::standard();
     let spec = request_spec();

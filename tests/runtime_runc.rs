@@ -115,3 +115,22 @@ fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
     // ...first: runc reports the spec's hook as the second one, and it failed.
     assert!(stderr.contains("hook #1"), "{stderr}");
 }
+
+#[test]
+fn runc_run_through_the_wrapper_is_accounted() {
+    let (_dir, bed) = testbed("vg-rt-run");
+    let _cleanup = Cleanup(&bed);
+    let bundle = bed.bundle("r1", &["sleep", "30"], &request(), &[], false).unwrap();
+    let bundle = bundle.to_string_lossy().into_owned();
+    assert_ok(
+        wrapper(&bed, &["run", "--detach", "--bundle", &bundle, "r1"]),
+        "run --detach",
+    );
+    assert_eq!(reserved_ids(&bed), ["r1"], "admitted at createRuntime");
+    assert_ok(wrapper(&bed, &["kill", "r1", "KILL"]), "kill");
+    eventually("the container stops", || {
+        container_status(&bed, "r1").as_deref() == Some("stopped")
+    });
+    assert_ok(wrapper(&bed, &["delete", "r1"]), "delete");
+    assert!(reserved_ids(&bed).is_empty(), "released at poststop");
+}

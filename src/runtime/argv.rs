@@ -1,5 +1,5 @@
 //! runc's command line, as far as the wrapper needs it: the global flags (to find `--log` and
-//! `--log-format`), the verb, and for `create` the bundle.
+//! `--log-format`), the verb, and for `create` and `run` the bundle.
 //!
 //! Flags are read the way runc's CLI library (urfave/cli) reads them: one or two dashes, the
 //! value after a space or an `=`. Every flag that takes a value is named below, so its value
@@ -13,13 +13,25 @@ use std::path::PathBuf;
 /// runc's global options that take a value (`runc --root X create …`). Everything else before
 /// the verb is a switch (`--debug`, `--systemd-cgroup`, `--help`, `--version`).
 pub const GLOBAL_VALUE_FLAGS: &[&str] = &["root", "log", "log-format", "criu", "rootless"];
-/// `runc create` options that take a value.
-pub const CREATE_VALUE_FLAGS: &[&str] = &["bundle", "b", "console-socket", "pid-file", "preserve-fds"];
+/// Options of `runc create` and `runc run` that take a value (`pidfd-socket` since runc 1.2).
+/// `run` adds only switches to create's: `--detach`/`-d`, `--keep`, `--no-subreaper`.
+pub const CREATE_VALUE_FLAGS: &[&str] = &[
+    "bundle",
+    "b",
+    "console-socket",
+    "pidfd-socket",
+    "pid-file",
+    "preserve-fds",
+];
 pub const LOG_FLAG: &str = "log";
 pub const LOG_FORMAT_FLAG: &str = "log-format";
 /// The two spellings of the bundle flag (`--bundle`, `-b`; runc accepts either dash count).
 pub const BUNDLE_FLAGS: &[&str] = &["bundle", "b"];
 pub const CREATE_VERB: &str = "create";
+/// `create` and `start` in one: the container is created from the bundle just the same.
+pub const RUN_VERB: &str = "run";
+/// The verbs that create a container from a bundle, and so get the hooks.
+pub const BUNDLE_VERBS: &[&str] = &[CREATE_VERB, RUN_VERB];
 
 /// What the wrapper needs from runc's command line.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -30,7 +42,7 @@ pub struct Invocation {
     pub log: Option<PathBuf>,
     /// `--log-format`: `text` (runc's default) or `json` (what containerd passes).
     pub log_format: Option<OsString>,
-    /// For `create`: the bundle directory, `.` when no flag names it.
+    /// For `create` and `run`: the bundle directory, `.` when no flag names it.
     pub bundle: Option<PathBuf>,
 }
 
@@ -63,7 +75,8 @@ fn flag_value(inline: Option<&OsStr>, args: &[OsString], i: &mut usize) -> Optio
     }
 }
 
-/// Reads the global flags, the verb and, for `create`, the bundle. `args` excludes argv[0].
+/// Reads the global flags, the verb and, for `create` and `run`, the bundle. `args` excludes
+/// argv[0].
 pub fn parse_args(args: &[OsString]) -> Invocation {
     let mut inv = Invocation::default();
     let mut i = 0;
@@ -84,7 +97,11 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
             inv.log_format = value;
         }
     }
-    if inv.verb.as_deref() != Some(OsStr::new(CREATE_VERB)) {
+    if !inv
+        .verb
+        .as_deref()
+        .is_some_and(|v| is_one_of(v.as_bytes(), BUNDLE_VERBS))
+    {
         return inv;
     }
     let mut bundle = None;
@@ -214,7 +231,60 @@ mod tests {
                 Some("/l"),
                 Some("/b"),
             ),
-            (&["--root", "create", "run", "-b", "/b", "id"], Some("run"), None, None),
+            // `run` is `create` + `start`: the same bundle flags.
+            (
+                &["--root", "create", "run", "-b", "/b", "id"],
+                Some("run"),
+                None,
+                Some("/b"),
+            ),
+            (&["run", "id"], Some("run"), None, Some(".")),
+            (&["run", "-d", "--bundle", "/b", "id"], Some("run"), None, Some("/b")),
+            (
+                &["run", "--detach", "-b=/b", "--keep", "id"],
+                Some("run"),
+                None,
+                Some("/b"),
+            ),
+            (
+                &[
+                    "--log",
+                    "/l",
+                    "run",
+                    "--pid-file",
+                    "/p",
+                    "--console-socket",
+                    "/s",
+                    "--preserve-fds",
+                    "2",
+                    "--no-subreaper",
+                    "--no-pivot",
+                    "--no-new-keyring",
+                    "-b",
+                    "/b",
+                    "id",
+                ],
+                Some("run"),
+                Some("/l"),
+                Some("/b"),
+            ),
+            (&["run", "--pid-file", "-b", "id"], Some("run"), None, Some(".")),
+            (&["run", "--", "-b", "/b"], Some("run"), None, Some(".")),
+            // runc 1.2's --pidfd-socket takes a value, for create and run alike.
+            (
+                &["create", "--pidfd-socket", "-b", "id"],
+                Some("create"),
+                None,
+                Some("."),
+            ),
+            (
+                &["run", "--pidfd-socket=/s", "-b", "/b", "id"],
+                Some("run"),
+                None,
+                Some("/b"),
+            ),
+            // Only create and run name a bundle; restore's and exec's flags are not read.
+            (&["exec", "-b", "/b", "id"], Some("exec"), None, None),
             (&[], None, None, None),
         ];
         for (args, verb, log, bundle) in cases {

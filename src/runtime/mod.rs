@@ -1,10 +1,10 @@
 //! `vramgate-runtime`: a runc-compatible wrapper, in the manner of `nvidia-container-runtime`.
 //!
 //! Engines that cannot be told to run an OCI hook (Docker, containerd) can be told to use
-//! another runtime binary. On `create`, this wrapper adds the vramgate hooks to the bundle's
-//! `config.json` when the spec carries a VRAM request; then, for every verb, it `exec`s the
-//! next runtime (from config: the first of an ordered list found on PATH) with the argv it was
-//! given. Everything but the `hooks` entries it adds is left byte-for-byte alone: the spec is
+//! another runtime binary. On `create` (and `run`: `create` then `start`), this wrapper adds
+//! the vramgate hooks to the bundle's `config.json` when the spec carries a VRAM request; then,
+//! for every verb, it `exec`s the next runtime (from config: the first of an ordered list found
+//! on PATH) with the argv it was given. Everything but the `hooks` entries it adds is left byte-for-byte alone: the spec is
 //! edited as an order-preserving JSON tree, never through structs that drop unknown fields, and
 //! a spec without a request is not even rewritten.
 //!
