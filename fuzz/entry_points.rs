@@ -175,7 +175,7 @@ pub fn config(data: &[u8]) {
         Ok(config) => {
             assert!(config.state_dir.is_absolute());
             assert!(config.wait_timeout <= config.max_wait_timeout);
-            let gpus = config.static_gpus_or_simulated();
+            let gpus = config.inventory.static_gpus_or_simulated();
             assert!(!gpus.is_empty());
             let _ = Rules::from_config(&config);
         }

@@ -42,8 +42,8 @@ impl Rules {
     pub fn from_config(config: &crate::config::Config) -> Rules {
         Rules {
             headroom: config.headroom,
-            backfill: config.backfill,
-            backfill_bound: config.backfill_bound,
+            backfill: config.queue.backfill,
+            backfill_bound: config.queue.backfill_bound,
         }
     }
 

@@ -88,6 +88,7 @@ pub struct StaticGpu {
     pub minor: u32,
 }
 
+/// The whole file: the top-level keys, and one struct per table.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The file this came from; `None` when no file exists and defaults apply.
@@ -98,14 +99,32 @@ pub struct Config {
     pub wait_timeout: Duration,
     pub max_wait_timeout: Duration,
     pub on_state_error: OnStateError,
-    pub backfill: bool,
-    pub backfill_bound: Duration,
-    pub poll_interval: Duration,
-    pub backend: Backend,
-    pub nvml_library: String,
-    pub static_gpus: Vec<StaticGpu>,
+    /// `[queue]`: how waiters (policy `wait`) are ordered and how often they look again.
+    pub queue: QueueConfig,
+    /// `[inventory]`: where the GPUs' memory figures come from.
+    pub inventory: InventoryConfig,
     /// `[runtime]`: what `vramgate-runtime` runs next and which hook it injects.
     pub runtime: RuntimeConfig,
+}
+
+/// The `[queue]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Let a request that fits pass older waiters...
+    pub backfill: bool,
+    /// ...but never one that has waited longer than this.
+    pub backfill_bound: Duration,
+    /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
+    pub poll_interval: Duration,
+}
+
+/// The `[inventory]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryConfig {
+    pub backend: Backend,
+    pub nvml_library: String,
+    /// `[[inventory.gpus]]`: the static backend's GPUs; empty means the simulated one.
+    pub gpus: Vec<StaticGpu>,
 }
 
 /// The `[runtime]` table, read by the `vramgate-runtime` wrapper.
@@ -120,6 +139,43 @@ pub struct RuntimeConfig {
     pub hook_path: Option<PathBuf>,
 }
 
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            source: None,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            headroom: Quantity::Bytes(0),
+            policy: Policy::Reject,
+            wait_timeout: Duration::from_secs(300),
+            max_wait_timeout: Duration::from_secs(3600),
+            on_state_error: OnStateError::FailClosed,
+            queue: QueueConfig::default(),
+            inventory: InventoryConfig::default(),
+            runtime: RuntimeConfig::default(),
+        }
+    }
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            backfill: false,
+            backfill_bound: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Default for InventoryConfig {
+    fn default() -> Self {
+        InventoryConfig {
+            backend: Backend::Auto,
+            nvml_library: "libnvidia-ml.so.1".to_string(),
+            gpus: Vec::new(),
+        }
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
@@ -128,6 +184,10 @@ impl Default for RuntimeConfig {
         }
     }
 }
+
+// The file as TOML has it: every value a string where vramgate parses it itself (sizes,
+// durations), so its own one-line errors name the key. `deny_unknown_fields` turns a typo
+// into an error instead of a silently ignored setting.
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -180,40 +240,37 @@ struct RawGpu {
     minor: Option<u32>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            source: None,
-            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            headroom: Quantity::Bytes(0),
-            policy: Policy::Reject,
-            wait_timeout: Duration::from_secs(300),
-            max_wait_timeout: Duration::from_secs(3600),
-            on_state_error: OnStateError::FailClosed,
-            backfill: false,
-            backfill_bound: Duration::from_secs(30),
-            poll_interval: Duration::from_secs(1),
-            backend: Backend::Auto,
-            nvml_library: "libnvidia-ml.so.1".to_string(),
-            static_gpus: Vec::new(),
-            runtime: RuntimeConfig::default(),
+/// Makes the errors of one file: each names the file, the key and the value.
+struct Keys<'a> {
+    path: &'a Path,
+}
+
+impl Keys<'_> {
+    fn bad(&self, key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Value {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            value: value.to_string(),
+            reason: reason.into(),
         }
+    }
+
+    fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
+        quantity::parse_duration(value).map_err(|e| self.bad(key, value, e.to_string()))
     }
 }
 
-/// The config path in effect: `$VRAMGATE_CONFIG`, else the default.
-pub fn config_path() -> PathBuf {
+/// The config path in effect: `$VRAMGATE_CONFIG`, else the default. Only the binaries call
+/// this; the library takes the path as a parameter, so nothing below a binary reads the
+/// environment to find its config.
+pub fn path_from_env() -> PathBuf {
     std::env::var_os(CONFIG_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
 impl Config {
-    /// Loads the config in effect. A missing file means defaults; anything else wrong is an error.
-    pub fn load() -> Result<Config, ConfigError> {
-        Config::load_from(&config_path())
-    }
-
+    /// Loads the config at `path`. A missing file means defaults; anything else wrong is an error.
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
             Ok(text) => Config::parse(&text, path),
@@ -225,6 +282,9 @@ impl Config {
         }
     }
 
+    /// Parses a config file's text. The tables are checked in file order (top-level keys,
+    /// `[queue]`, `[inventory]`, `[runtime]`), so a file with several mistakes always reports
+    /// the same, first one.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
@@ -233,48 +293,42 @@ impl Config {
             message: crate::one_line(e.message())
                 + &e.span().map(|s| format!(" (at byte {})", s.start)).unwrap_or_default(),
         })?;
-        let mut config = Config {
-            source: Some(path.to_path_buf()),
-            ..Config::default()
-        };
-        let bad = |key: &str, value: &str, reason: String| ConfigError::Value {
-            path: path.to_path_buf(),
-            key: key.to_string(),
-            value: value.to_string(),
-            reason,
-        };
-        let duration =
-            |key: &str, value: &str| quantity::parse_duration(value).map_err(|e| bad(key, value, e.to_string()));
+        let keys = Keys { path };
+        let mut config = Config::top_level(&raw, &keys)?;
+        config.source = Some(path.to_path_buf());
+        config.queue = QueueConfig::parse(raw.queue, &keys)?;
+        config.inventory = InventoryConfig::parse(raw.inventory, &keys)?;
+        config.runtime = RuntimeConfig::parse(raw.runtime, &keys)?;
+        Ok(config)
+    }
 
-        if let Some(dir) = raw.state_dir {
+    /// The keys outside any table; the tables keep their defaults.
+    fn top_level(raw: &RawConfig, keys: &Keys) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        if let Some(dir) = &raw.state_dir {
             if !dir.is_absolute() {
-                return Err(bad(
-                    "state_dir",
-                    &dir.display().to_string(),
-                    "must be an absolute path".into(),
-                ));
+                return Err(keys.bad("state_dir", &dir.display().to_string(), "must be an absolute path"));
             }
-            config.state_dir = dir;
+            config.state_dir = dir.clone();
         }
-        if let Some(v) = raw.headroom {
+        if let Some(v) = &raw.headroom {
             config.headroom = if v.trim() == "0" {
                 Quantity::Bytes(0)
             } else {
-                quantity::parse_quantity(&v).map_err(|e| bad("headroom", &v, e.to_string()))?
+                quantity::parse_quantity(v).map_err(|e| keys.bad("headroom", v, e.to_string()))?
             };
         }
-        if let Some(v) = raw.policy {
-            config.policy =
-                Policy::parse(&v).ok_or_else(|| bad("policy", &v, "must be \"reject\" or \"wait\"".into()))?;
+        if let Some(v) = &raw.policy {
+            config.policy = Policy::parse(v).ok_or_else(|| keys.bad("policy", v, "must be \"reject\" or \"wait\""))?;
         }
-        if let Some(v) = raw.wait_timeout {
-            config.wait_timeout = duration("wait_timeout", &v)?;
+        if let Some(v) = &raw.wait_timeout {
+            config.wait_timeout = keys.duration("wait_timeout", v)?;
         }
-        if let Some(v) = raw.max_wait_timeout {
-            config.max_wait_timeout = duration("max_wait_timeout", &v)?;
+        if let Some(v) = &raw.max_wait_timeout {
+            config.max_wait_timeout = keys.duration("max_wait_timeout", v)?;
         }
         if config.wait_timeout > config.max_wait_timeout {
-            return Err(bad(
+            return Err(keys.bad(
                 "wait_timeout",
                 &quantity::format_duration(config.wait_timeout),
                 format!(
@@ -286,103 +340,62 @@ impl Config {
         if let Some(v) = raw.on_state_error {
             config.on_state_error = v;
         }
-        if let Some(v) = raw.queue.backfill {
-            config.backfill = v;
+        Ok(config)
+    }
+}
+
+impl QueueConfig {
+    fn parse(raw: RawQueue, keys: &Keys) -> Result<QueueConfig, ConfigError> {
+        let mut queue = QueueConfig::default();
+        if let Some(v) = raw.backfill {
+            queue.backfill = v;
         }
-        if let Some(v) = raw.queue.backfill_bound {
-            config.backfill_bound = duration("queue.backfill_bound", &v)?;
+        if let Some(v) = raw.backfill_bound {
+            queue.backfill_bound = keys.duration("queue.backfill_bound", &v)?;
         }
-        if let Some(v) = raw.queue.poll_interval {
-            let interval = duration("queue.poll_interval", &v)?;
+        if let Some(v) = raw.poll_interval {
+            let interval = keys.duration("queue.poll_interval", &v)?;
+            // Below 10ms a waiter spends its time querying the driver; above 60s it sees memory
+            // freed outside vramgate a minute late.
             if interval < Duration::from_millis(10) || interval > Duration::from_secs(60) {
-                return Err(bad("queue.poll_interval", &v, "must be between 10ms and 60s".into()));
+                return Err(keys.bad("queue.poll_interval", &v, "must be between 10ms and 60s"));
             }
-            config.poll_interval = interval;
+            queue.poll_interval = interval;
         }
-        if let Some(v) = raw.inventory.backend {
-            config.backend = v;
+        Ok(queue)
+    }
+}
+
+impl InventoryConfig {
+    fn parse(raw: RawInventory, keys: &Keys) -> Result<InventoryConfig, ConfigError> {
+        let mut inventory = InventoryConfig::default();
+        if let Some(v) = raw.backend {
+            inventory.backend = v;
         }
-        if let Some(v) = raw.inventory.nvml_library {
-            config.nvml_library = v;
+        if let Some(v) = raw.nvml_library {
+            inventory.nvml_library = v;
         }
-        for (n, gpu) in raw.inventory.gpus.into_iter().enumerate() {
-            let key = |field: &str| format!("inventory.gpus[{n}].{field}");
-            let total = match quantity::parse_quantity(&gpu.total) {
-                Ok(Quantity::Bytes(b)) => b,
-                Ok(Quantity::PartsPerMillion(_)) => {
-                    return Err(bad(
-                        &key("total"),
-                        &gpu.total,
-                        "must be an absolute amount, not a percentage".into(),
-                    ))
-                }
-                Err(e) => return Err(bad(&key("total"), &gpu.total, e.to_string())),
-            };
-            let used_outside = match gpu.used_outside.as_deref().map(str::trim) {
-                None | Some("0") => 0,
-                Some(v) => quantity::parse_quantity(v)
-                    .map_err(|e| bad(&key("used_outside"), v, e.to_string()))?
-                    .bytes_on(total),
-            };
-            if gpu.uuid.trim().is_empty() || gpu.uuid.len() > 128 {
-                return Err(bad(&key("uuid"), &gpu.uuid, "must be a non-empty GPU UUID".into()));
-            }
-            if config
-                .static_gpus
+        for (n, gpu) in raw.gpus.into_iter().enumerate() {
+            let gpu = StaticGpu::parse(gpu, n, keys)?;
+            if inventory
+                .gpus
                 .iter()
                 .any(|g| g.index == gpu.index || g.uuid == gpu.uuid)
             {
-                return Err(bad(
-                    &key("index"),
+                return Err(keys.bad(
+                    &format!("inventory.gpus[{n}].index"),
                     &gpu.index.to_string(),
-                    "another GPU has the same index or uuid".into(),
+                    "another GPU has the same index or uuid",
                 ));
             }
-            config.static_gpus.push(StaticGpu {
-                index: gpu.index,
-                uuid: gpu.uuid,
-                total,
-                used_outside,
-                minor: gpu.minor.unwrap_or(gpu.index),
-            });
+            inventory.gpus.push(gpu);
         }
-        if let Some(runtimes) = raw.runtime.runtimes {
-            let listed = format!("{runtimes:?}");
-            if runtimes.is_empty() {
-                return Err(bad(
-                    "runtime.runtimes",
-                    &listed,
-                    "must name at least one runtime, e.g. [\"runc\"]".into(),
-                ));
-            }
-            if let Some(name) = runtimes
-                .iter()
-                .find(|r| r.trim().is_empty() || r.contains('\0') || (r.contains('/') && !r.starts_with('/')))
-            {
-                return Err(bad(
-                    "runtime.runtimes",
-                    name,
-                    "each entry must be a command name found on PATH or an absolute path".into(),
-                ));
-            }
-            config.runtime.runtimes = runtimes;
-        }
-        if let Some(hook) = raw.runtime.hook_path {
-            if !hook.is_absolute() {
-                return Err(bad(
-                    "runtime.hook_path",
-                    &hook.display().to_string(),
-                    "must be an absolute path".into(),
-                ));
-            }
-            config.runtime.hook_path = Some(hook);
-        }
-        Ok(config)
+        Ok(inventory)
     }
 
     /// The static GPU list in effect: the configured one, else the built-in simulated card.
     pub fn static_gpus_or_simulated(&self) -> Vec<StaticGpu> {
-        if self.static_gpus.is_empty() {
+        if self.gpus.is_empty() {
             vec![StaticGpu {
                 index: 0,
                 uuid: SIMULATED_GPU_UUID.to_string(),
@@ -391,8 +404,81 @@ impl Config {
                 minor: 0,
             }]
         } else {
-            self.static_gpus.clone()
+            self.gpus.clone()
         }
+    }
+}
+
+impl StaticGpu {
+    /// One `[[inventory.gpus]]` entry, the `n`th of the file.
+    fn parse(gpu: RawGpu, n: usize, keys: &Keys) -> Result<StaticGpu, ConfigError> {
+        let key = |field: &str| format!("inventory.gpus[{n}].{field}");
+        let total = match quantity::parse_quantity(&gpu.total) {
+            Ok(Quantity::Bytes(b)) => b,
+            Ok(Quantity::PartsPerMillion(_)) => {
+                return Err(keys.bad(
+                    &key("total"),
+                    &gpu.total,
+                    "must be an absolute amount, not a percentage",
+                ))
+            }
+            Err(e) => return Err(keys.bad(&key("total"), &gpu.total, e.to_string())),
+        };
+        let used_outside = match gpu.used_outside.as_deref().map(str::trim) {
+            None | Some("0") => 0,
+            Some(v) => quantity::parse_quantity(v)
+                .map_err(|e| keys.bad(&key("used_outside"), v, e.to_string()))?
+                .bytes_on(total),
+        };
+        if gpu.uuid.trim().is_empty() || gpu.uuid.len() > 128 {
+            return Err(keys.bad(&key("uuid"), &gpu.uuid, "must be a non-empty GPU UUID"));
+        }
+        Ok(StaticGpu {
+            index: gpu.index,
+            uuid: gpu.uuid,
+            total,
+            used_outside,
+            minor: gpu.minor.unwrap_or(gpu.index),
+        })
+    }
+}
+
+impl RuntimeConfig {
+    fn parse(raw: RawRuntime, keys: &Keys) -> Result<RuntimeConfig, ConfigError> {
+        let mut runtime = RuntimeConfig::default();
+        if let Some(runtimes) = raw.runtimes {
+            if runtimes.is_empty() {
+                return Err(keys.bad(
+                    "runtime.runtimes",
+                    &format!("{runtimes:?}"),
+                    "must name at least one runtime, e.g. [\"runc\"]",
+                ));
+            }
+            // A relative path with a slash would resolve against whatever directory the engine
+            // started the wrapper in.
+            if let Some(name) = runtimes
+                .iter()
+                .find(|r| r.trim().is_empty() || r.contains('\0') || (r.contains('/') && !r.starts_with('/')))
+            {
+                return Err(keys.bad(
+                    "runtime.runtimes",
+                    name,
+                    "each entry must be a command name found on PATH or an absolute path",
+                ));
+            }
+            runtime.runtimes = runtimes;
+        }
+        if let Some(hook) = raw.hook_path {
+            if !hook.is_absolute() {
+                return Err(keys.bad(
+                    "runtime.hook_path",
+                    &hook.display().to_string(),
+                    "must be an absolute path",
+                ));
+            }
+            runtime.hook_path = Some(hook);
+        }
+        Ok(runtime)
     }
 }
 
@@ -409,8 +495,8 @@ mod tests {
         let c = parse("").unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/run/vramgate"));
         assert_eq!(c.policy, Policy::Reject);
-        assert_eq!(c.backend, Backend::Auto);
-        assert_eq!(c.static_gpus_or_simulated()[0].total, 24_265 << 20);
+        assert_eq!(c.inventory.backend, Backend::Auto);
+        assert_eq!(c.inventory.static_gpus_or_simulated()[0].total, 24_265 << 20);
     }
 
     #[test]
@@ -451,10 +537,30 @@ minor = 5
         assert_eq!(c.policy, Policy::Wait);
         assert_eq!(c.wait_timeout, Duration::from_secs(90));
         assert_eq!(c.on_state_error, OnStateError::FailOpen);
-        assert!(c.backfill);
-        assert_eq!(c.static_gpus.len(), 2);
-        assert_eq!(c.static_gpus[0].used_outside, 1 << 30);
-        assert_eq!(c.static_gpus[1].minor, 5);
+        assert!(c.queue.backfill);
+        assert_eq!(c.inventory.gpus.len(), 2);
+        assert_eq!(c.inventory.gpus[0].used_outside, 1 << 30);
+        assert_eq!(c.inventory.gpus[1].minor, 5);
+        assert_eq!(c.runtime, RuntimeConfig::default());
+    }
+
+    #[test]
+    fn each_table_has_its_own_struct() {
+        let c = parse("[queue]\nbackfill = true\n[inventory]\nbackend = \"static\"").unwrap();
+        assert_eq!(
+            c.queue,
+            QueueConfig {
+                backfill: true,
+                ..QueueConfig::default()
+            }
+        );
+        assert_eq!(
+            c.inventory,
+            InventoryConfig {
+                backend: Backend::Static,
+                ..InventoryConfig::default()
+            }
+        );
         assert_eq!(c.runtime, RuntimeConfig::default());
     }
 

@@ -15,7 +15,7 @@ use crate::inventory::{self, Inventory, NvmlInventory};
 use crate::ledger::StateDir;
 use crate::quantity::format_bytes;
 
-/// Where doctor looks. `Paths::host()` is the real host; tests use `Paths::under(root)`.
+/// Where doctor looks. `Paths::host(config)` is the real host; tests use `Paths::under(root, config)`.
 #[derive(Debug, Clone)]
 pub struct Paths {
     pub config: PathBuf,
@@ -28,8 +28,8 @@ pub struct Paths {
 pub const HOOK_BINARY: &str = "vramgate-hook";
 
 impl Paths {
-    pub fn host() -> Paths {
-        Paths::under(Path::new("/"), crate::config::config_path())
+    pub fn host(config: PathBuf) -> Paths {
+        Paths::under(Path::new("/"), config)
     }
 
     pub fn under(root: &Path, config: PathBuf) -> Paths {
@@ -148,10 +148,10 @@ fn check_inventory(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
     let device_nodes = paths.at("/dev/nvidiactl").exists();
     // NVML is opened directly (not through `inventory::open`) so that doctor can say which
     // library it loaded and which driver answered.
-    let nvml = match config.backend {
+    let nvml = match config.inventory.backend {
         Backend::Static => None,
-        Backend::Auto if !config.static_gpus.is_empty() => None,
-        Backend::Nvml | Backend::Auto => Some(NvmlInventory::open(&config.nvml_library)),
+        Backend::Auto if !config.inventory.gpus.is_empty() => None,
+        Backend::Nvml | Backend::Auto => Some(NvmlInventory::open(&config.inventory.nvml_library)),
     };
     match nvml {
         None => {
@@ -168,7 +168,7 @@ fn check_inventory(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
             }
         }
         Some(Err(e @ inventory::InventoryError::NvmlLoad { .. }))
-            if config.backend == Backend::Auto && !device_nodes =>
+            if config.inventory.backend == Backend::Auto && !device_nodes =>
         {
             checks.push(ok(
                 "inventory",

@@ -12,6 +12,7 @@
 //! directory shows at once; a changed `[inventory]` section needs a restart.
 
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
 
 use crate::config::{Config, ConfigError};
 use crate::inventory::{Inventory, InventoryError};
@@ -39,13 +40,15 @@ pub struct Exporter {
     server: tiny_http::Server,
     addr: SocketAddr,
     inventory: Box<dyn Inventory>,
+    /// Re-read at every scrape, so an edited config (state_dir, headroom) shows at once.
+    config_path: PathBuf,
 }
 
 impl Exporter {
     /// Loads the config, opens the inventory and listens on `listen` (`host:port`; port 0
     /// picks a free one, see [`Exporter::local_addr`]).
-    pub fn bind(listen: &str) -> Result<Exporter> {
-        let config = Config::load()?;
+    pub fn bind(listen: &str, config_path: PathBuf) -> Result<Exporter> {
+        let config = Config::load_from(&config_path)?;
         let inventory = crate::inventory::open(&config)?;
         let listen_err = |source| ExporterError::Listen {
             addr: listen.to_string(),
@@ -61,6 +64,7 @@ impl Exporter {
             server,
             addr,
             inventory,
+            config_path,
         })
     }
 
@@ -96,7 +100,7 @@ impl Exporter {
             return (405, TEXT, "only GET is served\n".into());
         }
         match path {
-            METRICS_PATH => match Config::load()
+            METRICS_PATH => match Config::load_from(&self.config_path)
                 .map_err(crate::metrics::MetricsError::from)
                 .and_then(|config| crate::metrics::snapshot(&config, self.inventory.as_ref()))
             {

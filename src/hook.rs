@@ -6,6 +6,7 @@
 //! host, so the common paths are short: a container with no request costs one read of its
 //! spec and no lock at all; an admission or release is one locked transaction.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::clock::SystemClock;
@@ -97,17 +98,19 @@ pub enum Outcome {
     FailedOpen(String),
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HookOptions {
     /// The timeout the runtime gives this hook, when the hook entry says so (`--hook-timeout`).
     pub hook_timeout: Option<Duration>,
+    /// The config file to read (the binary takes it from `$VRAMGATE_CONFIG`).
+    pub config_path: PathBuf,
 }
 
 /// Runs one hook invocation: `state_json` is what the runtime wrote on stdin.
 pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) -> Result<Outcome, HookError> {
     let state = ContainerState::read_from(state_json)?;
     match stage {
-        Stage::Poststop => release(&state),
+        Stage::Poststop => release(&state, &options.config_path),
         _ => {
             let spec = SpecView::read_bundle(&state.bundle)?;
             if !request::has_request(&spec) {
@@ -120,7 +123,7 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
             let Some(request) = request else {
                 return Ok(Outcome::NoRequest);
             };
-            let config = Config::load()?;
+            let config = Config::load_from(&options.config_path)?;
             match admit(&state, &request, &config, options) {
                 Err(e) if e.is_state_error() && config.on_state_error == OnStateError::FailOpen => {
                     let message = e.to_string();
@@ -136,8 +139,8 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
 /// container vramgate never saw is no error. Decided from the ledger, not from the bundle's
 /// spec: a spec rewritten after create must not leave a reservation behind.
-fn release(state: &ContainerState) -> Result<Outcome, HookError> {
-    let config = Config::load()?;
+fn release(state: &ContainerState, config_path: &Path) -> Result<Outcome, HookError> {
+    let config = Config::load_from(config_path)?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         return Ok(Outcome::Released { found: false });
     };

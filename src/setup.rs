@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use crate::runtime::write_atomically;
+use crate::atomic_file;
 
 pub const DOCKER_DAEMON_JSON: &str = "/etc/docker/daemon.json";
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
@@ -158,6 +158,17 @@ pub fn plan(options: &SetupOptions) -> Result<Plan> {
     }
 }
 
+/// Replaces `path` atomically. An engine's config directory may be a symlink (a distribution
+/// or an admin moving `/etc/docker` elsewhere); atomic_file opens the directory it writes in
+/// with O_NOFOLLOW, so it gets the resolved one.
+fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let target = match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)?.join(name),
+        _ => path.to_path_buf(),
+    };
+    atomic_file::replace(&target, bytes, mode, None)
+}
+
 /// Writes the plan: backups first, then each file atomically (keeping its mode).
 pub fn apply(plan: &Plan) -> Result<()> {
     for change in &plan.changes {
@@ -166,7 +177,7 @@ pub fn apply(plan: &Plan) -> Result<()> {
             source,
         };
         if let (Some(backup), Some(previous)) = (&change.backup, &change.previous) {
-            write_atomically(backup, previous, 0o600, None).map_err(|source| SetupError::Write {
+            replace_file(backup, previous, 0o600).map_err(|source| SetupError::Write {
                 path: backup.clone(),
                 source,
             })?;
@@ -177,7 +188,7 @@ pub fn apply(plan: &Plan) -> Result<()> {
                     std::fs::create_dir_all(dir).map_err(write_err)?;
                 }
                 let mode = std::fs::metadata(&change.path).map(|m| m.mode()).unwrap_or(0o644);
-                write_atomically(&change.path, bytes, mode, None).map_err(write_err)?;
+                replace_file(&change.path, bytes, mode).map_err(write_err)?;
             }
             Action::Remove => match std::fs::remove_file(&change.path) {
                 Ok(()) => {}
@@ -642,6 +653,21 @@ mod tests {
         let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(v, serde_json::from_str::<Value>(original).unwrap());
         assert!(run(&o).changes.is_empty());
+    }
+
+    #[test]
+    fn a_symlinked_config_directory_is_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("daemon.json"), "{\"log-driver\": \"journald\"}\n").unwrap();
+        let link = dir.path().join("docker");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        run(&options(Engine::Docker, &link));
+        let v: Value = serde_json::from_slice(&std::fs::read(real.join("daemon.json")).unwrap()).unwrap();
+        assert_eq!(v["runtimes"]["vramgate"]["path"], "/usr/bin/vramgate-runtime");
+        assert!(real.join("daemon.json.vramgate-backup").exists());
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
     }
 
     #[test]

@@ -61,12 +61,10 @@ fn the_commented_defaults_are_the_real_defaults() {
     let config = Config::parse(&text, Path::new("uncommented.toml"))
         .unwrap_or_else(|e| panic!("packaging/config.toml with every setting uncommented: {e}"));
     // The one example that is not a default: the static GPU table.
-    assert_eq!(config.static_gpus.len(), 1);
-    assert_eq!(config.static_gpus[0].total, 80 << 30);
-    let config = Config {
-        static_gpus: Vec::new(),
-        ..config
-    };
+    assert_eq!(config.inventory.gpus.len(), 1);
+    assert_eq!(config.inventory.gpus[0].total, 80 << 30);
+    let mut config = config;
+    config.inventory.gpus.clear();
     assert_eq!(without_source(config), without_source(Config::default()));
 }
 
@@ -99,4 +97,32 @@ fn readme_shipped_config_and_man_page_name_the_same_keys() {
         undocumented.is_empty(),
         "man/vramgate.toml.5 does not describe {undocumented:?}"
     );
+}
+
+/// `vramgate --config` wins over `$VRAMGATE_CONFIG`, which wins over the default; the CLI
+/// passes the path down instead of exporting it.
+#[test]
+fn the_cli_reads_the_config_named_by_flag_else_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str| {
+        let config = dir.path().join(format!("{name}.toml"));
+        let state = dir.path().join(format!("{name}-state"));
+        std::fs::write(&config, format!("state_dir = {:?}\n", state.display().to_string())).unwrap();
+        (config, state)
+    };
+    let (flag_config, flag_state) = write("flag");
+    let (env_config, env_state) = write("env");
+    let gc = |flag: Option<&Path>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vramgate"));
+        if let Some(path) = flag {
+            cmd.arg("--config").arg(path);
+        }
+        let out = cmd.arg("gc").env("VRAMGATE_CONFIG", &env_config).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = gc(Some(&flag_config));
+    assert!(out.contains(&flag_state.display().to_string()), "{out}");
+    let out = gc(None);
+    assert!(out.contains(&env_state.display().to_string()), "{out}");
 }

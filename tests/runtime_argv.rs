@@ -288,6 +288,79 @@ fn create_adds_hooks_in_every_bundle_flag_form() {
 }
 
 #[test]
+fn a_symlinked_bundle_is_followed_as_runc_follows_it() {
+    let bench = Bench::standard();
+    let spec = request_spec();
+    let real = bench.bundle("real-bundle", &spec);
+    let link = bench.dir.path().join("link-bundle");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let args = vec![
+        OsString::from("create"),
+        OsString::from("--bundle"),
+        link.clone().into_os_string(),
+        OsString::from("id"),
+    ];
+    assert_quiet_success(&bench.run(&args, bench.dir.path()), "create through a symlink");
+    assert_eq!(bench.recorded().as_ref(), Some(&args));
+    assert_only_hooks_added(&spec, &std::fs::read(real.join("config.json")).unwrap(), &bench);
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+        "the link stays"
+    );
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 1, "no temporary file left");
+}
+
+#[test]
+fn run_adds_hooks_like_create() {
+    // `runc run` is `create` + `start` in one: a container started that way must be admitted.
+    let bench = Bench::standard();
+    let spec = request_spec();
+    let forms: &[&[&str]] = &[
+        &["run", "--bundle", "B", "id1"],
+        &["run", "-d", "-b=B", "id1"],
+        &[
+            "--root",
+            "/run/r",
+            "--log",
+            "/dev/null",
+            "run",
+            "--detach",
+            "--pid-file",
+            "/run/p.pid",
+            "--console-socket",
+            "/s.sock",
+            "--preserve-fds",
+            "1",
+            "--no-subreaper",
+            "--no-pivot",
+            "--no-new-keyring",
+            "--keep",
+            "-bundle",
+            "B",
+            "id1",
+        ],
+    ];
+    for (n, form) in forms.iter().enumerate() {
+        let bundle = bench.bundle(&format!("run{n}"), &spec);
+        let args: Vec<OsString> = form
+            .iter()
+            .map(|a| match *a {
+                "B" => bundle.clone().into_os_string(),
+                "-b=B" => OsString::from(format!("-b={}", bundle.display())),
+                _ => OsString::from(a),
+            })
+            .collect();
+        assert_quiet_success(&bench.run(&args, bench.dir.path()), &format!("{form:?}"));
+        assert_eq!(bench.recorded().as_ref(), Some(&args), "argv unchanged for {form:?}");
+        assert_only_hooks_added(&spec, &std::fs::read(bundle.join("config.json")).unwrap(), &bench);
+    }
+    // No bundle flag: the current directory, as for create.
+    let bundle = bench.bundle("run-cwd", &spec);
+    assert_quiet_success(&bench.run(&os(&["run", "id2"]), &bundle), "run in the bundle");
+    assert_only_hooks_added(&spec, &std::fs::read(bundle.join("config.json")).unwrap(), &bench);
+}
+
+#[test]
 fn a_bundle_named_create_is_not_the_verb() {
     let bench = Bench::standard();
     let spec = request_spec();
@@ -389,6 +462,44 @@ fn env_request_pretty_spec_and_idempotence() {
         assert_eq!(entries[0]["path"], "/opt/vramgate/vramgate-hook");
         assert_eq!(entries[0]["timeout"], 660, "10 min max wait + 60 s");
         assert_eq!(entries[0]["args"][3], "660");
+    }
+}
+
+#[test]
+fn vramgate_releases_before_the_specs_own_poststop_hooks() {
+    // runc stops at the first failing poststop hook: a failing user hook placed before
+    // vramgate's would skip the release and keep the memory reserved.
+    let bench = Bench::standard();
+    let mut spec = request_spec();
+    spec["hooks"] = json!({
+        "createRuntime": [{"path": "/usr/bin/user-create"}],
+        "poststop": [{"path": "/usr/bin/user-stop-1"}, {"path": "/usr/bin/user-stop-2"}]
+    });
+    let bundle = bench.bundle("user-hooks", &spec);
+    let args = vec![
+        OsString::from("create"),
+        OsString::from("-b"),
+        bundle.clone().into(),
+        OsString::from("c"),
+    ];
+    let hook = Path::new(HOOK).canonicalize().unwrap();
+    let is_ours = |e: &Value| Path::new(e["path"].as_str().unwrap()).canonicalize().ok().as_deref() == Some(&*hook);
+    for round in 0..2 {
+        assert_quiet_success(&bench.run(&args, bench.dir.path()), "create");
+        let v: Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        let stop = v["hooks"]["poststop"].as_array().unwrap();
+        assert_eq!(stop.len(), 3, "round {round}: {stop:?}");
+        assert!(
+            is_ours(&stop[0]),
+            "round {round}: vramgate's release runs first: {stop:?}"
+        );
+        assert_eq!(stop[1]["path"], "/usr/bin/user-stop-1");
+        assert_eq!(stop[2]["path"], "/usr/bin/user-stop-2");
+        // Admission stays after the spec's own createRuntime hooks.
+        let create = v["hooks"]["createRuntime"].as_array().unwrap();
+        assert_eq!(create.len(), 2, "round {round}: {create:?}");
+        assert_eq!(create[0]["path"], "/usr/bin/user-create");
+        assert!(is_ours(&create[1]));
     }
 }
 
@@ -522,6 +633,56 @@ fn missing_runtime_and_broken_config() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("runtimez"));
     assert_eq!(bench.recorded(), None);
+}
+
+#[test]
+fn a_broken_config_does_not_block_containers_without_a_request() {
+    // As Docker's default runtime, a broken config.toml must not stop every container: one
+    // without a request goes through untouched, with a warning in runc's log only.
+    let bench = Bench::new("[runtime]\nruntimez = 1");
+    let plain = spec_with(json!({"org.example/x": "y"}), &["PATH=/bin"]);
+    for format in ["json", "text"] {
+        let bundle = bench.bundle(&format!("plain-{format}"), &plain);
+        let before = std::fs::read(bundle.join("config.json")).unwrap();
+        let log = bench.dir.path().join(format!("log-{format}"));
+        let args: Vec<OsString> = vec![
+            "--log".into(),
+            log.clone().into(),
+            "--log-format".into(),
+            format.into(),
+            "create".into(),
+            "--bundle".into(),
+            bundle.clone().into(),
+            "c".into(),
+        ];
+        let out = bench.run(&args, bench.dir.path());
+        assert_quiet_success(&out, &format!("create without a request, broken config, {format} log"));
+        assert_eq!(bench.recorded().as_ref(), Some(&args));
+        assert_eq!(std::fs::read(bundle.join("config.json")).unwrap(), before);
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        if format == "json" {
+            let line: Value = serde_json::from_str(logged.trim()).unwrap();
+            assert_eq!(line["level"], "warning");
+            assert!(line["msg"].as_str().unwrap().contains("runtimez"), "{logged}");
+        } else {
+            assert!(
+                logged.contains("level=warning") && logged.contains("runtimez"),
+                "{logged}"
+            );
+        }
+    }
+    // `run` is `create` + `start`: the same holds.
+    let bundle = bench.bundle("plain-run", &plain);
+    let args = vec![
+        OsString::from("run"),
+        OsString::from("-d"),
+        OsString::from("-b"),
+        bundle.into(),
+        OsString::from("c"),
+    ];
+    assert_quiet_success(&bench.run(&args, bench.dir.path()), "run without a request");
+    assert_eq!(bench.recorded().as_ref(), Some(&args));
 }
 
 #[test]

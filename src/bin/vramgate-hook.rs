@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     };
     let options = HookOptions {
         hook_timeout: cli.hook_timeout.map(Duration::from_secs),
+        config_path: vramgate::config::path_from_env(),
     };
     match hook::run(stage, std::io::stdin().lock(), &options) {
         Ok(Outcome::FailedOpen(message)) => {

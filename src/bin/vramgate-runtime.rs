@@ -15,6 +15,6 @@ fn main() -> ExitCode {
         eprintln!("vramgate-runtime: warning: {e}; continuing with full privileges");
     }
     // Returns only when it could not exec; the error is already on stderr and in runc's log.
-    let _error = vramgate::runtime::run(&args);
+    let _error = vramgate::runtime::run(&args, &vramgate::config::path_from_env());
     ExitCode::from(1)
 }

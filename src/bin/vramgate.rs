@@ -1,12 +1,13 @@
 //! The administrator's CLI: parse, dispatch, set the exit code.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use vramgate::cli::{Cli, Command, LedgerCommand};
 use vramgate::clock::SystemClock;
-use vramgate::config::{Config, CONFIG_ENV};
+use vramgate::config::{self, Config};
 use vramgate::inventory::NotNeeded;
 use vramgate::ledger::StateDir;
 use vramgate::procfs::ProcLiveness;
@@ -25,14 +26,13 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
-    if let Some(path) = &cli.config {
-        // The hooks and the inventory read the config through the same variable.
-        std::env::set_var(CONFIG_ENV, path);
-    }
+    // `--config` wins over $VRAMGATE_CONFIG; every command below gets the path from here.
+    let config_path = cli.config.clone().unwrap_or_else(config::path_from_env);
+    let config_path = config_path.as_path();
     match cli.command {
-        Command::Status { json, record, note } => status(json, record.as_deref(), &note),
+        Command::Status { json, record, note } => status(config_path, json, record.as_deref(), &note),
         Command::Doctor { json } => {
-            let report = vramgate::doctor::run(&vramgate::doctor::Paths::host());
+            let report = vramgate::doctor::run(&vramgate::doctor::Paths::host(config_path.to_path_buf()));
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -44,14 +44,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
-        Command::Release { container_id } => release(&container_id),
-        Command::Gc => gc(),
-        Command::Metrics { textfile_dir } => metrics(textfile_dir.as_deref()),
-        Command::Exporter { listen } => exporter(&listen),
+        Command::Release { container_id } => release(config_path, &container_id),
+        Command::Gc => gc(config_path),
+        Command::Metrics { textfile_dir } => metrics(config_path, textfile_dir.as_deref()),
+        Command::Exporter { listen } => exporter(config_path, &listen),
         Command::Ledger {
             command: LedgerCommand::Show,
         } => {
-            let config = Config::load()?;
+            let config = Config::load_from(config_path)?;
             let ledger = match StateDir::open_existing(&config.state_dir)? {
                 Some(dir) => dir.read()?,
                 None => Default::default(),
@@ -62,7 +62,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Ledger {
             command: LedgerCommand::Repair,
         } => {
-            let config = Config::load()?;
+            let config = Config::load_from(config_path)?;
             let dir = StateDir::open_or_create(&config.state_dir)?;
             match dir.read() {
                 Ok(_) => println!("ledger {} is readable; nothing to repair", dir.ledger_path().display()),
@@ -76,7 +76,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Setup(args) => setup(&args),
+        Command::Setup(args) => setup(config_path, &args),
         Command::Demo(args) => {
             let summaries = vramgate::demo::run(&args)?;
             let ok = summaries
@@ -87,8 +87,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn status(json: bool, record: Option<&std::path::Path>, note: &str) -> Result<ExitCode> {
-    let config = Config::load()?;
+fn status(config_path: &Path, json: bool, record: Option<&Path>, note: &str) -> Result<ExitCode> {
+    let config = Config::load_from(config_path)?;
     let inventory = vramgate::inventory::open(&config)?;
     let dir = StateDir::open_existing(&config.state_dir)?;
     let ledger = match &dir {
@@ -120,8 +120,8 @@ fn ledger_service<'a>(config: &'a Config, dir: StateDir) -> Service<'a> {
     Service::new(dir, &NotNeeded, &SystemClock, &ProcLiveness, config)
 }
 
-fn metrics(textfile_dir: Option<&std::path::Path>) -> Result<ExitCode> {
-    let config = Config::load()?;
+fn metrics(config_path: &Path, textfile_dir: Option<&Path>) -> Result<ExitCode> {
+    let config = Config::load_from(config_path)?;
     let inventory = vramgate::inventory::open(&config)?;
     // On failure nothing is written: node_exporter keeps the last file, and its
     // vramgate_snapshot_timestamp_seconds stops advancing, which the shipped alerts watch.
@@ -135,12 +135,12 @@ fn metrics(textfile_dir: Option<&std::path::Path>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn exporter(listen: &str) -> Result<ExitCode> {
+fn exporter(config_path: &Path, listen: &str) -> Result<ExitCode> {
     // A long-running network-facing daemon keeps only what a snapshot needs, the hook's one
     // capability (reading containers' pid namespaces for attribution). Capabilities are per
     // thread, so this comes before the HTTP server starts its threads.
     vramgate::privilege::drop_for_hook()?;
-    let exporter = vramgate::exporter::Exporter::bind(listen)?;
+    let exporter = vramgate::exporter::Exporter::bind(listen, config_path.to_path_buf())?;
     eprintln!(
         "vramgate exporter: serving http://{}{}",
         exporter.local_addr(),
@@ -150,9 +150,9 @@ fn exporter(listen: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn release(container_id: &str) -> Result<ExitCode> {
+fn release(config_path: &Path, container_id: &str) -> Result<ExitCode> {
     vramgate::spec::validate_container_id(container_id)?;
-    let config = Config::load()?;
+    let config = Config::load_from(config_path)?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         eprintln!(
             "vramgate: no reservation for container {container_id:?} (no state directory {})",
@@ -187,8 +187,8 @@ fn release(container_id: &str) -> Result<ExitCode> {
     }
 }
 
-fn gc() -> Result<ExitCode> {
-    let config = Config::load()?;
+fn gc(config_path: &Path) -> Result<ExitCode> {
+    let config = Config::load_from(config_path)?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         println!("nothing to reclaim (no state directory {})", config.state_dir.display());
         return Ok(ExitCode::SUCCESS);
@@ -221,10 +221,10 @@ fn gc() -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn setup(args: &vramgate::cli::SetupArgs) -> Result<ExitCode> {
+fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode> {
     use vramgate::setup::{self, SetupOptions};
-    let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let config = Config::load()?;
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let config = Config::load_from(config_path)?;
     let options =
         SetupOptions {
             engine: args.engine,

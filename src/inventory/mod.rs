@@ -130,14 +130,14 @@ impl Inventory for NotNeeded {
 /// static list when the library is absent; a library that loads but fails is an error, never
 /// a silent fall back to simulated numbers on a real GPU host.
 pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
-    match config.backend {
+    match config.inventory.backend {
         Backend::Static => Ok(Box::new(StaticInventory::from_config(config))),
-        Backend::Nvml => Ok(Box::new(NvmlInventory::open(&config.nvml_library)?)),
+        Backend::Nvml => Ok(Box::new(NvmlInventory::open(&config.inventory.nvml_library)?)),
         Backend::Auto => {
-            if !config.static_gpus.is_empty() {
+            if !config.inventory.gpus.is_empty() {
                 return Ok(Box::new(StaticInventory::from_config(config)));
             }
-            match NvmlInventory::open(&config.nvml_library) {
+            match NvmlInventory::open(&config.inventory.nvml_library) {
                 Ok(nvml) => Ok(Box::new(nvml)),
                 Err(InventoryError::NvmlLoad { .. }) => Ok(Box::new(StaticInventory::from_config(config))),
                 Err(e) => Err(e),

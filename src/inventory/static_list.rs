@@ -19,7 +19,7 @@ impl StaticInventory {
     pub fn from_config(config: &Config) -> StaticInventory {
         StaticInventory {
             source: config.source.clone(),
-            gpus: config.static_gpus_or_simulated(),
+            gpus: config.inventory.static_gpus_or_simulated(),
             loaded_now: std::cell::Cell::new(true),
         }
     }
@@ -60,7 +60,7 @@ impl Inventory for StaticInventory {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        Ok(to_snapshot(&config.static_gpus_or_simulated()))
+        Ok(to_snapshot(&config.inventory.static_gpus_or_simulated()))
     }
 
     fn describe(&self) -> String {

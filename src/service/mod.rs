@@ -124,7 +124,7 @@ impl<'a> Service<'a> {
             clock,
             liveness,
             rules: Rules::from_config(config),
-            poll_interval: config.poll_interval,
+            poll_interval: config.queue.poll_interval,
         }
     }
 

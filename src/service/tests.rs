@@ -339,8 +339,8 @@ fn queue_order_is_first_come_first_served_per_gpu() {
 #[test]
 fn backfill_passes_an_older_waiter_only_within_the_bound() {
     let mut w = World::new(1, 10 * GI);
-    w.config.backfill = true;
-    w.config.backfill_bound = Duration::from_secs(30);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_bound = Duration::from_secs(30);
     let service = w.service();
     let mut ledger = Ledger::default();
     let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
@@ -647,7 +647,7 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
 fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
     for (gone, expected) in [(2, "its init process 2 is gone"), (20_002, "the runtime process 20002")] {
         let mut w = World::new(1, 10 * GI);
-        w.config.poll_interval = Duration::from_secs(10);
+        w.config.queue.poll_interval = Duration::from_secs(10);
         let service = w.service();
         let big = request(8 * GI, "0");
         let mut ledger = held(&service, &big);

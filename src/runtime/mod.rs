@@ -1,0 +1,120 @@
+//! `vramgate-runtime`: a runc-compatible wrapper, in the manner of `nvidia-container-runtime`.
+//!
+//! Engines that cannot be told to run an OCI hook (Docker, containerd) can be told to use
+//! another runtime binary. On `create` (and `run`: `create` then `start`), this wrapper adds
+//! the vramgate hooks to the bundle's `config.json` when the spec carries a VRAM request; then,
+//! for every verb, it `exec`s the next runtime (from config: the first of an ordered list found
+//! on PATH) with the argv it was given. Everything but the `hooks` entries it adds is left byte-for-byte alone: the spec is
+//! edited as an order-preserving JSON tree, never through structs that drop unknown fields, and
+//! a spec without a request is not even rewritten.
+//!
+//! Its own errors go to stderr and, when runc's `--log` is given, to that file in runc's log
+//! format ([`runc_log`]). Nothing is ever printed on a successful path: containerd's go-runc
+//! parses the combined output of verbs such as `state` as JSON.
+//!
+//! The parts: [`argv`] reads runc's command line, [`spec_edit`] adds the hooks to the bundle,
+//! [`runc_log`] writes runc's log format, [`exec`] finds the next runtime and becomes it;
+//! [`run`] here strings them together.
+
+pub mod argv;
+pub mod exec;
+pub mod runc_log;
+pub mod spec_edit;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+pub use argv::{parse_args, Invocation};
+pub use exec::{exec_runtime, find_next_runtime};
+pub use runc_log::Level;
+pub use spec_edit::{
+    add_hooks, hook_entry, hook_path, hook_timeout_secs, is_vramgate_hook, prepare_bundle, LazyConfig, ADMISSION_STAGE,
+    DEFAULT_HOOK_PATH, HOOK_BINARY, HOOK_TIMEOUT_SLACK, RELEASE_STAGE,
+};
+
+use crate::config::{ConfigError, RuntimeConfig};
+use crate::spec::SpecError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("the container spec {path} has \"{field}\" of JSON type {found}, not an {expected}; fix the engine that wrote it")]
+    SpecShape {
+        path: PathBuf,
+        field: String,
+        found: &'static str,
+        expected: &'static str,
+    },
+    #[error("cannot write the container spec {path}: {source}")]
+    WriteSpec { path: PathBuf, source: std::io::Error },
+    #[error("no runtime to run next: none of {tried:?} ([runtime] runtimes in {config}) is on PATH ({path}); install runc or fix the list")]
+    NoRuntime {
+        tried: Vec<String>,
+        config: String,
+        path: String,
+    },
+    #[error("cannot exec the runtime {path}: {source}")]
+    Exec { path: PathBuf, source: nix::Error },
+    #[error("an argument contains a NUL byte")]
+    NulInArgument,
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+/// Reports an error where the engine looks: stderr and, with `--log`, runc's log file.
+pub fn report_error(inv: &Invocation, message: &str) {
+    eprintln!("{message}");
+    if let Err(e) = runc_log::append(inv, Level::Error, message) {
+        let log = inv.log.as_deref().unwrap_or(Path::new(""));
+        eprintln!("vramgate: cannot append to the runtime log {}: {e}", log.display());
+    }
+}
+
+/// Records a problem the wrapper works around, in runc's log only: never on stdout or
+/// stderr, which the engine may parse (`state` output is JSON to containerd). A log that
+/// cannot be written is not worth failing a container start over, so that is ignored.
+fn warn(inv: &Invocation, message: &str) {
+    let _ = runc_log::append(inv, Level::Warning, message);
+}
+
+/// The whole wrapper: `args` is argv without argv[0], `config_path` the config file in
+/// effect (the binary reads `$VRAMGATE_CONFIG`). Returns only when it could not exec.
+pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
+    let inv = parse_args(args);
+    let mut config = LazyConfig::new(config_path.to_path_buf());
+    if let Some(bundle) = &inv.bundle {
+        if let Err(e) = prepare_bundle(bundle, &mut config) {
+            report_error(&inv, &format!("vramgate: {e}"));
+            return e;
+        }
+    }
+    let runtimes = match config.get() {
+        Ok(config) => config.runtime.runtimes.clone(),
+        // A container with a request needs the config (the hook timeout) and was refused above
+        // with this same error. Everything else must not be stopped by a broken config: not
+        // `delete` or `kill` of running containers, and not `create` of containers without a
+        // request (as Docker's default runtime, that would be every container of the host).
+        // So: the default runtimes, and a warning in the log.
+        Err(e) => {
+            warn(&inv, &format!("vramgate: {e}; using the default runtimes"));
+            RuntimeConfig::default().runtimes
+        }
+    };
+    let path_var = std::env::var_os("PATH");
+    let myself = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
+    let Some(next) = find_next_runtime(&runtimes, path_var.as_deref(), myself.as_deref()) else {
+        let e = RuntimeError::NoRuntime {
+            tried: runtimes,
+            config: config_path.display().to_string(),
+            path: path_var.unwrap_or_default().to_string_lossy().into_owned(),
+        };
+        report_error(&inv, &format!("vramgate: {e}"));
+        return e;
+    };
+    let e = exec_runtime(&next, args);
+    report_error(&inv, &format!("vramgate: {e}"));
+    e
+}

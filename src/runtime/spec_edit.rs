@@ -1,0 +1,352 @@
+//! The one change the wrapper makes to a bundle: the vramgate hooks in `config.json`, when the
+//! spec requests VRAM.
+//!
+//! The spec is edited as an order-preserving JSON tree, never through structs that would drop
+//! fields vramgate does not know; everything but the `hooks` entries it adds stays as it was,
+//! and a spec without a request is not even rewritten.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::{Result, RuntimeError};
+use crate::atomic_file;
+use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV, DEFAULT_CONFIG_PATH};
+use crate::hook::HOOK_TIMEOUT_MARGIN;
+use crate::request;
+use crate::spec::{self, SpecError, SpecView, MAX_SPEC_BYTES};
+
+pub const HOOK_BINARY: &str = "vramgate-hook";
+pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/vramgate-hook";
+/// What the hook timeout adds to `max_wait_timeout`: the hook ends its longest wait
+/// [`HOOK_TIMEOUT_MARGIN`] before the runtime would kill it, and the rest covers reading the
+/// GPU inventory and the ledger on a loaded host.
+pub const HOOK_TIMEOUT_SLACK: Duration = Duration::from_secs(60);
+/// The stages the wrapper adds: admission as soon as the init pid exists, release on delete.
+pub const ADMISSION_STAGE: &str = "createRuntime";
+pub const RELEASE_STAGE: &str = "poststop";
+/// Stages at which a vramgate hook already in the spec admits (podman's hooks.d adds prestart).
+const ADMISSION_STAGES: &[&str] = &["prestart", "createRuntime", "createContainer"];
+
+const _: () = assert!(HOOK_TIMEOUT_SLACK.as_secs() > HOOK_TIMEOUT_MARGIN.as_secs());
+
+/// Where the hook binary is: config, else next to this wrapper, else the packaged path.
+pub fn hook_path(runtime: &RuntimeConfig) -> PathBuf {
+    if let Some(path) = &runtime.hook_path {
+        return path.clone();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(HOOK_BINARY)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_HOOK_PATH))
+}
+
+/// The seconds the runtime gives each vramgate hook: the longest allowed wait plus slack.
+pub fn hook_timeout_secs(config: &Config) -> u64 {
+    config.max_wait_timeout.as_secs() + HOOK_TIMEOUT_SLACK.as_secs()
+}
+
+/// The hook entry for `stage`, as it goes into `config.json`.
+pub fn hook_entry(hook: &Path, stage: &str, timeout_secs: u64, config_env: Option<&Path>) -> Value {
+    let mut entry = Map::new();
+    entry.insert("path".into(), json!(hook.to_string_lossy()));
+    entry.insert(
+        "args".into(),
+        json!([HOOK_BINARY, stage, "--hook-timeout", timeout_secs.to_string()]),
+    );
+    // With an env list the hook gets only that list; without one, runc's own environment.
+    if let Some(path) = config_env {
+        entry.insert(
+            "env".into(),
+            json!([format!("{CONFIG_ENV}={}", path.to_string_lossy())]),
+        );
+    }
+    entry.insert("timeout".into(), json!(timeout_secs));
+    Value::Object(entry)
+}
+
+/// Whether a hook entry runs vramgate-hook (by path or by argv[0]), whoever added it.
+pub fn is_vramgate_hook(entry: &Value, hook: &Path) -> bool {
+    let path = entry.get("path").and_then(Value::as_str).unwrap_or_default();
+    let arg0 = entry
+        .get("args")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Path::new(path) == hook
+        || Path::new(path).file_name() == Some(OsStr::new(HOOK_BINARY))
+        || Path::new(arg0).file_name() == Some(OsStr::new(HOOK_BINARY))
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Adds the admission hook (after the spec's own) and the release hook (before them) to `spec`,
+/// unless a vramgate hook is already at that stage. Returns whether anything changed; every
+/// other field is left as it was.
+pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value, hook: &Path) -> Result<bool> {
+    let shape = |field: &str, found: &Value, expected| RuntimeError::SpecShape {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        found: json_type(found),
+        expected,
+    };
+    let root = match spec {
+        Value::Object(map) => map,
+        other => return Err(shape("(top level)", other, "object")),
+    };
+    let hooks = root.entry("hooks").or_insert_with(|| Value::Object(Map::new()));
+    if hooks.is_null() {
+        *hooks = Value::Object(Map::new());
+    }
+    let hooks = match hooks {
+        Value::Object(map) => map,
+        other => return Err(shape("hooks", other, "object")),
+    };
+    for stage in ADMISSION_STAGES.iter().chain([&RELEASE_STAGE]) {
+        match hooks.get(*stage) {
+            None | Some(Value::Null) | Some(Value::Array(_)) => {}
+            Some(other) => return Err(shape(&format!("hooks.{stage}"), other, "array")),
+        }
+    }
+    let present = |hooks: &Map<String, Value>, stage: &str| {
+        hooks
+            .get(stage)
+            .and_then(Value::as_array)
+            .is_some_and(|entries| entries.iter().any(|e| is_vramgate_hook(e, hook)))
+    };
+    let mut changed = false;
+    let mut add = |hooks: &mut Map<String, Value>, stage: &str, entry: Value, first: bool| {
+        let list = hooks.entry(stage).or_insert_with(|| Value::Array(Vec::new()));
+        if list.is_null() {
+            *list = Value::Array(Vec::new());
+        }
+        if let Value::Array(entries) = list {
+            entries.insert(if first { 0 } else { entries.len() }, entry);
+            changed = true;
+        }
+    };
+    // Admission stays after the spec's own hooks (where it always was): one of theirs that
+    // fails then stops the start before anything is reserved.
+    if !ADMISSION_STAGES.iter().any(|s| present(hooks, s)) {
+        add(hooks, ADMISSION_STAGE, admission, false);
+    }
+    // Release goes first: runc stops at the first poststop hook that fails, so behind a failing
+    // hook of the spec's own it would never run and the memory would stay reserved. A vramgate
+    // hook already there, wherever it is, is left where its writer put it.
+    if !present(hooks, RELEASE_STAGE) {
+        add(hooks, RELEASE_STAGE, release, true);
+    }
+    Ok(changed)
+}
+
+/// The wrapper's config, read from disk the first time it is needed (a `create` without a
+/// request before `exec` needs only the runtime list; most verbs need nothing else).
+pub struct LazyConfig {
+    path: PathBuf,
+    loaded: Option<Config>,
+}
+
+impl LazyConfig {
+    pub fn new(path: PathBuf) -> LazyConfig {
+        LazyConfig { path, loaded: None }
+    }
+
+    pub fn get(&mut self) -> Result<&Config, ConfigError> {
+        let config = match self.loaded.take() {
+            Some(config) => config,
+            None => Config::load_from(&self.path)?,
+        };
+        Ok(self.loaded.insert(config))
+    }
+
+    /// What the hook needs to read the same file: its path, when it is not the default the
+    /// hook would read anyway. Absolute, since runc starts hooks in another directory.
+    fn path_for_hook(&self) -> Option<PathBuf> {
+        (self.path != Path::new(DEFAULT_CONFIG_PATH))
+            .then(|| std::path::absolute(&self.path).unwrap_or_else(|_| self.path.clone()))
+    }
+}
+
+/// Adds the hooks to `<bundle>/config.json` when its spec requests VRAM. Returns whether the
+/// file was rewritten. The config is read only when there is a request.
+pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
+    let path = bundle.join("config.json");
+    let read_err = |source| SpecError::ReadSpec {
+        path: path.clone(),
+        source,
+    };
+    let bytes = spec::read_limited(&path, MAX_SPEC_BYTES)
+        .map_err(read_err)?
+        .ok_or_else(|| SpecError::SpecTooLarge { path: path.clone() })?;
+    let view = SpecView::parse(&bytes, &path)?;
+    if !request::has_request(&view) {
+        return Ok(false);
+    }
+    let config_env = config.path_for_hook();
+    let config = config.get()?;
+    let mut spec: Value = serde_json::from_slice(&bytes).map_err(|source| SpecError::ParseSpec {
+        path: path.clone(),
+        source,
+    })?;
+    let hook = hook_path(&config.runtime);
+    let timeout = hook_timeout_secs(config);
+    let entry = |stage| hook_entry(&hook, stage, timeout, config_env.as_deref());
+    if !add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook)? {
+        return Ok(false);
+    }
+    let write_err = |source| RuntimeError::WriteSpec {
+        path: path.clone(),
+        source,
+    };
+    // Keep the writer's layout: engines write compact JSON, `runc spec` writes indented.
+    let pretty = bytes.starts_with(b"{\n");
+    let out = if pretty {
+        serde_json::to_vec_pretty(&spec)
+    } else {
+        serde_json::to_vec(&spec)
+    }
+    .map_err(|e| write_err(e.into()))?;
+    // The new file keeps the old one's mode and owner: runc and the engine expect them.
+    let meta = std::fs::metadata(&path).map_err(read_err)?;
+    let owner = (meta.uid() != nix::unistd::geteuid().as_raw() || meta.gid() != nix::unistd::getegid().as_raw())
+        .then(|| (meta.uid(), meta.gid()));
+    // runc follows a bundle directory that is a symlink (it chdirs into it), and so must the
+    // rewrite; atomic_file opens the directory it writes in with O_NOFOLLOW, so it gets the
+    // resolved one.
+    let target = std::fs::canonicalize(bundle).map_err(write_err)?.join("config.json");
+    atomic_file::replace(&target, &out, meta.mode(), owner).map_err(write_err)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_added_once_and_fields_kept_in_order() {
+        let hook = Path::new("/usr/bin/vramgate-hook");
+        let text = r#"{"ociVersion":"1.0.2","zeta":{"b":1,"a":2},"process":{"env":["VRAMGATE_MEMORY=1Gi"]},"hooks":{"prestart":[{"path":"/usr/bin/other"}]},"alpha":18446744073709551615}"#;
+        let mut spec: Value = serde_json::from_str(text).unwrap();
+        let entry = |stage| hook_entry(hook, stage, 3660, Some(Path::new("/etc/vg.toml")));
+        assert!(add_hooks(
+            &mut spec,
+            Path::new("c.json"),
+            entry("createRuntime"),
+            entry("poststop"),
+            hook
+        )
+        .unwrap());
+        let once = serde_json::to_string(&spec).unwrap();
+        assert!(
+            once.starts_with(r#"{"ociVersion":"1.0.2","zeta":{"b":1,"a":2},"#),
+            "{once}"
+        );
+        assert!(once.ends_with(r#","alpha":18446744073709551615}"#), "{once}");
+        assert_eq!(spec["hooks"]["prestart"][0]["path"], "/usr/bin/other");
+        assert_eq!(
+            spec["hooks"]["createRuntime"][0]["args"],
+            json!(["vramgate-hook", "createRuntime", "--hook-timeout", "3660"])
+        );
+        assert_eq!(spec["hooks"]["poststop"][0]["timeout"], 3660);
+        assert_eq!(
+            spec["hooks"]["poststop"][0]["env"],
+            json!(["VRAMGATE_CONFIG=/etc/vg.toml"])
+        );
+        assert!(!add_hooks(
+            &mut spec,
+            Path::new("c.json"),
+            entry("createRuntime"),
+            entry("poststop"),
+            hook
+        )
+        .unwrap());
+        assert_eq!(serde_json::to_string(&spec).unwrap(), once);
+    }
+
+    #[test]
+    fn the_hook_is_told_the_config_path_only_when_it_is_not_the_default() {
+        assert_eq!(
+            LazyConfig::new(PathBuf::from(DEFAULT_CONFIG_PATH)).path_for_hook(),
+            None
+        );
+        assert_eq!(
+            LazyConfig::new(PathBuf::from("/srv/vg.toml")).path_for_hook(),
+            Some(PathBuf::from("/srv/vg.toml"))
+        );
+        let relative = LazyConfig::new(PathBuf::from("vg.toml")).path_for_hook().unwrap();
+        assert!(relative.is_absolute() && relative.ends_with("vg.toml"), "{relative:?}");
+    }
+
+    #[test]
+    fn release_goes_before_the_specs_poststop_hooks_admission_after() {
+        let hook = Path::new("/usr/bin/vramgate-hook");
+        let mut spec = json!({"hooks": {
+            "createRuntime": [{"path": "/a"}],
+            "poststop": [{"path": "/failing"}, {"path": "/b"}]
+        }});
+        let e = |s| hook_entry(hook, s, 60, None);
+        assert!(add_hooks(&mut spec, Path::new("c"), e("createRuntime"), e("poststop"), hook).unwrap());
+        let paths = |stage: &str| -> Vec<String> {
+            spec["hooks"][stage]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["path"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(paths("poststop"), ["/usr/bin/vramgate-hook", "/failing", "/b"]);
+        assert_eq!(paths("createRuntime"), ["/a", "/usr/bin/vramgate-hook"]);
+        let once = spec.clone();
+        assert!(!add_hooks(&mut spec, Path::new("c"), e("createRuntime"), e("poststop"), hook).unwrap());
+        assert_eq!(spec, once, "twice adds nothing");
+    }
+
+    #[test]
+    fn existing_hooks_from_hooks_d_count() {
+        let hook = Path::new("/opt/vg/vramgate-hook");
+        let mut spec = json!({"hooks": {"prestart": [{"path": "/usr/bin/vramgate-hook", "args": ["vramgate-hook", "prestart"]}], "poststop": null}});
+        let e = |s| hook_entry(hook, s, 60, None);
+        assert!(add_hooks(&mut spec, Path::new("c"), e("createRuntime"), e("poststop"), hook).unwrap());
+        assert!(spec["hooks"].get("createRuntime").is_none());
+        assert_eq!(spec["hooks"]["poststop"].as_array().unwrap().len(), 1);
+        assert!(spec["hooks"]["poststop"][0].get("env").is_none());
+    }
+
+    #[test]
+    fn misshapen_specs_are_errors() {
+        let hook = Path::new("/h/vramgate-hook");
+        let e = |s| hook_entry(hook, s, 60, None);
+        for bad in [
+            json!([]),
+            json!({"hooks": 3}),
+            json!({"hooks": {"poststop": {}}}),
+            json!({"hooks": {"prestart": "x"}}),
+        ] {
+            let mut spec = bad.clone();
+            let err = add_hooks(
+                &mut spec,
+                Path::new("/b/config.json"),
+                e("createRuntime"),
+                e("poststop"),
+                hook,
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("/b/config.json"), "{err}");
+            assert_eq!(spec, bad, "left as it was");
+        }
+    }
+}

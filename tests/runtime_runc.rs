@@ -1,0 +1,136 @@
+//! `vramgate-runtime` in front of real runc: busybox bundles *without* vramgate hooks, so
+//! every reservation here exists only because the wrapper added the hooks, on the simulated
+//! 24,265 MiB GPU.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vramgate::testbed::Testbed;
+
+const WRAPPER: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
+const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
+const CLI: &str = env!("CARGO_BIN_EXE_vramgate");
+
+/// A testbed whose "runc" is the wrapper, which runs the real runc next.
+fn testbed(name: &str) -> (tempfile::TempDir, Testbed) {
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(
+        dir.path(),
+        &format!("[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}"),
+    );
+    let bed = Testbed::create(dir.path(), WRAPPER, Path::new(HOOK), &config).unwrap();
+    (dir, bed)
+}
+
+/// Runs the wrapper against the testbed's runc root, reading the testbed's config; returns
+/// whether it succeeded and its stderr. Output goes to files, not pipes: a created container
+/// keeps the stdio it inherited, and a pipe would never reach end of file.
+fn wrapper(bed: &Testbed, args: &[&str]) -> (bool, String) {
+    let err_path = bed.dir.join("wrapper.stderr");
+    let stderr = std::fs::File::create(&err_path).unwrap();
+    let (key, value) = bed.env();
+    let status = bed
+        .runc(args)
+        .env(key, value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .status()
+        .unwrap();
+    (status.success(), std::fs::read_to_string(&err_path).unwrap())
+}
+
+/// The container's state as runc reports it through the wrapper (`state` passes through).
+fn container_status(bed: &Testbed, id: &str) -> Option<String> {
+    let (key, value) = bed.env();
+    let out = bed.runc(&["state", id]).env(key, value).output().unwrap();
+    let state: Value = serde_json::from_slice(&out.stdout).ok()?;
+    state["status"].as_str().map(str::to_string)
+}
+
+fn reserved_ids(bed: &Testbed) -> Vec<String> {
+    let out = Command::new(CLI)
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    status["gpus"][0]["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["container_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn eventually(what: &str, check: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn request() -> Vec<(&'static str, &'static str)> {
+    vec![("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]
+}
+
+struct Cleanup<'a>(&'a Testbed);
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        self.0.cleanup_containers();
+    }
+}
+
+fn assert_ok((ok, stderr): (bool, String), what: &str) {
+    assert!(ok, "{what}: {stderr}");
+}
+
+#[test]
+fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
+    let (_dir, bed) = testbed("vg-rt-poststop");
+    let _cleanup = Cleanup(&bed);
+    let bundle = bed.bundle("c1", &["true"], &request(), &[], false).unwrap();
+    // The spec's own poststop hook fails; runc runs no poststop hook after a failing one.
+    let path = bundle.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["hooks"] = json!({"poststop": [{"path": "/bin/false", "args": ["false"]}]});
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+
+    let bundle = bundle.to_string_lossy().into_owned();
+    assert_ok(wrapper(&bed, &["create", "--bundle", &bundle, "c1"]), "create");
+    assert_eq!(reserved_ids(&bed), ["c1"], "admitted at createRuntime");
+    assert_ok(wrapper(&bed, &["start", "c1"]), "start");
+    eventually("the container exits", || {
+        container_status(&bed, "c1").as_deref() == Some("stopped")
+    });
+    let (_, stderr) = wrapper(&bed, &["delete", "c1"]);
+    assert!(reserved_ids(&bed).is_empty(), "vramgate's poststop ran: {stderr}");
+    // ...first: runc reports the spec's hook as the second one, and it failed.
+    assert!(stderr.contains("hook #1"), "{stderr}");
+}
+
+#[test]
+fn runc_run_through_the_wrapper_is_accounted() {
+    let (_dir, bed) = testbed("vg-rt-run");
+    let _cleanup = Cleanup(&bed);
+    let bundle = bed.bundle("r1", &["sleep", "30"], &request(), &[], false).unwrap();
+    let bundle = bundle.to_string_lossy().into_owned();
+    assert_ok(
+        wrapper(&bed, &["run", "--detach", "--bundle", &bundle, "r1"]),
+        "run --detach",
+    );
+    assert_eq!(reserved_ids(&bed), ["r1"], "admitted at createRuntime");
+    assert_ok(wrapper(&bed, &["kill", "r1", "KILL"]), "kill");
+    eventually("the container stops", || {
+        container_status(&bed, "r1").as_deref() == Some("stopped")
+    });
+    assert_ok(wrapper(&bed, &["delete", "r1"]), "delete");
+    assert!(reserved_ids(&bed).is_empty(), "released at poststop");
+}
