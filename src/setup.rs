@@ -284,9 +284,26 @@ pub const CONTAINERD_DEFAULT_RUNTIME: &str = "runc";
 /// to load at all ("no corresponding runtime configured in `containerd.runtimes` for
 /// `containerd` `default_runtime_name = "runc"`"), taking every pod on the node with it. So
 /// the drop-in also carries containerd's built-in `runc` when the host's section lacks it.
+///
+/// vramgate's runtime takes the `options` of the host's default runtime (`SystemdCgroup`
+/// above all: kubelet's cgroup driver must match the runtime's, or pods land in the wrong
+/// cgroups), all but its `BinaryName`, which is the wrapper's; options the host set for
+/// vramgate's runtime itself stay as they are.
 pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: Option<&toml::Table>) -> String {
     let mut cri = host_cri.cloned().unwrap_or_default();
     let containerd = table_at(&mut cri, "containerd");
+    let default_name = containerd
+        .get("default_runtime_name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or(CONTAINERD_DEFAULT_RUNTIME)
+        .to_string();
+    let inherited = containerd
+        .get("runtimes")
+        .and_then(|r| r.get(&default_name))
+        .and_then(|r| r.get("options"))
+        .and_then(toml::Value::as_table)
+        .cloned()
+        .unwrap_or_default();
     if set_as_default {
         containerd.insert("default_runtime_name".into(), RUNTIME_NAME.into());
     }
@@ -301,6 +318,11 @@ pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: O
     runtime.insert("pod_annotations".into(), allow.clone());
     runtime.insert("container_annotations".into(), allow);
     let options = table_at(runtime, "options");
+    for (key, value) in inherited {
+        if key != "BinaryName" && !options.contains_key(&key) {
+            options.insert(key, value);
+        }
+    }
     options.insert("BinaryName".into(), runtime_path.to_string_lossy().into_owned().into());
     let mut plugins = toml::Table::new();
     plugins.insert(CRI_PLUGIN.into(), toml::Value::Table(cri));
@@ -717,6 +739,20 @@ mod tests {
         let runc = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
         assert_eq!(runc.get("runtime_type"), None);
         assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
+        // vramgate's runtime takes the default runtime's options, but not its binary; what the
+        // host set for vramgate's runtime itself stays.
+        let host: toml::Table = toml::from_str(
+            "[containerd]\ndefault_runtime_name = \"nvidia\"\n\
+             [containerd.runtimes.nvidia.options]\nBinaryName = \"/usr/bin/nvidia-container-runtime\"\n\
+             SystemdCgroup = true\nRoot = \"/run/nv\"\n\
+             [containerd.runtimes.vramgate.options]\nRoot = \"/run/mine\"\n",
+        )
+        .unwrap();
+        let d: toml::Table = toml::from_str(&containerd_drop_in(Path::new("/r"), true, Some(&host))).unwrap();
+        let ours = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"]["options"];
+        assert_eq!(ours["BinaryName"].as_str(), Some("/r"));
+        assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(ours["Root"].as_str(), Some("/run/mine"));
         assert!(run(&o).changes.is_empty());
         o.remove = true;
         run(&o);
