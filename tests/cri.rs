@@ -352,8 +352,29 @@ impl Cri {
             dir: None,
         };
         cri.wait_ready();
+        cri.check_handler();
         cri.import_images();
         cri
+    }
+
+    /// The runtime handler as the CRI plugin read it from the drop-in (what `crictl info`
+    /// shows): a runc-v2 runtime running the built wrapper, passing vramgate's annotations.
+    fn check_handler(&self) {
+        let mut client = self.runtime.clone();
+        let info = self
+            .block_on(async move { client.status(req(cri::StatusRequest { verbose: true })).await })
+            .unwrap()
+            .into_inner()
+            .info;
+        let config: Value = serde_json::from_str(&info["config"]).unwrap();
+        let runtimes = &config["containerd"]["runtimes"];
+        let handler = &runtimes[HANDLER];
+        assert_eq!(handler["runtimeType"], "io.containerd.runc.v2", "{runtimes}");
+        assert_eq!(handler["options"]["BinaryName"], RUNTIME, "{handler}");
+        for key in ["PodAnnotations", "ContainerAnnotations"] {
+            assert_eq!(handler[key], json!(["vramgate.dev/*"]), "{key}: {handler}");
+        }
+        assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
     }
 
     fn block_on<F: Future>(&self, future: F) -> F::Output {
@@ -551,12 +572,24 @@ impl Drop for Cri {
             .chain([PathBuf::from("/sys/fs/cgroup")]);
         for hierarchy in hierarchies {
             for parent in self.pod_cgroups.lock().unwrap().iter() {
-                let _ = std::fs::remove_dir(hierarchy.join(parent.trim_start_matches('/')));
+                remove_cgroup(&hierarchy.join(parent.trim_start_matches('/')));
             }
             let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
         }
         drop(self.dir.take());
     }
+}
+
+/// Removes a cgroup and those below it, deepest first; rmdir removes only cgroups with no
+/// process left. A pod's own containers' cgroups are normally gone already (runc removes
+/// them); one whose `runc create` was killed (a cancelled start) is not.
+fn remove_cgroup(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// A scratch host (config with the static simulated GPU, private state, in a new temporary
