@@ -58,9 +58,36 @@ struct Cri {
     /// The pods' cgroup parents, which kubelet would create and remove (runc removes only
     /// each container's own cgroup).
     pod_cgroups: Mutex<Vec<String>>,
-    _host: HostDirs,
     /// The scratch directory, removed last (after containerd and its mounts are gone).
     dir: Option<tempfile::TempDir>,
+}
+
+/// The runc shim keeps its sockets and runc state, and ctr its fifos, under /run/containerd
+/// whatever containerd's --state is. The tests of this file run side by side, so the paths
+/// are noted when the first containerd starts and removed (those that were not there, when
+/// empty) when the last one stops.
+static HOST_DIRS: Mutex<(usize, Option<HostDirs>)> = Mutex::new((0, None));
+
+fn host_dirs_enter() {
+    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if host.0 == 0 {
+        host.1 = Some(HostDirs::note(&[
+            "/run/containerd/runc/k8s.io",
+            "/run/containerd/runc",
+            "/run/containerd/fifo",
+            "/run/containerd/s",
+            "/run/containerd",
+        ]));
+    }
+    host.0 += 1;
+}
+
+fn host_dirs_leave() {
+    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    host.0 -= 1;
+    if host.0 == 0 {
+        drop(host.1.take());
+    }
 }
 
 /// Where the pods' cgroups go, as kubelet puts them under `kubepods`.
@@ -295,15 +322,6 @@ impl Cri {
     /// Writes the host's containerd config, runs `vramgate setup containerd` on it, starts
     /// containerd and imports the images.
     fn launch(tb: Testbed) -> Cri {
-        // The runc shim keeps its sockets, and ctr its fifos, under /run/containerd whatever
-        // containerd's --state is.
-        let host = HostDirs::note(&[
-            "/run/containerd/runc/k8s.io",
-            "/run/containerd/runc",
-            "/run/containerd/fifo",
-            "/run/containerd/s",
-            "/run/containerd",
-        ]);
         let dir = tb.dir.join("containerd");
         for sub in ["cni/bin", "cni/net.d"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
@@ -320,6 +338,8 @@ impl Cri {
                 .arg("--containerd-config")
                 .arg(&main),
         );
+        // From here on the Cri's drop undoes what containerd leaves on the host.
+        host_dirs_enter();
         let (child, address, state) = spawn_containerd(&dir, &main, &tb.config_path);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -348,7 +368,6 @@ impl Cri {
             state,
             tb,
             pod_cgroups: Mutex::new(Vec::new()),
-            _host: host,
             dir: None,
         };
         cri.wait_ready();
@@ -577,6 +596,7 @@ impl Drop for Cri {
             let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
         }
         drop(self.dir.take());
+        host_dirs_leave();
     }
 }
 
