@@ -4,6 +4,18 @@
 //! Annotations win over environment variables (Docker before 24 and some orchestrators pass no
 //! annotations, so `VRAMGATE_*` in `process.env` is the fallback); when both are set the
 //! annotation is used and the request carries a note saying so.
+//!
+//! **Kubernetes pods.** containerd's CRI plugin (through the runtime's `pod_annotations`) and
+//! CRI-O copy a pod's annotations into the spec of every container of the pod, the sandbox
+//! ("pause") container included, and mark each with its kind ([`CRI_CONTAINER_TYPE_ANNOTATIONS`]).
+//! So, for the hook and the runtime wrapper alike (both ask [`has_request`]):
+//! - a sandbox container never has a request: it runs no GPU work, and reserving for it would
+//!   hold every pod's request twice;
+//! - the pod annotation `vramgate.dev/memory` is the request of each container of the pod that
+//!   names a GPU (the device plugin's `NVIDIA_VISIBLE_DEVICES`, a `/dev/nvidiaN` device, or the
+//!   pod annotation `vramgate.dev/gpus`, which names it for every container of the pod); a
+//!   container of the pod that names none (a sidecar) has no request, where outside a pod that
+//!   is an error. A container's own `VRAMGATE_MEMORY` keeps the usual rule.
 
 use std::time::Duration;
 
@@ -20,6 +32,11 @@ pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Where the Kubernetes runtimes say what a container of a pod is: containerd's CRI plugin,
+/// then CRI-O. Both write [`CRI_SANDBOX`] on the pod's sandbox and `container` on the others.
+pub const CRI_CONTAINER_TYPE_ANNOTATIONS: [&str; 2] =
+    ["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
+pub const CRI_SANDBOX: &str = "sandbox";
 
 /// Longest device list we parse; 64 GPUs written as UUIDs fit in well under this.
 const MAX_DEVICE_LIST_LEN: usize = 4096;
@@ -98,14 +115,54 @@ pub struct Request {
     pub notes: Vec<String>,
 }
 
-/// True when the spec asks for VRAM at all. This is the whole of the no-request fast path.
+/// What a container is to Kubernetes, from the annotation its CRI runtime writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodRole {
+    /// Not started by a CRI runtime (Docker, podman, `ctr`, plain runc).
+    NotInPod,
+    /// A pod's sandbox ("pause") container, which holds the pod's namespaces.
+    Sandbox,
+    /// One of a pod's own containers (an app, init or ephemeral container).
+    Container,
+}
+
+pub fn pod_role(spec: &SpecView) -> PodRole {
+    let kind = CRI_CONTAINER_TYPE_ANNOTATIONS
+        .iter()
+        .find_map(|key| spec.annotations.get(*key));
+    match kind.map(String::as_str) {
+        None => PodRole::NotInPod,
+        Some(CRI_SANDBOX) => PodRole::Sandbox,
+        Some(_) => PodRole::Container,
+    }
+}
+
+/// True when the spec asks for VRAM at all. This is the whole of the no-request fast path,
+/// and the one place that decides which containers of a pod have a request (see the module
+/// documentation): the hook admits, and the runtime wrapper adds hooks, only where it is true.
 pub fn has_request(spec: &SpecView) -> bool {
-    spec.annotations.contains_key(MEMORY_ANNOTATION) || spec.env(MEMORY_ENV).is_some()
+    let own = spec.env(MEMORY_ENV).is_some();
+    let annotated = spec.annotations.contains_key(MEMORY_ANNOTATION);
+    match pod_role(spec) {
+        PodRole::NotInPod => annotated || own,
+        PodRole::Sandbox => false,
+        // An annotation here is the pod's, copied into each of its containers: it applies to
+        // those that name a GPU. An unreadable device list counts as naming one, so the
+        // request is read and refused with what is wrong with it.
+        PodRole::Container => own || (annotated && !names_no_gpu(spec)),
+    }
+}
+
+fn names_no_gpu(spec: &SpecView) -> bool {
+    GpuSelector::from_spec(spec).is_ok_and(|s| s.selection == GpuSelection::Nothing)
 }
 
 impl Request {
-    /// The request in `spec`, `Ok(None)` when it has none.
+    /// The request in `spec`, `Ok(None)` when it has none ([`has_request`] decides).
     pub fn from_spec(spec: &SpecView) -> Result<Option<Request>, RequestError> {
+        if !has_request(spec) {
+            return Ok(None);
+        }
         let Some((memory_source, memory_value)) = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV) else {
             return Ok(None);
         };
@@ -417,6 +474,53 @@ mod tests {
             let err = Request::from_spec(&spec(json)).expect_err(json).to_string();
             assert!(err.contains(needle), "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn a_pod_sandbox_never_has_a_request() {
+        // What containerd's CRI plugin and CRI-O write into a sandbox's spec: the pod's
+        // annotations and the marker.
+        for marker in CRI_CONTAINER_TYPE_ANNOTATIONS {
+            let s = spec(&format!(
+                r#"{{"annotations":{{"vramgate.dev/memory":"1205Mi","vramgate.dev/gpus":"0","{marker}":"sandbox"}},"process":{{"env":["VRAMGATE_MEMORY=1Gi"]}}}}"#
+            ));
+            assert_eq!(pod_role(&s), PodRole::Sandbox, "{marker}");
+            assert!(!has_request(&s), "{marker}");
+            assert_eq!(Request::from_spec(&s), Ok(None), "{marker}");
+        }
+    }
+
+    #[test]
+    fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
+        let container = |extra: &str, env: &str| {
+            spec(&format!(
+                r#"{{"annotations":{{"vramgate.dev/memory":"1205Mi","io.kubernetes.cri.container-type":"container"{extra}}},"process":{{"env":["PATH=/bin"{env}]}}}}"#
+            ))
+        };
+        // The pod names the GPU for all its containers, or the device plugin for one.
+        for s in [
+            container(r#","vramgate.dev/gpus":"0""#, ""),
+            container("", r#","NVIDIA_VISIBLE_DEVICES=0""#),
+        ] {
+            assert_eq!(pod_role(&s), PodRole::Container);
+            let r = Request::from_spec(&s).unwrap().unwrap();
+            assert_eq!(r.memory, Quantity::Bytes(1205 << 20));
+            assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-aaaa"]);
+        }
+        // A sidecar with no GPU: no request, where outside a pod the same spec is refused.
+        for env in ["", r#","NVIDIA_VISIBLE_DEVICES=none""#] {
+            let sidecar = container("", env);
+            assert!(!has_request(&sidecar));
+            assert_eq!(Request::from_spec(&sidecar), Ok(None));
+        }
+        let outside = spec(r#"{"annotations":{"vramgate.dev/memory":"1205Mi"}}"#);
+        assert_eq!(pod_role(&outside), PodRole::NotInPod);
+        assert!(matches!(Request::from_spec(&outside), Err(RequestError::NoGpu { .. })));
+        // A bad device list is still reported, and a container's own env request keeps the rule.
+        let bad = container("", r#","NVIDIA_VISIBLE_DEVICES=gpu7""#);
+        assert!(matches!(Request::from_spec(&bad), Err(RequestError::Invalid { .. })));
+        let own = container("", r#","VRAMGATE_MEMORY=1Gi""#);
+        assert!(matches!(Request::from_spec(&own), Err(RequestError::NoGpu { .. })));
     }
 
     #[test]

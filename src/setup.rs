@@ -279,6 +279,8 @@ fn plan_docker(options: &SetupOptions) -> Result<Plan> {
 }
 
 pub const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+/// The runtime containerd 1.x's CRI plugin defines by itself, and runs by default.
+pub const CONTAINERD_DEFAULT_RUNTIME: &str = "runc";
 
 /// The drop-in (containerd config version 2, read by containerd 1.x and migrated by 2.x).
 ///
@@ -286,18 +288,52 @@ pub const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
 /// anything under the CRI plugin replaces the host's whole CRI section (containerd issue
 /// #5837; fixed in 2.0). So the drop-in carries the host's CRI section (`host_cri`, from the
 /// main config) with vramgate's runtime added; re-run setup after editing that section.
+///
+/// The same goes for the `runtimes` table inside it: containerd 1.x replaces its built-in one
+/// (which holds `runc`, the default runtime) with the one in the file. A host config that
+/// names no runtime, as Debian's does, would lose `runc`, and the CRI plugin would then refuse
+/// to load at all ("no corresponding runtime configured in `containerd.runtimes` for
+/// `containerd` `default_runtime_name = "runc"`"), taking every pod on the node with it. So
+/// the drop-in also carries containerd's built-in `runc` when the host's section lacks it.
+///
+/// vramgate's runtime takes the `options` of the host's default runtime (`SystemdCgroup`
+/// above all: kubelet's cgroup driver must match the runtime's, or pods land in the wrong
+/// cgroups), all but its `BinaryName`, which is the wrapper's; options the host set for
+/// vramgate's runtime itself stay as they are.
 pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: Option<&toml::Table>) -> String {
     let mut cri = host_cri.cloned().unwrap_or_default();
     let containerd = table_at(&mut cri, "containerd");
+    let default_name = containerd
+        .get("default_runtime_name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or(CONTAINERD_DEFAULT_RUNTIME)
+        .to_string();
+    let inherited = containerd
+        .get("runtimes")
+        .and_then(|r| r.get(&default_name))
+        .and_then(|r| r.get("options"))
+        .and_then(toml::Value::as_table)
+        .cloned()
+        .unwrap_or_default();
     if set_as_default {
         containerd.insert("default_runtime_name".into(), RUNTIME_NAME.into());
     }
-    let runtime = table_at(table_at(containerd, "runtimes"), RUNTIME_NAME);
+    let runtimes = table_at(containerd, "runtimes");
+    if !runtimes.contains_key(CONTAINERD_DEFAULT_RUNTIME) {
+        let runc = table_at(runtimes, CONTAINERD_DEFAULT_RUNTIME);
+        runc.insert("runtime_type".into(), "io.containerd.runc.v2".into());
+    }
+    let runtime = table_at(runtimes, RUNTIME_NAME);
     runtime.insert("runtime_type".into(), "io.containerd.runc.v2".into());
     let allow = toml::Value::Array(vec![ANNOTATION_PATTERN.into()]);
     runtime.insert("pod_annotations".into(), allow.clone());
     runtime.insert("container_annotations".into(), allow);
     let options = table_at(runtime, "options");
+    for (key, value) in inherited {
+        if key != "BinaryName" && !options.contains_key(&key) {
+            options.insert(key, value);
+        }
+    }
     options.insert("BinaryName".into(), runtime_path.to_string_lossy().into_owned().into());
     let mut plugins = toml::Table::new();
     plugins.insert(CRI_PLUGIN.into(), toml::Value::Table(cri));
@@ -715,11 +751,34 @@ mod tests {
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
         assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
         assert_eq!(rt["pod_annotations"][0].as_str(), Some("vramgate.dev/*"));
-        // The host's CRI settings ride along, or containerd 1.x would drop them.
+        // The host's CRI settings ride along, or containerd 1.x would drop them; so does the
+        // built-in runc runtime, which the host's section does not name.
         assert_eq!(
             d["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
             Some("x")
         );
+        let runtimes = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
+        assert_eq!(runtimes["runc"]["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        // A runc the host does define is kept as it is.
+        let host: toml::Table = toml::from_str("[containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap();
+        let d: toml::Table = toml::from_str(&containerd_drop_in(Path::new("/r"), false, Some(&host))).unwrap();
+        let runc = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
+        assert_eq!(runc.get("runtime_type"), None);
+        assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
+        // vramgate's runtime takes the default runtime's options, but not its binary; what the
+        // host set for vramgate's runtime itself stays.
+        let host: toml::Table = toml::from_str(
+            "[containerd]\ndefault_runtime_name = \"nvidia\"\n\
+             [containerd.runtimes.nvidia.options]\nBinaryName = \"/usr/bin/nvidia-container-runtime\"\n\
+             SystemdCgroup = true\nRoot = \"/run/nv\"\n\
+             [containerd.runtimes.vramgate.options]\nRoot = \"/run/mine\"\n",
+        )
+        .unwrap();
+        let d: toml::Table = toml::from_str(&containerd_drop_in(Path::new("/r"), true, Some(&host))).unwrap();
+        let ours = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"]["options"];
+        assert_eq!(ours["BinaryName"].as_str(), Some("/r"));
+        assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(ours["Root"].as_str(), Some("/run/mine"));
         assert!(run(&o).changes.is_empty());
         o.remove = true;
         run(&o);

@@ -271,16 +271,31 @@ pub fn start_containerd(dir: &Path, config: &Path) -> (Child, PathBuf, PathBuf) 
     std::fs::write(
         &ctd_config,
         format!(
-            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
-            dir.join("opt").display().to_string()
+            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n{}",
+            containerd_opt_section(dir)
         ),
     )
     .unwrap();
+    spawn_containerd(dir, &ctd_config, config)
+}
+
+/// containerd's opt plugin section, keeping its directory under `dir` (it is /opt/containerd
+/// otherwise).
+pub fn containerd_opt_section(dir: &Path) -> String {
+    format!(
+        "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
+        dir.join("opt").display().to_string()
+    )
+}
+
+/// containerd with the config file `ctd_config` and its root, state, socket and log under
+/// `dir`, as [`start_containerd`] describes.
+pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
     let socket = dir.join("containerd.sock");
     let state = dir.join("ctd-state");
     let child = Command::new("containerd")
         .arg("--config")
-        .arg(&ctd_config)
+        .arg(ctd_config)
         .arg("--root")
         .arg(dir.join("ctd-root"))
         .arg("--state")
