@@ -17,7 +17,7 @@ JOB_SECONDS=${JOB_SECONDS:-10}
 # The job's peak is JOB_GIB plus its CUDA context and cuBLAS workspace (about 800 MiB on the
 # H200, see the README's experiment): request that, so admitted jobs stay within it.
 REQUEST_MIB=${REQUEST_MIB:-$((JOB_GIB * 1024 + 800))}
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | awk '{print tolower($NF)}')
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | awk '{print tolower($2)}')
 RESULTS=$here/results/gpu-metrics-${gpu_name:-gpu}.txt
 T=$WORK/metrics
 rm -rf "$T" $STATE_BASE/metrics
