@@ -459,11 +459,8 @@ impl<'a> Service<'a> {
                 released.reservation = Some(reclaimed.reservations.remove(at));
             }
         }
-        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut reclaimed.tickets)
-            .into_iter()
-            .partition(|t| t.belongs_to(container, bundle));
-        reclaimed.tickets = others;
-        released.cancelled.extend(mine);
+        // A ticket whose waiting hook is already gone (killed at the runtime's hook timeout)
+        // stays an abandoned ticket in the log: this stop did not end a live wait.
         tx.ledger.counters.record_reclaimed(&reclaimed);
         if released.reservation.is_some() {
             tx.ledger.counters.record_release();

@@ -719,3 +719,25 @@ fn a_stop_is_logged_as_a_release_even_when_its_init_is_already_gone() {
         "{events}"
     );
 }
+
+#[test]
+fn a_stop_after_the_waiting_hook_was_killed_logs_an_abandoned_ticket() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    service.admit(&admit_req("holder", 1, &big, Policy::Reject)).unwrap();
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress::default();
+    assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
+    // The runtime kills the waiting hook (its pid is 10_002), then runs poststop.
+    w.liveness.gone.borrow_mut().insert(10_002);
+    let released = service.release("waiter", None, "poststop").unwrap();
+    assert!(released.cancelled.is_empty() && released.reservation.is_none());
+    let events = std::fs::read_to_string(w.state.path().join(crate::events::EVENTS_FILE)).unwrap();
+    let last = events.lines().last().unwrap();
+    assert!(
+        last.contains("\"abandon_ticket\"") && last.contains("\"waiter\""),
+        "{events}"
+    );
+    assert_eq!(w.state.read().unwrap().counters.abandoned, 1);
+}
