@@ -18,40 +18,7 @@ use vramgate::testbed::{oci_state, FakeContainer, HookHarness, Testbed};
 
 /// A binary of this build: an example runs from target/<profile>/examples/, and cargo sets no
 /// `CARGO_BIN_EXE_*` for examples.
-fn bin(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join(name)
-}
-
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    let median = percentile(&samples, 0.5);
-    println!(
-        "{what:<48} n={:<5} median {:>7.3} ms   p99 {:>7.3} ms   min {:>7.3} ms",
-        samples.len(),
-        median.as_secs_f64() * 1e3,
-        percentile(&samples, 0.99).as_secs_f64() * 1e3,
-        samples[0].as_secs_f64() * 1e3
-    );
-    median
-}
+use vramgate::testbed::bench::{arg, built_binary as bin, report};
 
 /// A scratch host under `root` with one static GPU of `total`, a bundle that requests 1 GiB
 /// on it, and a realistic one that requests nothing.

@@ -16,38 +16,7 @@ use std::time::{Duration, Instant};
 use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir, Ticket};
 use vramgate::procfs::ProcessIdentity;
 
-fn bin(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join(name)
-}
-
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(what: &str, mut samples: Vec<Duration>) {
-    samples.sort();
-    println!(
-        "{what:<52} n={:<5} median {:>7.3} ms   p99 {:>7.3} ms   min {:>7.3} ms",
-        samples.len(),
-        percentile(&samples, 0.5).as_secs_f64() * 1e3,
-        percentile(&samples, 0.99).as_secs_f64() * 1e3,
-        samples[0].as_secs_f64() * 1e3
-    );
-}
+use vramgate::testbed::bench::{arg, built_binary as bin, report};
 
 /// One scrape as Prometheus does it: connect, GET, read the whole body.
 fn scrape(addr: SocketAddr) -> usize {

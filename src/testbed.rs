@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::config::CONFIG_ENV;
 
+pub mod bench;
 mod harness;
 pub use harness::{feed, oci_state, FakeContainer, HookHarness};
 
