@@ -143,7 +143,26 @@ fn podman_admits_refuses_and_releases() {
     let out = p.run(&["--rm"], Some("1Gi"), &["sh", "-c", "exit 7"]).output().unwrap();
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
 
-    // Without the annotation the hooks do not even run: nothing is reserved.
+    // A request in the environment is accounted too (the hooks.d files match every
+    // container; the hook finds the request in the spec's env).
+    let env = run_ok(&mut p.podman(&[
+        "run",
+        "--network",
+        "none",
+        "-d",
+        "-e",
+        "VRAMGATE_MEMORY=4Gi",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=0",
+        IMAGE,
+        "sleep",
+        "300",
+    ]));
+    wait_reserved(&p.tb, &env, 4 << 30);
+    run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &env]));
+    wait_released(&p.tb, &env);
+
+    // Without a request the hooks run and do nothing: nothing is reserved.
     let plain = run_ok(&mut p.run(&["-d"], None, &["sleep", "300"]));
     assert!(reservations(&p.tb).is_empty());
     run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &plain]));
