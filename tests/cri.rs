@@ -936,13 +936,11 @@ fn queued(tb: &Testbed) -> Vec<(String, u64)> {
 /// is marked exited (`StartError`); kubelet then creates a new attempt. The waiting hook should
 /// give up its place then, and never be admitted for the dead container.
 ///
-/// Today it does not (containerd 1.6.20, runc 1.1.5, this VM): the hook, reparented to
-/// `containerd-shim-runc-v2`, keeps its ticket at the head of the GPU's queue until its own wait
-/// timeout (blocking every later request on that GPU, the new attempt included); when memory
-/// frees it is admitted (`admit_after_wait`) for the init that is gone, and that reservation
-/// stays, through the pod's deletion (no task, so no poststop), until a later transaction
-/// reclaims it. The fix is on the hook and service side (a waiter that watches its
-/// container's init), not here.
+/// Before the waiter watched its container (containerd 1.6.20, runc 1.1.5, this VM), the hook,
+/// reparented to `containerd-shim-runc-v2`, kept its ticket at the head of the GPU's queue until
+/// its own wait timeout, and when memory freed it was admitted for the init that was gone. Now
+/// the service checks the init and the runtime process at least every second
+/// (`service::CONTAINER_CHECK`) and refuses the wait.
 #[test]
 fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue() {
     let cri = cri_host("vramgate-cri-deadline");
