@@ -39,14 +39,20 @@ pub struct Reservation {
 
 impl Reservation {
     /// Whether a stop of the container `container_id` with `bundle` releases this reservation.
-    /// Without a bundle on either side (an old ledger, `vramgate release <id>`), the id decides.
     pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
-        self.container_id == container_id
-            && match (&self.bundle, bundle) {
-                (Some(mine), Some(theirs)) => mine == theirs,
-                _ => true,
-            }
+        same_container(&self.container_id, self.bundle.as_deref(), container_id, bundle)
     }
+}
+
+/// Whether an entry recorded for (`id`, `recorded` bundle) is the container (`container_id`,
+/// `bundle`). Without a bundle on either side (an old ledger, `vramgate release <id>`), the id
+/// decides.
+fn same_container(id: &str, recorded: Option<&Path>, container_id: &str, bundle: Option<&Path>) -> bool {
+    id == container_id
+        && match (recorded, bundle) {
+            (Some(mine), Some(theirs)) => mine == theirs,
+            _ => true,
+        }
 }
 
 /// A container waiting for room, held by its hook process.
@@ -69,11 +75,7 @@ pub struct Ticket {
 impl Ticket {
     /// Whether a stop of the container `container_id` with `bundle` ends this wait.
     pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
-        self.container_id == container_id
-            && match (&self.bundle, bundle) {
-                (Some(mine), Some(theirs)) => mine == theirs,
-                _ => true,
-            }
+        same_container(&self.container_id, self.bundle.as_deref(), container_id, bundle)
     }
 
     /// Whether this ticket waits for any of `gpus`.
