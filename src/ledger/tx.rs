@@ -22,10 +22,17 @@ pub const AUDIT_LOG_ENV: &str = "VRAMGATE_AUDIT_LOG";
 /// How long a transaction waits for the lock when its caller gives no tighter budget.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// An unlocked read of the ledger: its bytes and what they parse to.
-struct Peek {
+/// An unlocked read of the ledger: its bytes and what they parse to. A transaction begun after
+/// it ([`StateDir::begin_reclaiming_after`]) reuses the parse when the file is unchanged.
+pub struct Peek {
     bytes: Option<Vec<u8>>,
     ledger: Ledger,
+}
+
+impl Peek {
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
 }
 
 /// A locked ledger. Dropping it without `commit` releases the lock and writes nothing.
@@ -53,10 +60,27 @@ impl StateDir {
         liveness: &dyn Liveness,
         lock_timeout: Duration,
     ) -> Result<(Transaction, Reclaimed, bool)> {
+        self.begin_reclaiming_after(self.peek()?, liveness, lock_timeout)
+    }
+
+    /// Reads the ledger without the lock, for a caller that looks before it decides whether a
+    /// transaction is needed at all.
+    pub fn peek(&self) -> Result<Peek> {
         let bytes = self.read_bytes()?;
         let ledger = self.parse_bytes(&bytes)?;
-        let verdicts = ledger.check_window(liveness);
-        let mut tx = self.begin_after(Some(Peek { bytes, ledger }), lock_timeout)?;
+        Ok(Peek { bytes, ledger })
+    }
+
+    /// [`StateDir::begin_reclaiming`] on a peek the caller already took, so the file is not
+    /// read and parsed a second time outside the lock.
+    pub fn begin_reclaiming_after(
+        &self,
+        peek: Peek,
+        liveness: &dyn Liveness,
+        lock_timeout: Duration,
+    ) -> Result<(Transaction, Reclaimed, bool)> {
+        let verdicts = peek.ledger.check_window(liveness);
+        let mut tx = self.begin_after(Some(peek), lock_timeout)?;
         let (reclaimed, checked_all) = tx.ledger.reclaim_known(&verdicts, liveness);
         Ok((tx, reclaimed, checked_all))
     }

@@ -439,10 +439,11 @@ impl<'a> Service<'a> {
             ledger.reservations.iter().any(|r| r.belongs_to(container, bundle))
                 || ledger.queue.iter().any(|t| t.belongs_to(container, bundle))
         };
-        if !held(&self.dir.read()?) {
+        let peek = self.dir.peek()?;
+        if !held(peek.ledger()) {
             return Ok(Released::default());
         }
-        let (mut tx, mut reclaimed, _) = self.dir.begin_reclaiming(self.liveness, LOCK_TIMEOUT)?;
+        let (mut tx, mut reclaimed, _) = self.dir.begin_reclaiming_after(peek, self.liveness, LOCK_TIMEOUT)?;
         let mut released = Released {
             reservation: tx.ledger.remove_reservation_of(container, bundle),
             cancelled: tx.ledger.remove_tickets_of(container, bundle),
