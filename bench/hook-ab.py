@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""A/B of two vramgate-hook binaries with one driver: no request, admit and release with 100
-live reservations, runs alternated between the two, state on tmpfs (/dev/shm) as /run is.
-For a refactoring's before and after on the same machine:
+"""vramgate-hook's wall time with one driver, as a runtime runs it: a container without a
+request at prestart and at poststop (what the hooks.d files cost every container), admit and
+release, with 100 live reservations, state on tmpfs (/dev/shm) as /run is, and /bin/true
+spawned the same way as the floor. Given two binaries, the runs alternate between them: a
+refactoring's before and after on the same machine.
 
+    cargo build --release --bins && sudo bench/hook-ab.py target/release/vramgate-hook [RUNS]
     git worktree add /tmp/before <rev> && (cd /tmp/before && cargo build --release --bins)
-    cargo build --release --bins
     sudo bench/hook-ab.py /tmp/before/target/release/vramgate-hook target/release/vramgate-hook [RUNS]
 
 Each binary gets its own state directory (an older binary may not read a newer ledger).
@@ -15,8 +17,9 @@ def start_time(pid):
     data = open(f"/proc/{pid}/stat").read()
     return int(data[data.rindex(")") + 2:].split()[19])
 ident = {"pid": sleeper.pid, "start_time": start_time(sleeper.pid)}
-bins = {"before": os.path.abspath(sys.argv[1]), "after": os.path.abspath(sys.argv[2])}
-runs = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+paths = [a for a in sys.argv[1:] if not a.isdigit()]
+bins = dict(zip(["before", "after"] if len(paths) == 2 else ["hook"], map(os.path.abspath, paths)))
+runs = next((int(a) for a in sys.argv[1:] if a.isdigit()), 300)
 root = "/dev/shm/vg-ab"
 shutil.rmtree(root, ignore_errors=True)
 envs = {}
@@ -33,8 +36,10 @@ for k in bins:
               "reservations": [{"container_id": f"live{i}", "gpus": [{"uuid": "GPU-ab", "bytes": 100 << 20}], "init": ident, "created_unix_ms": 1, "waited_ms": 0} for i in range(100)]}
     fd = os.open(f"{d}/state/ledger.json", os.O_WRONLY | os.O_CREAT, 0o600); os.write(fd, json.dumps(ledger).encode()); os.close(fd)
     envs[k] = dict(os.environ, VRAMGATE_CONFIG=f"{d}/config.toml")
-steps = (("createRuntime", "plain", "no request"), ("createRuntime", "bundle", "admit"), ("poststop", "bundle", "release"))
+steps = (("createRuntime", "plain", "no request"), ("createRuntime", "bundle", "admit"), ("poststop", "bundle", "release"),
+         ("poststop", "plain", "stop, none"))
 res = {(k, name): [] for k in bins for (_, _, name) in steps}
+floor = []
 print(f"load {open('/proc/loadavg').read().split()[0]}, {runs} runs each, 100 live reservations")
 for i in range(runs):
     for k, b in bins.items():
@@ -44,9 +49,14 @@ for i in range(runs):
             p = subprocess.run([b, stage], input=st, env=envs[k], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             res[(k, name)].append((time.perf_counter() - t) * 1000)
             assert p.returncode == 0, p.stderr
+    t = time.perf_counter()
+    subprocess.run(["/bin/true"], input=b"{}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    floor.append((time.perf_counter() - t) * 1000)
 for (_, _, name) in steps:
     for k in bins:
         v = sorted(res[(k, name)])
         print(f"{name:11} {k:6} median {statistics.median(v):.3f} ms  p90 {v[9*len(v)//10]:.3f}  p99 {v[99*len(v)//100]:.3f}")
+floor.sort()
+print(f"{'/bin/true':11} {'floor':6} median {statistics.median(floor):.3f} ms  p90 {floor[9*len(floor)//10]:.3f}")
 sleeper.kill()
 shutil.rmtree(root, ignore_errors=True)
