@@ -90,8 +90,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn status(config_path: &Path, json: bool, record: Option<&Path>, note: &str) -> Result<ExitCode> {
     let config = Config::load_from(config_path)?;
     let inventory = vramgate::inventory::open(&config)?;
-    let dir = StateDir::open_existing(&config.state_dir)?;
-    let ledger = match &dir {
+    let ledger = match StateDir::open_existing(&config.state_dir)? {
         Some(dir) => dir.read()?,
         None => Default::default(),
     };
@@ -100,13 +99,9 @@ fn status(config_path: &Path, json: bool, record: Option<&Path>, note: &str) -> 
         std::fs::write(path, serde_json::to_vec_pretty(&host)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let report = match dir {
-        Some(dir) => {
-            Service::new(dir, inventory.as_ref(), &SystemClock, &ProcLiveness, &config).snapshot_of(&ledger)?
-        }
-        // Nothing was ever reserved on this host: the GPUs with an empty ledger.
-        None => vramgate::status::build(&config, inventory.as_ref(), &ledger)?,
-    };
+    // The report the service's snapshot builds, on the ledger just read (an empty one when
+    // nothing was ever reserved on this host).
+    let report = vramgate::status::build(&config, inventory.as_ref(), &ledger)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
