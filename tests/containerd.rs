@@ -137,7 +137,7 @@ impl Containerd {
             "/run/containerd",
         ]);
         let dir = tb.dir.join("containerd");
-        let (child, address, state) = start_containerd(&dir, &tb.config_path);
+        let (child, address, state) = start_containerd(&dir, &tb.config_path, &path_with_sbin());
         wait_until("containerd listens", Duration::from_secs(20), || (address.exists(), ()));
         Containerd {
             child: Some(child),

@@ -1,8 +1,13 @@
 //! Docker through `vramgate-runtime`: a private dockerd (own data-root, exec-root, socket,
 //! pidfile, daemon.json) on a private containerd, both started here, with the `vramgate`
 //! runtime pointing at the built wrapper and the wrapper's config (VRAMGATE_CONFIG in the
-//! daemons' environment) pointing at a testbed with a simulated GPU. One daemon serves every
-//! case: starting one costs seconds.
+//! daemons' environment) pointing at a testbed with a simulated GPU. One daemon per Engine
+//! version serves every case of that version: starting one costs seconds.
+//!
+//! Two engines: the host's (Debian 12's docker.io 20.10, requests in the environment) and
+//! Engine 26 with containerd 1.7 from Debian trixie, for `docker run --annotation` (Engine 24
+//! and later), which `scripts/fetch-docker-next` unpacks into a test directory without
+//! installing it.
 
 mod support;
 
@@ -18,8 +23,47 @@ const IMAGE: &str = "vramgate-busybox:test";
 /// dockerd 20.10 writes its trust key here whatever its data-root; removed if we caused it.
 const DOCKER_KEY: &str = "/etc/docker/key.json";
 
+/// Which Docker Engine a test drives: the PATH its dockerd, containerd, shims and client are
+/// found on.
+struct Engine {
+    path: String,
+}
+
+impl Engine {
+    /// The host's docker.io and containerd.
+    fn host() -> Engine {
+        require("dockerd");
+        require("containerd");
+        require("docker");
+        Engine { path: path_with_sbin() }
+    }
+
+    /// Docker Engine 26 and containerd 1.7, unpacked by `scripts/fetch-docker-next` (which
+    /// `scripts/install-deps` runs); runc is the host's.
+    fn next() -> Engine {
+        require("runc");
+        let root =
+            std::env::var("VRAMGATE_DOCKER_NEXT").unwrap_or_else(|_| "/var/cache/vramgate-tests/docker-trixie".into());
+        let root = Path::new(&root);
+        assert!(
+            root.join("usr/sbin/dockerd").is_file() && root.join("usr/bin/containerd").is_file(),
+            "Docker Engine 26 is not unpacked in {}: run scripts/install-deps (or scripts/fetch-docker-next)",
+            root.display()
+        );
+        Engine {
+            path: format!(
+                "{}:{}:{}",
+                root.join("usr/sbin").display(),
+                root.join("usr/bin").display(),
+                path_with_sbin()
+            ),
+        }
+    }
+}
+
 struct Daemons {
     tb: Testbed,
+    path: String,
     dir: PathBuf,
     socket: PathBuf,
     docker_config: PathBuf,
@@ -31,7 +75,7 @@ struct Daemons {
 }
 
 impl Daemons {
-    fn start(tb: Testbed) -> Daemons {
+    fn start(tb: Testbed, engine: Engine) -> Daemons {
         let dir = tb.dir.join("docker");
         for d in ["data", "exec", "ctd-root", "ctd-state", "opt", "cli"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -44,8 +88,9 @@ impl Daemons {
             "/run/docker",
         ]);
         // The shim, and so the wrapper and the hooks, inherit VRAMGATE_CONFIG from it.
-        let (containerd, ctd_socket, containerd_state) = start_containerd(&dir, &tb.config_path);
+        let (containerd, ctd_socket, containerd_state) = start_containerd(&dir, &tb.config_path, &engine.path);
         let mut daemons = Daemons {
+            path: engine.path,
             socket: dir.join("docker.sock"),
             docker_config: dir.join("cli"),
             containerd_state,
@@ -92,6 +137,7 @@ impl Daemons {
         });
         std::fs::write(&daemon_json, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
         let dockerd = Command::new("dockerd")
+            .env("PATH", &daemons.path)
             .arg("--config-file")
             .arg(&daemon_json)
             .arg("--data-root")
@@ -105,7 +151,6 @@ impl Daemons {
             .arg("--containerd")
             .arg(&ctd_socket)
             .env("VRAMGATE_CONFIG", &daemons.tb.config_path)
-            .env("PATH", path_with_sbin())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("dockerd.log")).unwrap())
             .spawn()
@@ -130,7 +175,7 @@ impl Daemons {
         cmd.args(args)
             .env("DOCKER_HOST", format!("unix://{}", self.socket.display()))
             .env("DOCKER_CONFIG", &self.docker_config)
-            .env("PATH", path_with_sbin())
+            .env("PATH", &self.path)
             .stdin(Stdio::null());
         cmd
     }
@@ -187,11 +232,9 @@ fn container_id(out: String) -> String {
 
 #[test]
 fn docker_runs_through_vramgate_runtime() {
-    require("dockerd");
-    require("containerd");
-    require("docker");
+    let engine = Engine::host();
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemons::start(testbed(dir.path()));
+    let d = Daemons::start(testbed(dir.path()), engine);
     let gpu = ["-e", "NVIDIA_VISIBLE_DEVICES=0"];
     let req = |amount: &str| format!("VRAMGATE_MEMORY={amount}");
 
@@ -298,4 +341,129 @@ fn docker_runs_through_vramgate_runtime() {
         "nothing left reserved: {:?}",
         reservations(&d.tb)
     );
+}
+
+/// Docker Engine 24 and later pass `docker run --annotation` into the OCI spec, so the request
+/// can be written the way podman and Kubernetes users write it. Also checks, on this engine,
+/// what the README says of a waiting start: dockerd holds the container's lock while its
+/// create waits, and `vramgate release <id>` ends the wait.
+#[test]
+fn docker_engine_26_takes_the_request_as_an_annotation() {
+    let engine = Engine::next();
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemons::start(testbed(dir.path()), engine);
+    let version = run_ok(&mut d.docker(&["version", "--format", "{{.Server.Version}}"]));
+    let major: u32 = version.split('.').next().unwrap().parse().unwrap();
+    assert!(major >= 24, "not Engine 24 or later: {version}");
+    let annotated = |amount: &str| {
+        [
+            "--annotation".to_string(),
+            format!("vramgate.dev/memory={amount}"),
+            "--annotation".to_string(),
+            "vramgate.dev/gpus=0".to_string(),
+        ]
+    };
+    let args = |extra: &[&str], request: &[String]| -> Vec<String> {
+        extra
+            .iter()
+            .map(|s| s.to_string())
+            .chain(request.iter().cloned())
+            .collect()
+    };
+    let run = |extra: Vec<String>, cmd: &[&str]| {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        d.run("vramgate", &extra, cmd)
+    };
+
+    // Admitted from the annotation alone: no VRAMGATE_* variable in the container.
+    let big = container_id(run_ok(&mut run(args(&["-d"], &annotated("20Gi")), &["sleep", "300"])));
+    wait_reserved(&d.tb, &big, 20 << 30);
+    assert_eq!(
+        vramgate_hook_stages(&d.bundle_config(&big)),
+        ["createRuntime", "poststop"]
+    );
+
+    // Refused, with vramgate's line in `docker run`'s error.
+    let out = run(args(&["--rm"], &annotated("5Gi")), &["true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an over-capacity container started");
+    assert!(
+        err.contains("vramgate: refused container") && err.contains("it requests 5"),
+        "docker's error does not show vramgate's message: {err}"
+    );
+
+    // A waiting start: its container's lock is held, `vramgate release` ends the wait at once.
+    let cidfile = d.dir.join("waiting.cid");
+    let mut waiting = run(
+        args(
+            &[
+                "--cidfile",
+                &cidfile.display().to_string(),
+                "--annotation",
+                "vramgate.dev/policy=wait",
+            ],
+            &annotated("10Gi"),
+        ),
+        &["true"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let waiting_id = wait_until("the waiting container has an id", Duration::from_secs(15), || {
+        let id = std::fs::read_to_string(&cidfile).unwrap_or_default();
+        (id.trim().len() == 64, id.trim().to_string())
+    });
+    wait_until("the container waits in the queue", Duration::from_secs(20), || {
+        let queue: Vec<String> = status(&d.tb.config_path)["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["queue"].as_array().cloned().unwrap_or_default())
+            .filter_map(|t| t["container_id"].as_str().map(str::to_string))
+            .collect();
+        (queue.contains(&waiting_id), queue)
+    });
+    let mut inspect = d
+        .docker(&["inspect", "--format", "{{.State.Status}}", &waiting_id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        inspect.try_wait().unwrap().is_none(),
+        "docker inspect of a container whose create waits returned: the README's note on Docker's lock is out of date"
+    );
+    let release = Command::new(VRAMGATE)
+        .args(["release", &waiting_id])
+        .env("VRAMGATE_CONFIG", &d.tb.config_path)
+        .output()
+        .unwrap();
+    assert!(release.status.success(), "vramgate release: {}", stderr(&release));
+    eventually(
+        "docker run ends after vramgate release",
+        Duration::from_secs(15),
+        || waiting.try_wait().unwrap().is_some(),
+    );
+    let out = waiting.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a cancelled start ran");
+    assert!(err.contains("its wait was cancelled"), "docker's error: {err}");
+    eventually("docker inspect returns", Duration::from_secs(15), || {
+        inspect.try_wait().unwrap().is_some()
+    });
+    let queued = status(&d.tb.config_path)["gpus"][0]["queue"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(queued, 0, "the cancelled wait left a ticket");
+    assert_eq!(
+        reservations(&d.tb),
+        [(big.clone(), 20 << 30)],
+        "the cancelled start holds nothing"
+    );
+
+    run_ok(&mut d.docker(&["rm", "-f", &big]));
+    wait_released(&d.tb, &big);
+    assert!(reservations(&d.tb).is_empty(), "{:?}", reservations(&d.tb));
 }

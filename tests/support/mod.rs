@@ -264,8 +264,9 @@ impl Drop for HostDirs {
 
 /// A private containerd (its own root, state, socket and opt dir under `dir`, no CRI plugin,
 /// which would set up CNI) whose shims, and so the wrapper and the hooks, see
-/// `VRAMGATE_CONFIG` = `config`. Returns the process, its socket and its state dir.
-pub fn start_containerd(dir: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
+/// `VRAMGATE_CONFIG` = `config`, found on `path` (the PATH it runs with; its shims are looked
+/// up there too). Returns the process, its socket and its state dir.
+pub fn start_containerd(dir: &Path, config: &Path, path: &str) -> (Child, PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let ctd_config = dir.join("containerd.toml");
     std::fs::write(
@@ -276,7 +277,7 @@ pub fn start_containerd(dir: &Path, config: &Path) -> (Child, PathBuf, PathBuf) 
         ),
     )
     .unwrap();
-    spawn_containerd(dir, &ctd_config, config)
+    spawn_containerd_on(dir, &ctd_config, config, path)
 }
 
 /// containerd's opt plugin section, keeping its directory under `dir` (it is /opt/containerd
@@ -291,6 +292,11 @@ pub fn containerd_opt_section(dir: &Path) -> String {
 /// containerd with the config file `ctd_config` and its root, state, socket and log under
 /// `dir`, as [`start_containerd`] describes.
 pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
+    spawn_containerd_on(dir, ctd_config, config, &path_with_sbin())
+}
+
+/// [`spawn_containerd`] with the containerd (and shims) found on `path`.
+pub fn spawn_containerd_on(dir: &Path, ctd_config: &Path, config: &Path, path: &str) -> (Child, PathBuf, PathBuf) {
     let socket = dir.join("containerd.sock");
     let state = dir.join("ctd-state");
     let child = Command::new("containerd")
@@ -303,7 +309,7 @@ pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child,
         .arg("--address")
         .arg(&socket)
         .env("VRAMGATE_CONFIG", config)
-        .env("PATH", path_with_sbin())
+        .env("PATH", path)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
         .spawn()
