@@ -98,6 +98,7 @@ fn latency(args: &[String]) {
             created_unix_ms: vramgate::ledger::now_unix_ms(),
             waited_ms: 0,
             bundle: None,
+            pending: false,
         });
     }
     tx.commit().unwrap();

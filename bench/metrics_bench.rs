@@ -95,6 +95,7 @@ fn main() {
             created_unix_ms: now,
             waited_ms: 0,
             bundle: None,
+            pending: false,
         });
     }
     // A queue on each GPU, and counters that have seen some traffic.
@@ -110,6 +111,7 @@ fn main() {
             enqueued_unix_ms: now,
             deadline_unix_ms: now + 3_600_000,
             bundle: None,
+            choose: None,
         });
     }
     tx.ledger.next_ticket = 2 * gpus as u64 + 1;

@@ -165,6 +165,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 created_unix_ms: vramgate::ledger::now_unix_ms(),
                 waited_ms: 0,
                 bundle: None,
+                pending: false,
             });
         }
         tx.commit().unwrap();

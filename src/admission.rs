@@ -19,12 +19,21 @@
 //!
 //! A request larger than `total(g) - headroom` can never fit and is refused at once, even
 //! under the `wait` policy. A request on several GPUs must pass on every one (all or nothing).
+//!
+//! **Placement** (`auto`, see [`crate::placement`]): the request lists candidate GPUs and a
+//! count. It can never fit when fewer than `count` candidates could ever hold it; it has room
+//! when at least `count` candidates pass rules 1 and 2, and then the strategy picks among
+//! those. Fairness is the same rule over all its candidates: a waiting placement is ahead of
+//! every later request on any of its candidate GPUs, so a large request is served by the
+//! first GPU that frees enough, and is not starved by small requests that keep landing on the
+//! others (with `backfill`, they may pass it only until it has waited `backfill_bound`).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::inventory::{GpuMemory, Snapshot};
 use crate::ledger::{GpuShare, Ledger};
+use crate::placement::{self, Candidate, Placement, Strategy};
 use crate::quantity::format_bytes;
 
 /// Bytes that containers have already allocated, by (container id, GPU uuid), from NVML's
@@ -36,6 +45,7 @@ pub struct Rules {
     pub headroom: crate::quantity::Quantity,
     pub backfill: bool,
     pub backfill_bound: Duration,
+    pub strategy: Strategy,
 }
 
 impl Rules {
@@ -44,6 +54,7 @@ impl Rules {
             headroom: config.headroom,
             backfill: config.queue.backfill,
             backfill_bound: config.queue.backfill_bound,
+            strategy: config.placement.strategy,
         }
     }
 
@@ -127,51 +138,74 @@ pub fn account(ledger: &Ledger, gpu: &GpuMemory, allocated: &Allocated, rules: &
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Admit,
-    /// It can never fit: larger than the GPU less headroom.
+    /// Reserve `shares`: the request's own, or for a placement those chosen (`placement`).
+    Admit {
+        shares: Vec<GpuShare>,
+        placement: Option<Placement>,
+    },
+    /// It can never fit: larger than the GPU less headroom (for a placement: than all but
+    /// fewer than `count` candidates; `account` is then the largest one).
     Never {
         request: u64,
         account: GpuAccount,
+        among: Option<Among>,
     },
-    /// Not now: not enough memory on a GPU.
+    /// Not now: not enough memory on a GPU (for a placement: on enough candidates; `account`
+    /// is then the one with the most room).
     NoRoom {
         request: u64,
         account: GpuAccount,
+        among: Option<Among>,
     },
     /// Not now: older waiters come first.
-    Queued {
-        ahead: usize,
-    },
+    Queued { ahead: usize },
 }
 
-/// Decides a request for `shares`. `ticket` is the request's own queue ticket, if it has one
-/// (a new arrival has none and so comes after every waiter).
+/// What a placement chose among, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Among {
+    pub count: u32,
+    pub candidates: usize,
+}
+
+impl Among {
+    /// "any one of 8 GPUs", "each of any 2 of 8 GPUs".
+    pub fn describe(&self) -> String {
+        let gpus = format!("{} GPU{}", self.candidates, if self.candidates == 1 { "" } else { "s" });
+        if self.count == 1 {
+            format!("any one of {gpus}")
+        } else {
+            format!("each of any {} of {gpus}", self.count)
+        }
+    }
+}
+
+/// Decides a request for `shares`. With `choose` = `Some(n)`, `shares` are candidates, of
+/// which `n` are to be chosen. `ticket` is the request's own queue ticket, if it has one (a
+/// new arrival has none and so comes after every waiter).
+#[allow(clippy::too_many_arguments)]
 pub fn decide(
     ledger: &Ledger,
     snapshot: &Snapshot,
     allocated: &Allocated,
     rules: &Rules,
     shares: &[GpuShare],
+    choose: Option<u32>,
     ticket: Option<u64>,
     now_unix_ms: u64,
 ) -> Decision {
+    if let Some(count) = choose {
+        return decide_placement(ledger, snapshot, allocated, rules, shares, count, ticket, now_unix_ms);
+    }
     let mut accounts = Vec::with_capacity(shares.len());
     for share in shares {
         let Some(gpu) = snapshot.by_uuid(&share.uuid) else {
             // The GPU vanished from the inventory (unplugged, MIG reconfigured): nothing fits.
-            let account = GpuAccount {
-                uuid: share.uuid.clone(),
-                index: u32::MAX,
-                total: 0,
-                free: 0,
-                reserved: 0,
-                unallocated: 0,
-                headroom: 0,
-                reservations: 0,
-            };
+            let account = vanished(&share.uuid);
             return Decision::Never {
                 request: share.bytes,
                 account,
+                among: None,
             };
         };
         let account = account(ledger, gpu, allocated, rules);
@@ -179,27 +213,138 @@ pub fn decide(
             return Decision::Never {
                 request: share.bytes,
                 account,
+                among: None,
             };
         }
         accounts.push((share.bytes, account));
     }
-
-    // Backfill may pass an older ticket only while it has not waited past the bound.
-    let ahead = crate::queue::ahead_of(ledger, ticket, shares)
-        .filter(|t| {
-            !rules.backfill || now_unix_ms.saturating_sub(t.enqueued_unix_ms) >= rules.backfill_bound.as_millis() as u64
-        })
-        .count();
-
+    let ahead = tickets_ahead(ledger, rules, shares, ticket, now_unix_ms);
     for (request, account) in accounts {
         if request > account.available() {
-            return Decision::NoRoom { request, account };
+            return Decision::NoRoom {
+                request,
+                account,
+                among: None,
+            };
         }
     }
     if ahead > 0 {
         return Decision::Queued { ahead };
     }
-    Decision::Admit
+    Decision::Admit {
+        shares: shares.to_vec(),
+        placement: None,
+    }
+}
+
+/// Older tickets on any of `shares`' GPUs that this request must let go first. Backfill may
+/// pass an older ticket only while it has not waited past the bound.
+fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Option<u64>, now_unix_ms: u64) -> usize {
+    crate::queue::ahead_of(ledger, ticket, shares)
+        .filter(|t| {
+            !rules.backfill || now_unix_ms.saturating_sub(t.enqueued_unix_ms) >= rules.backfill_bound.as_millis() as u64
+        })
+        .count()
+}
+
+/// [`decide`] for a placement: `count` of the `candidates` (see the module documentation).
+#[allow(clippy::too_many_arguments)]
+fn decide_placement(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    allocated: &Allocated,
+    rules: &Rules,
+    candidates: &[GpuShare],
+    count: u32,
+    ticket: Option<u64>,
+    now_unix_ms: u64,
+) -> Decision {
+    let among = Some(Among {
+        count,
+        candidates: candidates.len(),
+    });
+    let accounts: Vec<(u64, GpuAccount)> = candidates
+        .iter()
+        .filter_map(|share| {
+            Some((
+                share.bytes,
+                account(ledger, snapshot.by_uuid(&share.uuid)?, allocated, rules),
+            ))
+        })
+        .collect();
+    let largest = |list: &[&(u64, GpuAccount)], key: fn(&GpuAccount) -> u64| {
+        list.iter()
+            .max_by_key(|(_, a)| (key(a), std::cmp::Reverse(a.index)))
+            .map(|(r, a)| (*r, a.clone()))
+    };
+    let all: Vec<&(u64, GpuAccount)> = accounts.iter().collect();
+    let could: Vec<&(u64, GpuAccount)> = accounts
+        .iter()
+        .filter(|(bytes, a)| *bytes <= a.total.saturating_sub(a.headroom))
+        .collect();
+    if could.len() < count as usize {
+        let Some((request, account)) = largest(&all, |a| a.total) else {
+            // No candidate left in the inventory at all.
+            let request = candidates.first().map_or(0, |s| s.bytes);
+            return Decision::Never {
+                request,
+                account: vanished(candidates.first().map_or("", |s| s.uuid.as_str())),
+                among,
+            };
+        };
+        return Decision::Never {
+            request,
+            account,
+            among,
+        };
+    }
+    let ahead = tickets_ahead(ledger, rules, candidates, ticket, now_unix_ms);
+    let fitting: Vec<&(u64, GpuAccount)> = could
+        .iter()
+        .copied()
+        .filter(|(bytes, a)| *bytes <= a.available())
+        .collect();
+    if fitting.len() < count as usize {
+        let (request, account) = largest(&could, GpuAccount::available).expect("at least count >= 1 could fit");
+        return Decision::NoRoom {
+            request,
+            account,
+            among,
+        };
+    }
+    if ahead > 0 {
+        return Decision::Queued { ahead };
+    }
+    let bytes = fitting[0].0;
+    let offered: Vec<Candidate> = fitting.iter().map(|(_, a)| Candidate::of(a)).collect();
+    let chosen = placement::choose(rules.strategy, bytes, &offered, count as usize).expect("enough fit");
+    let shares = chosen
+        .iter()
+        .filter_map(|uuid| candidates.iter().find(|s| &s.uuid == uuid).cloned())
+        .collect();
+    Decision::Admit {
+        shares,
+        placement: Some(Placement {
+            strategy: rules.strategy,
+            bytes,
+            candidates: offered,
+            chosen,
+        }),
+    }
+}
+
+/// The account of a GPU that is no longer in the inventory: nothing fits on it.
+fn vanished(uuid: &str) -> GpuAccount {
+    GpuAccount {
+        uuid: uuid.to_string(),
+        index: u32::MAX,
+        total: 0,
+        free: 0,
+        reserved: 0,
+        unallocated: 0,
+        headroom: 0,
+        reservations: 0,
+    }
 }
 
 #[cfg(test)]
@@ -212,8 +357,29 @@ mod tests {
     const MI: u64 = 1 << 20;
     const CARD: u64 = 24_265 * MI;
 
+    /// A request without placement, as most tests make.
+    fn decide_one(
+        ledger: &Ledger,
+        snapshot: &Snapshot,
+        allocated: &Allocated,
+        rules: &Rules,
+        shares: &[GpuShare],
+        ticket: Option<u64>,
+        now_unix_ms: u64,
+    ) -> Decision {
+        decide(ledger, snapshot, allocated, rules, shares, None, ticket, now_unix_ms)
+    }
+
+    fn admit(shares: &[GpuShare]) -> Decision {
+        Decision::Admit {
+            shares: shares.to_vec(),
+            placement: None,
+        }
+    }
+
     fn rules() -> Rules {
         Rules {
+            strategy: Strategy::BestFit,
             headroom: Quantity::Bytes(0),
             backfill: false,
             backfill_bound: Duration::from_secs(30),
@@ -253,6 +419,7 @@ mod tests {
             created_unix_ms: 0,
             waited_ms: 0,
             bundle: None,
+            pending: false,
         });
     }
 
@@ -267,6 +434,7 @@ mod tests {
             enqueued_unix_ms: at_ms,
             deadline_unix_ms: u64::MAX,
             bundle: None,
+            choose: None,
         });
         ticket
     }
@@ -276,7 +444,7 @@ mod tests {
         let mut ledger = Ledger::default();
         let mut admitted = 0;
         for n in 0..25 {
-            match decide(
+            match decide_one(
                 &ledger,
                 &snap(CARD),
                 &Allocated::new(),
@@ -285,7 +453,7 @@ mod tests {
                 None,
                 0,
             ) {
-                Decision::Admit => {
+                Decision::Admit { .. } => {
                     reserve(&mut ledger, &format!("c{n}"), 1205 * MI);
                     admitted += 1;
                 }
@@ -299,7 +467,7 @@ mod tests {
 
     #[test]
     fn never_fits_is_refused_even_when_empty() {
-        let d = decide(
+        let d = decide_one(
             &Ledger::default(),
             &snap(CARD),
             &Allocated::new(),
@@ -312,7 +480,7 @@ mod tests {
         let mut r = rules();
         r.headroom = Quantity::Bytes(MI);
         assert!(matches!(
-            decide(
+            decide_one(
                 &Ledger::default(),
                 &snap(CARD),
                 &Allocated::new(),
@@ -330,7 +498,7 @@ mod tests {
         // 20 GiB used by something outside vramgate: only ~3.7 GiB can be promised.
         let s = snap(CARD - (20 << 30));
         assert!(matches!(
-            decide(
+            decide_one(
                 &Ledger::default(),
                 &s,
                 &Allocated::new(),
@@ -342,7 +510,7 @@ mod tests {
             Decision::NoRoom { .. }
         ));
         assert_eq!(
-            decide(
+            decide_one(
                 &Ledger::default(),
                 &s,
                 &Allocated::new(),
@@ -351,7 +519,7 @@ mod tests {
                 None,
                 0
             ),
-            Decision::Admit
+            admit(&share(3 << 30))
         );
 
         // A container reserved 10 GiB and has allocated 8 of it: free already excludes the 8.
@@ -379,12 +547,12 @@ mod tests {
         let small = share(1 << 30);
         // Fits, but an older waiter shares the GPU: strict FIFO holds it back.
         assert_eq!(
-            decide(&ledger, &snap(CARD), &Allocated::new(), &rules(), &small, None, 1_000),
+            decide_one(&ledger, &snap(CARD), &Allocated::new(), &rules(), &small, None, 1_000),
             Decision::Queued { ahead: 1 }
         );
         // The head itself is judged on memory only.
         assert!(matches!(
-            decide(
+            decide_one(
                 &ledger,
                 &snap(CARD),
                 &Allocated::new(),
@@ -399,11 +567,11 @@ mod tests {
         let mut r = rules();
         r.backfill = true;
         assert_eq!(
-            decide(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 1_000),
-            Decision::Admit
+            decide_one(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 1_000),
+            admit(&small)
         );
         assert_eq!(
-            decide(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 31_000),
+            decide_one(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 31_000),
             Decision::Queued { ahead: 1 }
         );
     }
@@ -424,7 +592,7 @@ mod tests {
                 bytes: 2 << 30,
             },
         ];
-        match decide(&Ledger::default(), &s, &Allocated::new(), &rules(), &both, None, 0) {
+        match decide_one(&Ledger::default(), &s, &Allocated::new(), &rules(), &both, None, 0) {
             Decision::NoRoom { account, .. } => assert_eq!(account.uuid, "B"),
             other => panic!("{other:?}"),
         }
@@ -432,7 +600,7 @@ mod tests {
 
     #[test]
     fn vanished_gpu_never_fits() {
-        let d = decide(
+        let d = decide_one(
             &Ledger::default(),
             &snap(CARD),
             &Allocated::new(),

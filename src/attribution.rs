@@ -70,6 +70,7 @@ mod tests {
                 created_unix_ms: 0,
                 waited_ms: 0,
                 bundle: None,
+                pending: false,
             });
         }
         let me = std::process::id();

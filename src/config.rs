@@ -105,6 +105,14 @@ pub struct Config {
     pub inventory: InventoryConfig,
     /// `[runtime]`: what `vramgate-runtime` runs next and which hook it injects.
     pub runtime: RuntimeConfig,
+    /// `[placement]`: how `vramgate-runtime` chooses GPUs for requests that leave it the choice.
+    pub placement: PlacementConfig,
+}
+
+/// The `[placement]` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlacementConfig {
+    pub strategy: crate::placement::Strategy,
 }
 
 /// The `[queue]` table.
@@ -152,6 +160,7 @@ impl Default for Config {
             queue: QueueConfig::default(),
             inventory: InventoryConfig::default(),
             runtime: RuntimeConfig::default(),
+            placement: PlacementConfig::default(),
         }
     }
 }
@@ -204,6 +213,14 @@ struct RawConfig {
     inventory: RawInventory,
     #[serde(default)]
     runtime: RawRuntime,
+    #[serde(default)]
+    placement: RawPlacement,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    strategy: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -299,6 +316,7 @@ impl Config {
         config.queue = QueueConfig::parse(raw.queue, &keys)?;
         config.inventory = InventoryConfig::parse(raw.inventory, &keys)?;
         config.runtime = RuntimeConfig::parse(raw.runtime, &keys)?;
+        config.placement = PlacementConfig::parse(raw.placement, &keys)?;
         Ok(config)
     }
 
@@ -341,6 +359,17 @@ impl Config {
             config.on_state_error = v;
         }
         Ok(config)
+    }
+}
+
+impl PlacementConfig {
+    fn parse(raw: RawPlacement, keys: &Keys) -> Result<PlacementConfig, ConfigError> {
+        let mut placement = PlacementConfig::default();
+        if let Some(v) = raw.strategy {
+            placement.strategy = crate::placement::Strategy::parse(&v)
+                .ok_or_else(|| keys.bad("placement.strategy", &v, "must be \"best-fit\" or \"spread\""))?;
+        }
+        Ok(placement)
     }
 }
 

@@ -26,6 +26,8 @@ pub enum Kind {
     /// A wait ended by `vramgate release` before the container was admitted.
     Cancel,
     Release,
+    /// The container's hook bound a reservation made at create to its init process.
+    Confirm,
     Reclaim,
     AbandonTicket,
     FailOpen,
@@ -41,6 +43,9 @@ pub struct Event {
     pub gpus: Vec<GpuShare>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// For an admission that vramgate placed: the numbers it chose by, to replay it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
 }
 
 impl Event {
@@ -57,6 +62,7 @@ impl Event {
             container: container.into(),
             gpus: gpus.to_vec(),
             detail: detail.into(),
+            placement: None,
         }
     }
 }

@@ -91,6 +91,8 @@ pub enum Outcome {
         waited: Duration,
     },
     AlreadyAdmitted,
+    /// The reservation `vramgate-runtime` made at create is bound to this container's init.
+    Confirmed,
     Released {
         found: bool,
     },
@@ -178,16 +180,10 @@ fn admit(
     // The runtime kills a hook at its timeout; answering before that, with vramgate's own
     // message, is what the margin is for. Every wait (queue and lock) counts against it.
     let budget = options.hook_timeout.map(|t| t.saturating_sub(HOOK_TIMEOUT_MARGIN));
-    let mut wait_for = request
-        .timeout
-        .unwrap_or(config.wait_timeout)
-        .min(config.max_wait_timeout);
-    if let Some(budget) = budget {
-        wait_for = wait_for.min(budget);
-    }
+    let wait_for = service::wait_for(request, config, budget);
     let dir = StateDir::open_or_create(&config.state_dir)?;
-    let inventory = inventory::open(config)?;
-    let service = Service::new(dir, inventory.as_ref(), &SystemClock, &ProcLiveness, config);
+    let inventory = inventory::OpenOnUse::new(config);
+    let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
     let admission = service.admit(&AdmitRequest {
         container,
         init,
@@ -198,10 +194,12 @@ fn admit(
         waiter,
         runtime,
         budget,
+        pending: false,
     })?;
     match admission {
         Admission::Admitted { waited, .. } => Ok(Outcome::Admitted { waited }),
         Admission::AlreadyAdmitted => Ok(Outcome::AlreadyAdmitted),
+        Admission::Confirmed { .. } => Ok(Outcome::Confirmed),
         Admission::Refused(refusal) => Err(HookError::Refused(refusal)),
     }
 }

@@ -19,6 +19,7 @@ pub mod hook;
 pub mod inventory;
 pub mod ledger;
 pub mod metrics;
+pub mod placement;
 pub mod privilege;
 pub mod procfs;
 pub mod quantity;

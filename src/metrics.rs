@@ -365,6 +365,7 @@ mod tests {
             waited_ms: 0,
             pid: 42,
             alive: None,
+            pending: false,
         }
     }
 
@@ -378,6 +379,7 @@ mod tests {
             deadline_in_ms: 60_000,
             waiter_pid: 43,
             alive: None,
+            choose: None,
         }
     }
 

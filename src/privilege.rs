@@ -30,7 +30,9 @@
 //! every container process (breaking `sudo` inside containers). So the wrapper only empties
 //! its *effective* set while it parses and edits `config.json`: a bug there cannot use a
 //! capability, and `execve` as uid 0 gives runc root's full set again (the permitted and
-//! bounding sets are left as they were, which is what makes that work).
+//! bounding sets are left as they were, which is what makes that work). While it admits a
+//! container at create (the hook's work, moved before runc so that a GPU can be placed), its
+//! effective set is the hook's, `CAP_SYS_PTRACE`, and nothing else.
 //!
 //! Capabilities are per thread: call these before starting any thread (both binaries are
 //! single-threaded at that point).
@@ -70,6 +72,27 @@ pub fn drop_for_hook() -> Result<()> {
     caps::set(None, CapSet::Effective, &kept).map_err(caps_step("lower the effective capabilities"))?;
     caps::set(None, CapSet::Permitted, &kept).map_err(caps_step("lower the permitted capabilities"))?;
     Ok(())
+}
+
+/// For `vramgate-runtime` while it admits a container at create (the hook's work, done before
+/// runc runs): the effective set becomes what the hook keeps ([`HOOK_KEEPS`], from the
+/// permitted set), and is emptied again when the returned guard drops. A process without the
+/// capability (rootless) gets an empty set and attribution fails safe, as in the hook.
+pub fn raise_for_admission() -> Result<EffectiveGuard> {
+    let keep: CapsHashSet = HOOK_KEEPS.iter().copied().collect();
+    let permitted = caps::read(None, CapSet::Permitted).map_err(caps_step("read the permitted capabilities"))?;
+    let kept: CapsHashSet = permitted.intersection(&keep).copied().collect();
+    caps::set(None, CapSet::Effective, &kept).map_err(caps_step("raise the effective capabilities"))?;
+    Ok(EffectiveGuard)
+}
+
+/// Empties the effective set again when dropped (see [`raise_for_admission`]).
+pub struct EffectiveGuard;
+
+impl Drop for EffectiveGuard {
+    fn drop(&mut self) {
+        let _ = caps::clear(None, CapSet::Effective);
+    }
 }
 
 /// For `vramgate-runtime`: call first thing in `main`. Empties the effective set only; the

@@ -50,6 +50,7 @@ mod tests {
                 enqueued_unix_ms: 0,
                 deadline_unix_ms: 0,
                 bundle: None,
+                choose: None,
             });
         }
         ledger

@@ -32,6 +32,17 @@ pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+pub const GPUS_ENV: &str = "VRAMGATE_GPUS";
+/// The device kind of NVIDIA's CDI spec (`nvidia-ctk cdi generate`): `nvidia.com/gpu=0`,
+/// `=GPU-…`, `=0:1`, `=MIG-…`, `=all`.
+pub const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
+/// Annotations through which device plugins and engines ask the runtime for CDI devices
+/// (`cdi.k8s.io/<plugin>_<id>` = `nvidia.com/gpu=…,…`).
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// Where a CDI device request came from, as errors name it.
+pub const CDI_SOURCE: &str = "cdi.k8s.io annotations";
+/// The most GPUs `auto:N` may ask for.
+pub const MAX_AUTO_GPUS: u32 = 64;
 /// Where the Kubernetes runtimes say what a container of a pod is: containerd's CRI plugin,
 /// then CRI-O. Both write [`CRI_SANDBOX`] on the pod's sandbox and `container` on the others.
 pub const CRI_CONTAINER_TYPE_ANNOTATIONS: [&str; 2] =
@@ -64,6 +75,16 @@ pub enum RequestError {
         value: String,
         index: u32,
     },
+    #[error("{source_name} = {value:?} leaves the choice of GPU to vramgate, which only vramgate-runtime can make (it rewrites the container's devices before it starts; a hook cannot): run the container with the vramgate runtime (docker run --runtime vramgate, podman run --runtime /usr/bin/vramgate-runtime, RuntimeClass vramgate) or name the GPU")]
+    PlacementNeedsRuntime { source_name: String, value: String },
+    #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
+    TooFewGpus {
+        source_name: String,
+        value: String,
+        count: u32,
+        found: usize,
+        candidates: String,
+    },
 }
 
 /// Where a value came from, so that errors and logs name the place the user must edit.
@@ -94,12 +115,20 @@ pub enum GpuSelection {
     Devices(Vec<DeviceRef>),
     /// `none`, `void`, an empty list or no device at all.
     Nothing,
+    /// vramgate chooses `count` GPUs (the amount on each) among `among`, the GPUs the container
+    /// was otherwise given (`None`: every GPU of the host). Only `vramgate-runtime` can place;
+    /// see [`crate::placement`].
+    Auto {
+        count: u32,
+        among: Option<Vec<DeviceRef>>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuSelector {
     pub selection: GpuSelection,
-    /// `vramgate.dev/gpus`, `NVIDIA_VISIBLE_DEVICES` or `linux.devices`.
+    /// `vramgate.dev/gpus`, `VRAMGATE_GPUS`, `linux.devices`, [`CDI_SOURCE`] or
+    /// `NVIDIA_VISIBLE_DEVICES`.
     pub source_name: String,
     pub value: String,
 }
@@ -213,40 +242,103 @@ impl Request {
 }
 
 impl GpuSelector {
-    /// The annotation `vramgate.dev/gpus` overrides; then `NVIDIA_VISIBLE_DEVICES`; then the
-    /// NVIDIA device nodes in `linux.devices` (what CDI injects).
+    /// Which GPUs the spec gives the container, in this order (the first that is there wins):
+    ///
+    /// 1. the annotation `vramgate.dev/gpus`, then the env `VRAMGATE_GPUS`: vramgate's own
+    ///    word, which may be `auto` / `auto:N` (vramgate chooses among the GPUs that the
+    ///    sources below name, or among every GPU when they name all or none);
+    /// 2. the NVIDIA device nodes in `linux.devices`: what CDI injected upstream is what the
+    ///    container will really see, whatever the environment says (a CUDA image's
+    ///    `ENV NVIDIA_VISIBLE_DEVICES=all` beside one injected GPU means that one GPU);
+    /// 3. CDI device requests in `cdi.k8s.io/*` annotations (`nvidia.com/gpu=…`), which
+    ///    nvidia-container-runtime injects in CDI mode;
+    /// 4. `NVIDIA_VISIBLE_DEVICES` (indices, UUIDs, MIG pairs, CDI names, `all`).
     pub fn from_spec(spec: &SpecView) -> Result<GpuSelector, RequestError> {
-        if let Some(value) = spec.annotations.get(GPUS_ANNOTATION) {
-            return GpuSelector::parse_list(GPUS_ANNOTATION, value);
+        let own = match spec.annotations.get(GPUS_ANNOTATION) {
+            Some(value) => Some((GPUS_ANNOTATION, value.as_str())),
+            None => spec.env(GPUS_ENV).map(|v| (GPUS_ENV, v)),
+        };
+        if let Some((source, value)) = own {
+            let mut selector = GpuSelector::parse(source, value, true)?;
+            if let GpuSelection::Auto { among, .. } = &mut selector.selection {
+                if let GpuSelection::Devices(devices) = GpuSelector::given(spec)?.selection {
+                    *among = Some(devices);
+                }
+            }
+            return Ok(selector);
+        }
+        GpuSelector::given(spec)
+    }
+
+    /// The GPUs the engine gave the container (sources 2 to 4 of [`GpuSelector::from_spec`]).
+    fn given(spec: &SpecView) -> Result<GpuSelector, RequestError> {
+        let nodes: Vec<&str> = spec.device_paths().filter(|p| nvidia_minor(p).is_some()).collect();
+        if !nodes.is_empty() {
+            let mut minors = Vec::new();
+            for minor in nodes.iter().filter_map(|p| nvidia_minor(p)) {
+                if !minors.contains(&DeviceRef::Minor(minor)) {
+                    minors.push(DeviceRef::Minor(minor));
+                }
+            }
+            return Ok(GpuSelector {
+                selection: GpuSelection::Devices(minors),
+                source_name: "linux.devices".to_string(),
+                value: nodes.join(","),
+            });
+        }
+        let cdi: Vec<&str> = spec
+            .annotations
+            .iter()
+            .filter(|(key, _)| key.starts_with(CDI_ANNOTATION_PREFIX))
+            .flat_map(|(_, value)| value.split(','))
+            .map(str::trim)
+            .filter(|name| name.starts_with(CDI_GPU_PREFIX))
+            .collect();
+        if !cdi.is_empty() {
+            return GpuSelector::parse(CDI_SOURCE, &cdi.join(","), false);
         }
         if let Some(value) = spec.env(VISIBLE_DEVICES_ENV) {
-            return GpuSelector::parse_list(VISIBLE_DEVICES_ENV, value);
+            return GpuSelector::parse(VISIBLE_DEVICES_ENV, value, false);
         }
-        let minors: Vec<DeviceRef> = spec
-            .device_paths()
-            .filter_map(nvidia_minor)
-            .map(DeviceRef::Minor)
-            .collect();
-        let value = spec
-            .device_paths()
-            .filter(|p| nvidia_minor(p).is_some())
-            .collect::<Vec<_>>()
-            .join(",");
-        let selection = if minors.is_empty() {
-            GpuSelection::Nothing
-        } else {
-            GpuSelection::Devices(minors)
-        };
         Ok(GpuSelector {
-            selection,
+            selection: GpuSelection::Nothing,
             source_name: "linux.devices".to_string(),
-            value,
+            value: String::new(),
         })
     }
 
-    /// Parses an `NVIDIA_VISIBLE_DEVICES`-style list: `all`, `none`, `void`, or a comma list of
-    /// indices, `GPU-`/`MIG-` UUIDs and `gpu:mig` pairs.
+    /// What `vramgate-runtime` places: `auto`, and `all` as the engine wrote it (a CUDA image's
+    /// `ENV NVIDIA_VISIBLE_DEVICES=all`, `--gpus all`, `nvidia.com/gpu=all`), which with a
+    /// memory request means "any one GPU", since the wrapper can narrow the container to the
+    /// GPU it chose. `vramgate.dev/gpus=all` is the user's explicit word for "the amount on
+    /// every GPU" and is kept, as are lists. `None`: nothing to place.
+    pub fn to_place(&self) -> Option<GpuSelector> {
+        match &self.selection {
+            GpuSelection::Auto { .. } => Some(self.clone()),
+            GpuSelection::All if self.source_name == VISIBLE_DEVICES_ENV || self.source_name == CDI_SOURCE => {
+                Some(GpuSelector {
+                    selection: GpuSelection::Auto { count: 1, among: None },
+                    ..self.clone()
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Parses a device list as the public `parse_list` does; `auto` only from vramgate's own
+    /// sources.
     pub fn parse_list(source_name: &str, value: &str) -> Result<GpuSelector, RequestError> {
+        GpuSelector::parse(
+            source_name,
+            value,
+            source_name == GPUS_ANNOTATION || source_name == GPUS_ENV,
+        )
+    }
+
+    /// Parses an `NVIDIA_VISIBLE_DEVICES`-style list: `all`, `none`, `void`, or a comma list of
+    /// indices, `GPU-`/`MIG-` UUIDs and `gpu:mig` pairs, each also as a CDI name
+    /// (`nvidia.com/gpu=0`, `nvidia.com/gpu=all`); with `allow_auto`, `auto` or `auto:N`.
+    fn parse(source_name: &str, value: &str, allow_auto: bool) -> Result<GpuSelector, RequestError> {
         let invalid = |reason: String| RequestError::Invalid {
             source_name: source_name.to_string(),
             value: value.chars().take(80).collect(),
@@ -258,16 +350,43 @@ impl GpuSelector {
             )));
         }
         let trimmed = value.trim();
+        let auto_count = |word: &str| -> Option<Result<u32, RequestError>> {
+            let count = match word.strip_prefix("auto")? {
+                "" => return Some(Ok(1)),
+                rest => rest.strip_prefix(':')?,
+            };
+            Some(match count.parse::<u32>() {
+                Ok(n) if (1..=MAX_AUTO_GPUS).contains(&n) => Ok(n),
+                _ => Err(invalid(format!(
+                    "auto:N takes a number of GPUs from 1 to {MAX_AUTO_GPUS}, not {:?}",
+                    count.chars().take(20).collect::<String>()
+                ))),
+            })
+        };
+        let all_cdi = trimmed.split(',').all(|i| i.trim().starts_with(CDI_GPU_PREFIX));
         let selection = match trimmed {
             "all" => GpuSelection::All,
+            _ if all_cdi && trimmed.split(',').any(|i| i.trim() == "nvidia.com/gpu=all") => GpuSelection::All,
             "" | "none" | "void" => GpuSelection::Nothing,
+            word if auto_count(word).is_some() => {
+                if !allow_auto {
+                    return Err(invalid(format!(
+                        "auto belongs in {GPUS_ANNOTATION} or {GPUS_ENV}, where vramgate reads it; {source_name} is read by the NVIDIA runtime"
+                    )));
+                }
+                GpuSelection::Auto {
+                    count: auto_count(word).expect("checked above")?,
+                    among: None,
+                }
+            }
             _ => {
                 let mut devices = Vec::new();
                 for item in trimmed.split(',').map(str::trim) {
-                    let device = parse_device(item).ok_or_else(|| {
+                    let device = parse_device(item.strip_prefix(CDI_GPU_PREFIX).unwrap_or(item)).ok_or_else(|| {
                         invalid(format!(
-                            "{:?} is not a GPU: use an index (0), a UUID (GPU-..., MIG-...), a MIG pair (0:1), all or none",
-                            item.chars().take(80).collect::<String>()
+                            "{:?} is not a GPU: use an index (0), a UUID (GPU-..., MIG-...), a MIG pair (0:1), a CDI name (nvidia.com/gpu=0), all, none{}",
+                            item.chars().take(80).collect::<String>(),
+                            if allow_auto { ", auto or auto:N" } else { "" }
                         ))
                     })?;
                     if !devices.contains(&device) {
@@ -284,13 +403,61 @@ impl GpuSelector {
         })
     }
 
-    /// The UUIDs of the memory domains this selection names on this host.
+    /// The UUIDs of the memory domains this selection names on this host. A placement
+    /// (`auto`) names none yet: it is an error here, whose message says that only
+    /// `vramgate-runtime` can place; see [`GpuSelector::candidates`].
     pub fn resolve(&self, snapshot: &Snapshot) -> Result<Vec<String>, RequestError> {
         let devices = match &self.selection {
             GpuSelection::Nothing => return Ok(Vec::new()),
             GpuSelection::All => return Ok(snapshot.gpus.iter().map(|g| g.uuid.clone()).collect()),
             GpuSelection::Devices(devices) => devices,
+            GpuSelection::Auto { .. } => {
+                return Err(RequestError::PlacementNeedsRuntime {
+                    source_name: self.source_name.clone(),
+                    value: self.value.chars().take(80).collect(),
+                })
+            }
         };
+        self.resolve_devices(devices, snapshot, false)
+    }
+
+    /// For a placement: how many GPUs to choose, and the UUIDs to choose among (every memory
+    /// domain of the host, or those the container was given; a GPU in MIG mode stands for its
+    /// MIG devices, never for itself). `None` when this is not a placement.
+    pub fn candidates(&self, snapshot: &Snapshot) -> Option<Result<(u32, Vec<String>), RequestError>> {
+        let GpuSelection::Auto { count, among } = &self.selection else {
+            return None;
+        };
+        let uuids = match among {
+            None => Ok(snapshot.gpus.iter().map(|g| g.uuid.clone()).collect()),
+            Some(devices) => self.resolve_devices(devices, snapshot, true),
+        };
+        Some(uuids.and_then(|uuids| {
+            if uuids.len() < *count as usize {
+                return Err(RequestError::TooFewGpus {
+                    source_name: self.source_name.clone(),
+                    value: self.value.chars().take(80).collect(),
+                    count: *count,
+                    found: uuids.len(),
+                    candidates: if uuids.is_empty() {
+                        "none".to_string()
+                    } else {
+                        uuids.join(", ")
+                    },
+                });
+            }
+            Ok((*count, uuids))
+        }))
+    }
+
+    /// `expand_mig`: a GPU in MIG mode stands for all its MIG devices (a placement among the
+    /// devices given), where a request naming it is an error.
+    fn resolve_devices(
+        &self,
+        devices: &[DeviceRef],
+        snapshot: &Snapshot,
+        expand_mig: bool,
+    ) -> Result<Vec<String>, RequestError> {
         let mut uuids: Vec<String> = Vec::new();
         for device in devices {
             let mig_parent = |index: u32| {
@@ -300,6 +467,23 @@ impl GpuSelector {
                     index,
                 })
             };
+            let parent_index = match device {
+                DeviceRef::Index(i) => Some(*i),
+                DeviceRef::Minor(n) => snapshot.gpus.iter().find(|g| g.minor == Some(*n)).map(|g| g.index),
+                _ => None,
+            };
+            if let Some(index) = parent_index.filter(|i| expand_mig && snapshot.mig_parents.contains(i)) {
+                for mig in snapshot
+                    .gpus
+                    .iter()
+                    .filter(|g| g.index == index && g.mig_index.is_some())
+                {
+                    if !uuids.contains(&mig.uuid) {
+                        uuids.push(mig.uuid.clone());
+                    }
+                }
+                continue;
+            }
             let found = match device {
                 DeviceRef::Index(i) => {
                     if let Some(e) = mig_parent(*i) {
@@ -591,5 +775,110 @@ mod tests {
         assert_eq!(sel("0:1").resolve(&snap).unwrap(), ["MIG-x1"]);
         assert_eq!(sel("MIG-x0").resolve(&snap).unwrap(), ["MIG-x0"]);
         assert!(sel("0").resolve(&snap).unwrap_err().to_string().contains("MIG mode"));
+    }
+
+    #[test]
+    fn auto_and_its_candidates() {
+        let p = |v| GpuSelector::parse_list(GPUS_ANNOTATION, v).map(|s| s.selection);
+        assert_eq!(p("auto"), Ok(GpuSelection::Auto { count: 1, among: None }));
+        assert_eq!(p("auto:2"), Ok(GpuSelection::Auto { count: 2, among: None }));
+        for bad in ["auto:0", "auto:65", "auto:x", "auto:", "autox"] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        // Only vramgate's own keys may say auto.
+        let err = GpuSelector::parse_list(VISIBLE_DEVICES_ENV, "auto")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vramgate.dev/gpus or VRAMGATE_GPUS"), "{err}");
+        // The env form, and candidates from what the engine gave.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"process":{"env":["VRAMGATE_GPUS=auto","NVIDIA_VISIBLE_DEVICES=1,GPU-aaaa"]}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.gpus.source_name, GPUS_ENV);
+        let (count, uuids) = r.gpus.candidates(&host()).unwrap().unwrap();
+        assert_eq!(
+            (count, uuids),
+            (1, vec!["GPU-bbbb".to_string(), "GPU-aaaa".to_string()])
+        );
+        assert!(r
+            .gpus
+            .resolve(&host())
+            .unwrap_err()
+            .to_string()
+            .contains("vramgate-runtime"));
+        let three = GpuSelector::parse_list(GPUS_ANNOTATION, "auto:3").unwrap();
+        let err = three.candidates(&host()).unwrap().unwrap_err().to_string();
+        assert!(err.contains("asks for 3 GPUs, but only 2 can take it"), "{err}");
+    }
+
+    #[test]
+    fn engine_all_is_placed_by_the_wrapper_but_vramgate_all_spans() {
+        let env_all = spec(r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=all"]}}"#);
+        let r = Request::from_spec(&env_all).unwrap().unwrap();
+        assert_eq!(
+            r.gpus.to_place().unwrap().selection,
+            GpuSelection::Auto { count: 1, among: None }
+        );
+        let own_all = spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"all"}}"#);
+        let r = Request::from_spec(&own_all).unwrap().unwrap();
+        assert_eq!(r.gpus.to_place(), None);
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-aaaa", "GPU-bbbb"]);
+        let list = spec(r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=0,1"]}}"#);
+        assert_eq!(Request::from_spec(&list).unwrap().unwrap().gpus.to_place(), None);
+    }
+
+    #[test]
+    fn cdi_names_and_device_nodes_as_the_truth() {
+        let p = |v| GpuSelector::parse_list(VISIBLE_DEVICES_ENV, v).map(|s| s.selection);
+        assert_eq!(p("nvidia.com/gpu=all"), Ok(GpuSelection::All));
+        assert_eq!(
+            p("nvidia.com/gpu=1,nvidia.com/gpu=GPU-aaaa,nvidia.com/gpu=0:2"),
+            Ok(GpuSelection::Devices(vec![
+                DeviceRef::Index(1),
+                DeviceRef::Uuid("GPU-aaaa".into()),
+                DeviceRef::MigIndex(0, 2)
+            ]))
+        );
+        assert!(p("vendor.com/gpu=0").is_err());
+        // A CUDA image's ENV NVIDIA_VISIBLE_DEVICES=all beside one injected GPU: that GPU.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=all"]},"linux":{"devices":[{"path":"/dev/nvidiactl"},{"path":"/dev/nvidia1"}]}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.gpus.to_place(), None);
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+        // CDI requests in annotations, as device plugins write them.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","cdi.k8s.io/nvidia-device-plugin_abc":"nvidia.com/gpu=GPU-bbbb,vendor.com/nic=0"}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.gpus.source_name, CDI_SOURCE);
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+    }
+
+    #[test]
+    fn a_mig_device_through_cdi_is_placed_among_its_parents_mig_devices() {
+        let snap = Snapshot {
+            gpus: vec![
+                gpu(0, Some(0), "MIG-x0"),
+                gpu(0, Some(1), "MIG-x1"),
+                gpu(1, None, "GPU-bbbb"),
+            ],
+            mig_parents: vec![0],
+            processes: vec![],
+        };
+        // CDI injects the parent's /dev/nvidia0 (and nvidia-caps nodes) for a MIG device.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"auto"},"linux":{"devices":[{"path":"/dev/nvidia0"},{"path":"/dev/nvidia-caps/nvidia-cap21"}]}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        let (_, uuids) = r.gpus.candidates(&snap).unwrap().unwrap();
+        assert_eq!(uuids, ["MIG-x0", "MIG-x1"]);
+        // Named as a whole, it is still refused.
+        let whole =
+            spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"linux":{"devices":[{"path":"/dev/nvidia0"}]}}"#);
+        let r = Request::from_spec(&whole).unwrap().unwrap();
+        assert!(r.gpus.resolve(&snap).unwrap_err().to_string().contains("MIG mode"));
     }
 }

@@ -52,6 +52,10 @@ pub struct ReservationStatus {
     /// unreadable (metrics do not check: see [`crate::procfs::NotChecked`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alive: Option<bool>,
+    /// Reserved by `vramgate-runtime` at create; the container's hook has not confirmed it
+    /// yet (`pid` is then the runtime process creating it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,6 +70,15 @@ pub struct TicketStatus {
     /// Whether the waiting hook is still there; `None` when not checked or unreadable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alive: Option<bool>,
+    /// A placement waiting for any `count` of `candidates` GPUs (it is listed on each).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choose: Option<TicketChoice>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TicketChoice {
+    pub count: u32,
+    pub candidates: usize,
 }
 
 /// Where a report's facts come from: live sources on a host, recorded or fake ones in tests.
@@ -143,6 +156,7 @@ pub fn build_report(
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,
                         alive: alive(&r.init),
+                        pending: r.pending,
                     })
                 })
                 .collect();
@@ -163,6 +177,10 @@ pub fn build_report(
                     deadline_in_ms: t.deadline_unix_ms.saturating_sub(now),
                     waiter_pid: t.waiter.pid,
                     alive: alive(&t.waiter),
+                    choose: t.choose.map(|count| TicketChoice {
+                        count,
+                        candidates: t.gpus.len(),
+                    }),
                 })
                 .collect();
             GpuStatus {
@@ -232,6 +250,9 @@ pub fn render(report: &StatusReport) -> String {
                 if r.over_reservation {
                     note += "USING MORE THAN RESERVED ";
                 }
+                if r.pending {
+                    note += "starting (reserved at create, pid is the runtime) ";
+                }
                 if r.waited_ms > 0 {
                     note += &format!(
                         "waited {}",
@@ -268,6 +289,13 @@ pub fn render(report: &StatusReport) -> String {
                     format_duration(std::time::Duration::from_secs(t.deadline_in_ms / 1000)),
                     if t.alive == Some(false) { "  (waiter gone)" } else { "" }
                 );
+                if let Some(choice) = &t.choose {
+                    let _ = writeln!(
+                        out,
+                        "       (placement: any {} of {} GPUs, listed on each)",
+                        choice.count, choice.candidates
+                    );
+                }
             }
         }
         for p in &gpu.outside_processes {

@@ -38,6 +38,7 @@ fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
         created_unix_ms: 0,
         waited_ms: 0,
         bundle: None,
+        pending: false,
     }
 }
 

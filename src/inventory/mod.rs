@@ -126,6 +126,51 @@ impl Inventory for NotNeeded {
     }
 }
 
+/// The backend the config asks for, opened the first time a snapshot is taken: a hook that
+/// only confirms a reservation `vramgate-runtime` made at create never loads NVML.
+pub struct OpenOnUse<'c> {
+    config: &'c Config,
+    opened: std::cell::OnceCell<Box<dyn Inventory>>,
+}
+
+impl<'c> OpenOnUse<'c> {
+    pub fn new(config: &'c Config) -> OpenOnUse<'c> {
+        OpenOnUse {
+            config,
+            opened: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> Result<&dyn Inventory, InventoryError> {
+        if let Some(inventory) = self.opened.get() {
+            return Ok(inventory.as_ref());
+        }
+        let inventory = open(self.config)?;
+        Ok(self.opened.get_or_init(|| inventory).as_ref())
+    }
+}
+
+impl Inventory for OpenOnUse<'_> {
+    fn snapshot(&self) -> Result<Snapshot, InventoryError> {
+        self.get()?.snapshot()
+    }
+
+    fn snapshot_with_processes(&self, processes_on: &dyn Fn(&str) -> bool) -> Result<Snapshot, InventoryError> {
+        self.get()?.snapshot_with_processes(processes_on)
+    }
+
+    fn sees_processes(&self) -> bool {
+        self.get().is_ok_and(|i| i.sees_processes())
+    }
+
+    fn describe(&self) -> String {
+        match self.get() {
+            Ok(inventory) => inventory.describe(),
+            Err(e) => format!("not opened ({e})"),
+        }
+    }
+}
+
 /// Opens the backend the config asks for. `auto` means NVML when its library loads and the
 /// static list when the library is absent; a library that loads but fails is an error, never
 /// a silent fall back to simulated numbers on a real GPU host.

@@ -35,6 +35,13 @@ pub struct Reservation {
     /// container reserved. Absent in ledgers written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<PathBuf>,
+    /// Made by `vramgate-runtime` at `create`, before the container has an init process:
+    /// `init` is then the runtime process that creates it (the wrapper `exec`s the next
+    /// runtime, so the pid and start time carry over), and the container's `createRuntime`
+    /// hook confirms it with the init pid. A create that fails or is killed in between leaves
+    /// a reservation whose process is gone, reclaimed by the next transaction.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 impl Reservation {
@@ -70,6 +77,10 @@ pub struct Ticket {
     /// The waiting container's bundle (see [`Reservation::bundle`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<PathBuf>,
+    /// A placement: `gpus` are the candidates, of which this many will be chosen (see
+    /// [`crate::placement`]). Absent for a request that names its GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choose: Option<u32>,
 }
 
 impl Ticket {
@@ -218,6 +229,18 @@ impl Ledger {
         if ledger.queue.iter().any(|t| t.ticket >= ledger.next_ticket) {
             return Err(corrupt("a ticket number is not below next_ticket".into()));
         }
+        if let Some(t) = ledger
+            .queue
+            .iter()
+            .find(|t| t.choose.is_some_and(|n| n == 0 || n as usize > t.gpus.len()))
+        {
+            return Err(corrupt(format!(
+                "ticket {} chooses {:?} of {} GPUs",
+                t.ticket,
+                t.choose,
+                t.gpus.len()
+            )));
+        }
         Ok(ledger)
     }
 
@@ -257,6 +280,7 @@ mod tests {
             created_unix_ms: 1,
             waited_ms: 0,
             bundle: None,
+            pending: false,
         };
         let ledger = Ledger {
             reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
@@ -276,6 +300,7 @@ mod tests {
             enqueued_unix_ms: 0,
             deadline_unix_ms: 0,
             bundle: None,
+            choose: None,
         };
         assert_eq!(ledger.enqueue(ticket.clone()), 1);
         assert_eq!(ledger.enqueue(ticket), 2);
@@ -292,6 +317,7 @@ mod tests {
             created_unix_ms: 0,
             waited_ms: 0,
             bundle: bundle.map(PathBuf::from),
+            pending: false,
         };
         let live = reservation(Some("/run/containerd/ns-a/c"));
         assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));

@@ -171,6 +171,7 @@ mod tests {
             created_unix_ms: 1,
             waited_ms: 0,
             bundle: None,
+            pending: false,
         }
     }
 

@@ -44,6 +44,8 @@ pub struct Invocation {
     pub log_format: Option<OsString>,
     /// For `create` and `run`: the bundle directory, `.` when no flag names it.
     pub bundle: Option<PathBuf>,
+    /// For `create` and `run`: the container id (runc's one positional argument).
+    pub container: Option<OsString>,
 }
 
 /// Splits `--name=value`, `-name=value`, `--name`, `-name` into the name and the inline value.
@@ -109,10 +111,17 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
         let arg = &args[i];
         i += 1;
         if arg.as_bytes() == b"--" {
+            if inv.container.is_none() {
+                inv.container = args.get(i).cloned();
+            }
             break;
         }
         let Some((name, inline)) = flag_name(arg) else {
-            continue; // the container id
+            // The container id.
+            if inv.container.is_none() {
+                inv.container = Some(arg.clone());
+            }
+            continue;
         };
         if !is_one_of(name, CREATE_VALUE_FLAGS) {
             continue;

@@ -16,7 +16,9 @@
 //! [`runc_log`] writes runc's log format, [`exec`] finds the next runtime and becomes it;
 //! [`run`] here strings them together.
 
+pub mod admit;
 pub mod argv;
+pub mod devices;
 pub mod exec;
 pub mod runc_log;
 pub mod spec_edit;
@@ -33,6 +35,8 @@ pub use spec_edit::{
 };
 
 use crate::config::{ConfigError, RuntimeConfig};
+use crate::request::RequestError;
+use crate::service::{Refusal, ServiceError};
 use crate::spec::SpecError;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +64,27 @@ pub enum RuntimeError {
     Exec { path: PathBuf, source: nix::Error },
     #[error("an argument contains a NUL byte")]
     NulInArgument,
+    #[error("container {container}: {source}")]
+    Request { container: String, source: RequestError },
+    /// Decided and refused; the refusal's line is the whole story.
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("{0}")]
+    Service(ServiceError),
+    #[error("the {verb} command line names no container id; the engine must pass one")]
+    NoContainerId { verb: String },
+    #[error("cannot read this process's own /proc entry")]
+    NoSelf,
+}
+
+impl RuntimeError {
+    /// The line for stderr and runc's log: a refusal already starts with "vramgate:".
+    pub fn user_line(&self) -> String {
+        match self {
+            RuntimeError::Refused(refusal) => refusal.to_string(),
+            other => format!("vramgate: {other}"),
+        }
+    }
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
@@ -86,8 +111,8 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     let inv = parse_args(args);
     let mut config = LazyConfig::new(config_path.to_path_buf());
     if let Some(bundle) = &inv.bundle {
-        if let Err(e) = prepare_bundle(bundle, &mut config) {
-            report_error(&inv, &format!("vramgate: {e}"));
+        if let Err(e) = prepare_bundle(bundle, &inv, &mut config) {
+            report_error(&inv, &e.user_line());
             return e;
         }
     }

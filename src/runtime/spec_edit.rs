@@ -83,7 +83,7 @@ pub fn is_vramgate_hook(entry: &Value, hook: &Path) -> bool {
         || Path::new(arg0).file_name() == Some(OsStr::new(HOOK_BINARY))
 }
 
-fn json_type(v: &Value) -> &'static str {
+pub(super) fn json_type(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",
@@ -181,9 +181,12 @@ impl LazyConfig {
     }
 }
 
-/// Adds the hooks to `<bundle>/config.json` when its spec requests VRAM. Returns whether the
-/// file was rewritten. The config is read only when there is a request.
-pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
+/// For a spec that requests VRAM: admits the container ([`super::admit`]: reserves, and places
+/// it when it leaves the choice to vramgate), narrows the spec to the GPUs chosen, and adds the
+/// hooks (createRuntime confirms, poststop releases). Returns whether `<bundle>/config.json`
+/// was rewritten. The config is read only when there is a request; a refusal is an error and
+/// the next runtime never runs.
+pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyConfig) -> Result<bool> {
     let path = bundle.join("config.json");
     let read_err = |source| SpecError::ReadSpec {
         path: path.clone(),
@@ -198,30 +201,73 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     }
     let config_env = config.path_for_hook();
     let config = config.get()?;
+    let verb = || inv.verb.as_deref().unwrap_or_default().to_string_lossy().into_owned();
+    let container = inv
+        .container
+        .as_deref()
+        .ok_or_else(|| RuntimeError::NoContainerId { verb: verb() })?
+        .to_string_lossy()
+        .into_owned();
+    spec::validate_container_id(&container)?;
+    let request = request::Request::from_spec(&view).map_err(|source| RuntimeError::Request {
+        container: container.clone(),
+        source,
+    })?;
+    let Some(request) = request else {
+        return Ok(false);
+    };
     let mut spec: Value = serde_json::from_slice(&bytes).map_err(|source| SpecError::ParseSpec {
         path: path.clone(),
         source,
     })?;
+    let reserved = super::admit::admit_at_create(&container, bundle, request, config)?;
+    // From here on, a failure gives back what was just reserved: nothing is left half-done.
+    let undo = |e: RuntimeError| {
+        if reserved.is_some() {
+            super::admit::undo(&container, bundle, config);
+        }
+        e
+    };
+    if let Some(super::admit::Reserved {
+        gpus,
+        placement: Some(_),
+    }) = &reserved
+    {
+        super::devices::narrow_to(&mut spec, &path, gpus).map_err(undo)?;
+    }
     let hook = hook_path(&config.runtime);
     let timeout = hook_timeout_secs(config);
     let entry = |stage| hook_entry(&hook, stage, timeout, config_env.as_deref());
-    if !add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook)? {
+    let hooks_added = add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook).map_err(undo)?;
+    let placed = matches!(&reserved, Some(r) if r.placement.is_some());
+    if !hooks_added && !placed {
         return Ok(false);
     }
+    write_spec(bundle, &path, &bytes, &spec).map_err(undo)?;
+    Ok(true)
+}
+
+/// Replaces `path` (the bundle's `config.json`, read as `bytes`) with `spec`, atomically,
+/// keeping its layout, mode and owner.
+fn write_spec(bundle: &Path, path: &Path, bytes: &[u8], spec: &Value) -> Result<()> {
+    let read_err = |source| SpecError::ReadSpec {
+        path: path.to_path_buf(),
+        source,
+    };
     let write_err = |source| RuntimeError::WriteSpec {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     };
     // Keep the writer's layout: engines write compact JSON, `runc spec` writes indented.
     let pretty = bytes.starts_with(b"{\n");
     let out = if pretty {
-        serde_json::to_vec_pretty(&spec)
+        serde_json::to_vec_pretty(spec)
     } else {
-        serde_json::to_vec(&spec)
+        serde_json::to_vec(spec)
     }
     .map_err(|e| write_err(e.into()))?;
     // The new file keeps the old one's mode and owner: runc and the engine expect them.
-    let meta = std::fs::metadata(&path).map_err(read_err)?;
+    let meta = std::fs::metadata(path).map_err(read_err)?;
     let owner = (meta.uid() != nix::unistd::geteuid().as_raw() || meta.gid() != nix::unistd::getegid().as_raw())
         .then(|| (meta.uid(), meta.gid()));
     // runc follows a bundle directory that is a symlink (it chdirs into it), and so must the
@@ -229,7 +275,7 @@ pub fn prepare_bundle(bundle: &Path, config: &mut LazyConfig) -> Result<bool> {
     // resolved one.
     let target = std::fs::canonicalize(bundle).map_err(write_err)?.join("config.json");
     atomic_file::replace(&target, &out, meta.mode(), owner).map_err(write_err)?;
-    Ok(true)
+    Ok(())
 }
 
 #[cfg(test)]

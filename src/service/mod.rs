@@ -75,6 +75,10 @@ pub struct AdmitRequest<'r> {
     /// How long the caller has in all (the runtime's hook timeout less a margin); every wait
     /// for the ledger lock counts against it. `None`: only the ledger's own lock timeout.
     pub budget: Option<Duration>,
+    /// Made by `vramgate-runtime` at `create`, before the container exists: `init` is the
+    /// runtime process, and the reservation is pending until the container's hook confirms it
+    /// (see [`Reservation::pending`]). Only such a request may place (`auto`).
+    pub pending: bool,
 }
 
 /// What a release found.
@@ -105,6 +109,7 @@ struct Progress {
 }
 
 /// What one attempt concluded.
+#[derive(Debug)]
 enum Step {
     Done(Admission),
     Wait,
@@ -230,6 +235,24 @@ impl<'a> Service<'a> {
             }
         }
 
+        // The hook of a container that vramgate-runtime admitted at create: bind the pending
+        // reservation to the init process. It is this container's when the bundle matches or
+        // the runtime process running this hook is the one that made it (the wrapper execs it).
+        if !req.pending {
+            if let Some(r) = ledger.reservations.iter_mut().find(|r| {
+                r.pending
+                    && r.container_id == id
+                    && (r.belongs_to(id, req.bundle) && r.bundle.is_some() || req.runtime == Some(r.init))
+            }) {
+                r.pending = false;
+                r.init = req.init;
+                let shares = r.gpus.clone();
+                drop_ticket(ledger, progress);
+                log.push(self.event(Kind::Confirm, id, &shares, format!("init pid {}", req.init.pid)));
+                return Ok(Step::Done(Admission::Confirmed { shares }));
+            }
+        }
+
         // A reservation under this id from a container that is gone (outside the routine
         // reclaim's window in a large ledger) is reclaimed now, not mistaken for a live one.
         if let Some(existing) = ledger.reservation(id) {
@@ -257,8 +280,8 @@ impl<'a> Service<'a> {
         let snapshot = self
             .inventory
             .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
-        let shares = match shares_for(req.request, &snapshot, id) {
-            Ok(shares) => shares,
+        let (shares, choose) = match shares_for(req.request, &snapshot, id, req.pending) {
+            Ok(found) => found,
             Err(e) => {
                 drop_ticket(ledger, progress);
                 return Err(e);
@@ -272,6 +295,7 @@ impl<'a> Service<'a> {
                 &allocated,
                 &self.rules,
                 &shares,
+                choose,
                 progress.ticket,
                 now,
             )
@@ -285,42 +309,74 @@ impl<'a> Service<'a> {
             decision = decide(ledger);
         }
         let shortage = match decision {
-            Decision::Admit => {
+            Decision::Admit {
+                shares: chosen,
+                placement,
+            } => {
                 let queued = progress.ticket.is_some();
                 drop_ticket(ledger, progress);
                 ledger.reservations.push(Reservation {
                     container_id: id.to_string(),
-                    gpus: shares.clone(),
+                    gpus: chosen.clone(),
                     init: req.init,
                     created_unix_ms: now,
                     waited_ms: if queued { waited.as_millis() as u64 } else { 0 },
                     bundle: req.bundle.map(Path::to_path_buf),
+                    pending: req.pending,
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
                 if queued {
                     detail += &format!(", after waiting {}", format_duration(waited));
                 }
-                log.push(self.event(kind, id, &shares, detail));
+                if let Some(placement) = &placement {
+                    detail += &format!("; placed {}", placement.describe());
+                }
+                let mut event = self.event(kind, id, &chosen, detail);
+                event.placement = placement.clone();
+                log.push(event);
                 for note in &req.request.notes {
                     log.push(self.event(Kind::Note, id, &[], note.clone()));
                 }
                 ledger.counters.record_admit(queued.then_some(waited));
                 let waited = if queued { waited } else { Duration::ZERO };
-                return Ok(Step::Done(Admission::Admitted { waited, queued }));
+                let gpus = chosen
+                    .iter()
+                    .filter_map(|s| snapshot.by_uuid(&s.uuid).cloned())
+                    .collect();
+                return Ok(Step::Done(Admission::Admitted {
+                    waited,
+                    queued,
+                    shares: chosen,
+                    gpus,
+                    placement,
+                }));
             }
-            Decision::Never { request, account } => {
+            Decision::Never {
+                request,
+                account,
+                among,
+            } => {
                 drop_ticket(ledger, progress);
                 let refusal = Refusal::NeverFits {
                     container: id.to_string(),
                     request,
                     account,
+                    among,
                 };
                 log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
                 ledger.counters.record_refuse();
                 return Ok(Step::Done(Admission::Refused(refusal)));
             }
-            Decision::NoRoom { request, account } => Shortage::Memory { request, account },
+            Decision::NoRoom {
+                request,
+                account,
+                among,
+            } => Shortage::Memory {
+                request,
+                account,
+                among,
+            },
             Decision::Queued { ahead } => Shortage::Queue { ahead },
         };
         let position = match shortage {
@@ -358,6 +414,7 @@ impl<'a> Service<'a> {
                 enqueued_unix_ms: now,
                 deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(waited).as_millis() as u64),
                 bundle: req.bundle.map(Path::to_path_buf),
+                choose,
             });
             progress.ticket = Some(ticket);
             log.push(self.event(
@@ -543,19 +600,36 @@ fn drop_ticket(ledger: &mut Ledger, progress: &mut Progress) {
     }
 }
 
-/// The memory each GPU share asks for on this host, resolved against the inventory.
-fn shares_for(request: &Request, snapshot: &Snapshot, container: &str) -> Result<Vec<GpuShare>> {
+/// The memory each GPU share asks for on this host, resolved against the inventory. For a
+/// placement (only when `placing`: the runtime wrapper at create), the shares are the
+/// candidates and the count is how many to choose.
+fn shares_for(
+    request: &Request,
+    snapshot: &Snapshot,
+    container: &str,
+    placing: bool,
+) -> Result<(Vec<GpuShare>, Option<u32>)> {
     let request_error = |source| ServiceError::Request {
         container: container.to_string(),
         source,
     };
-    let uuids = request.gpus.resolve(snapshot).map_err(request_error)?;
+    let (uuids, choose) = match request.gpus.candidates(snapshot) {
+        Some(_) if !placing => {
+            // resolve() says why a placement cannot be made here.
+            return Err(request_error(request.gpus.resolve(snapshot).expect_err("a placement")));
+        }
+        Some(found) => {
+            let (count, uuids) = found.map_err(request_error)?;
+            (uuids, Some(count))
+        }
+        None => (request.gpus.resolve(snapshot).map_err(request_error)?, None),
+    };
     if uuids.is_empty() {
         return Err(request_error(RequestError::NoGpu {
             memory: request.memory.to_string(),
         }));
     }
-    Ok(uuids
+    let shares = uuids
         .into_iter()
         .map(|uuid| {
             let total = snapshot.by_uuid(&uuid).map(|g| g.total).unwrap_or(0);
@@ -564,7 +638,18 @@ fn shares_for(request: &Request, snapshot: &Snapshot, container: &str) -> Result
                 uuid,
             }
         })
-        .collect())
+        .collect();
+    Ok((shares, choose))
+}
+
+/// How long a request may wait in the queue: its own timeout, else the config's, never past
+/// `max_wait_timeout`, nor past the caller's `budget` (a hook's timeout less its margin).
+pub fn wait_for(request: &Request, config: &Config, budget: Option<Duration>) -> Duration {
+    let wait = request
+        .timeout
+        .unwrap_or(config.wait_timeout)
+        .min(config.max_wait_timeout);
+    budget.map_or(wait, |budget| wait.min(budget))
 }
 
 /// Records that a container started unaccounted because the state is broken and the config

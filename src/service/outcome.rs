@@ -5,17 +5,29 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::admission::GpuAccount;
+use crate::admission::{Among, GpuAccount};
+use crate::inventory::GpuMemory;
+use crate::ledger::GpuShare;
+use crate::placement::Placement;
 use crate::quantity::{format_bytes, format_duration};
 use crate::request::{MEMORY_ANNOTATION, POLICY_ANNOTATION, TIMEOUT_ANNOTATION};
 
 /// How an admission ended when it did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admission {
-    /// Reserved; `waited` is zero unless it queued first.
+    /// Reserved; `waited` is zero unless it queued first. `shares` are what was reserved,
+    /// `gpus` those GPUs as the inventory saw them, and `placement` how they were chosen when
+    /// vramgate chose them.
     Admitted {
         waited: Duration,
         queued: bool,
+        shares: Vec<GpuShare>,
+        gpus: Vec<GpuMemory>,
+        placement: Option<Placement>,
+    },
+    /// The reservation `vramgate-runtime` made at create is now bound to the container's init.
+    Confirmed {
+        shares: Vec<GpuShare>,
     },
     /// The same container (same init process) was already admitted: a second hook stage.
     AlreadyAdmitted,
@@ -25,8 +37,13 @@ pub enum Admission {
 /// Why a request cannot be served now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shortage {
-    /// Not enough memory on one of its GPUs.
-    Memory { request: u64, account: GpuAccount },
+    /// Not enough memory on one of its GPUs (for a placement: on enough of its candidates;
+    /// `account` is the one with the most room).
+    Memory {
+        request: u64,
+        account: GpuAccount,
+        among: Option<Among>,
+    },
     /// Older waiters on its GPUs come first.
     Queue { ahead: usize },
 }
@@ -34,9 +51,24 @@ pub enum Shortage {
 impl fmt::Display for Shortage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Shortage::Memory { request, account } => {
+            Shortage::Memory {
+                request,
+                account,
+                among: None,
+            } => {
                 write!(f, "it requests {} and {}", format_bytes(*request), account.describe())
             }
+            Shortage::Memory {
+                request,
+                account,
+                among: Some(among),
+            } => write!(
+                f,
+                "it requests {} on {} and the one with the most room is {}",
+                format_bytes(*request),
+                among.describe(),
+                account.describe()
+            ),
             Shortage::Queue { ahead } => write!(
                 f,
                 "{ahead} container{} asked first and {} waiting for the same GPU",
@@ -74,6 +106,7 @@ pub enum Refusal {
         container: String,
         request: u64,
         account: GpuAccount,
+        among: Option<Among>,
     },
     /// Policy `reject` and no room now.
     NoRoom { container: String, shortage: Shortage },
@@ -116,6 +149,19 @@ impl fmt::Display for Refusal {
                 container,
                 request,
                 account,
+                among: Some(among),
+            } => write!(
+                f,
+                "vramgate: refused container {container}: it requests {} on {}, more than enough of them can ever hold (the largest is {}); request less (annotation {MEMORY_ANNOTATION}) or run it on a host with larger GPUs",
+                format_bytes(*request),
+                among.describe(),
+                account.describe(),
+            ),
+            Refusal::NeverFits {
+                container,
+                request,
+                account,
+                among: None,
             } => write!(
                 f,
                 "vramgate: refused container {container}: it requests {} on GPU {}, more than the GPU can ever hold: {}; request less (annotation {MEMORY_ANNOTATION}) or run it on a larger GPU",

@@ -1,0 +1,102 @@
+//! Admission at `create`: the wrapper reserves (and, for `auto`, places) before the next
+//! runtime runs, so that the GPU it chose can be written into the spec that runtime reads.
+//!
+//! The reservation is made under the ledger lock like any other, with `pending` set and the
+//! wrapper's own process as its owner: the wrapper `exec`s the next runtime, which keeps the
+//! pid and start time, so the reservation lives exactly as long as `runc create` (or `runc
+//! run`) does until the container's `createRuntime` hook confirms it with the init pid. A
+//! create that fails or is killed in between leaves a reservation whose process is gone, and
+//! the next transaction reclaims it. Under policy `wait`, the wrapper waits in the queue
+//! before runc starts; the engine's create call blocks meanwhile, as it does for a waiting hook.
+
+use std::path::Path;
+
+use crate::clock::SystemClock;
+use crate::config::{Config, OnStateError};
+use crate::inventory::{self, GpuMemory};
+use crate::ledger::StateDir;
+use crate::placement::Placement;
+use crate::procfs::{ProcLiveness, ProcessIdentity};
+use crate::request::Request;
+use crate::service::{self, Admission, AdmitRequest, Service, ServiceError};
+
+use super::RuntimeError;
+
+/// What the wrapper reserved for a container at create.
+#[derive(Debug)]
+pub struct Reserved {
+    /// The GPUs reserved, as the inventory saw them.
+    pub gpus: Vec<GpuMemory>,
+    /// How they were chosen, when vramgate chose them: the spec must then be narrowed.
+    pub placement: Option<Placement>,
+}
+
+/// Admits `container` (bundle `bundle`) for `request` at create. `Ok(None)`: started
+/// unaccounted because vramgate's state is broken and the config says fail-open (the hook
+/// will try again, and log, at createRuntime).
+pub fn admit_at_create(
+    container: &str,
+    bundle: &Path,
+    mut request: Request,
+    config: &Config,
+) -> Result<Option<Reserved>, RuntimeError> {
+    if let Some(placed) = request.gpus.to_place() {
+        request.gpus = placed;
+    }
+    let me = ProcessIdentity::current().ok_or(RuntimeError::NoSelf)?;
+    // The hook's one capability, for attribution; emptied again when this returns.
+    let _ptrace = crate::privilege::raise_for_admission().ok();
+    let dir = match StateDir::open_or_create(&config.state_dir) {
+        Ok(dir) => dir,
+        Err(e) => return fail_open_or(config, container, ServiceError::Ledger(e)),
+    };
+    let inventory = inventory::OpenOnUse::new(config);
+    let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
+    // runc reports the bundle as an absolute path, and the hook matches on it.
+    let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
+    let admission = service.admit(&AdmitRequest {
+        container,
+        init: me,
+        request: &request,
+        bundle: Some(&bundle),
+        policy: request.policy.unwrap_or(config.policy),
+        wait_for: service::wait_for(&request, config, None),
+        waiter: me,
+        // The engine cancels a create by killing this very process, which ends the wait.
+        runtime: None,
+        budget: None,
+        pending: true,
+    });
+    match admission {
+        Ok(Admission::Admitted { gpus, placement, .. }) => Ok(Some(Reserved { gpus, placement })),
+        Ok(Admission::Refused(refusal)) => Err(RuntimeError::Refused(refusal)),
+        // A second create of the same container (a retry after a failed exec): the reservation
+        // it already holds stands, and the hook confirms it.
+        Ok(Admission::AlreadyAdmitted | Admission::Confirmed { .. }) => Ok(Some(Reserved {
+            gpus: Vec::new(),
+            placement: None,
+        })),
+        Err(e) => fail_open_or(config, container, e),
+    }
+}
+
+/// vramgate's own state is broken: start unaccounted if the config says fail-open.
+fn fail_open_or(config: &Config, container: &str, e: ServiceError) -> Result<Option<Reserved>, RuntimeError> {
+    if e.is_state_error() && config.on_state_error == OnStateError::FailOpen {
+        service::log_fail_open(config, &SystemClock, container, &e.to_string());
+        return Ok(None);
+    }
+    Err(RuntimeError::Service(e))
+}
+
+/// Gives back what [`admit_at_create`] reserved, when the create cannot go on (the spec could
+/// not be written). Best effort: a reservation left behind is reclaimed once this process is
+/// gone anyway.
+pub fn undo(container: &str, bundle: &Path, config: &Config) {
+    let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
+    if let Ok(dir) = StateDir::open_or_create(&config.state_dir) {
+        let inventory = inventory::NotNeeded;
+        let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
+        let _ = service.release(container, Some(&bundle), "create failed");
+    }
+}
