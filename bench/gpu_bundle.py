@@ -7,7 +7,10 @@ so no image is needed. /sys is bind-mounted from the host (CUDA reads PCI topolo
 tmpfs. With --hook, the vramgate hooks run at createRuntime and poststop.
 
 usage: gpu_bundle.py --template T/config.json --bundle DIR [--hook PATH --config TOML]
-                     [--annotation k=v]... [--env K=V]... -- ARGS...
+                     [--gpu-minors 0,1] [--annotation k=v]... [--env K=V]... -- ARGS...
+
+--gpu-minors keeps only these GPUs' /dev/nvidiaN nodes (nvidiactl, uvm and caps stay), as the
+NVIDIA toolkit or CDI would give a container pinned to them; without it, every GPU's node.
 """
 import argparse
 import glob
@@ -23,6 +26,7 @@ p.add_argument("--hook")
 p.add_argument("--config")
 p.add_argument("--annotation", action="append", default=[])
 p.add_argument("--env", action="append", default=[])
+p.add_argument("--gpu-minors", help="comma list of GPU minor numbers whose /dev/nvidiaN to add")
 p.add_argument("args", nargs="+")
 a = p.parse_args()
 
@@ -57,6 +61,9 @@ for path in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/nvidia-ca
     if not stat.S_ISCHR(st.st_mode):
         continue
     major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    name = os.path.basename(path)
+    if a.gpu_minors is not None and name[len("nvidia"):].isdigit() and str(minor) not in a.gpu_minors.split(","):
+        continue
     devices.append({"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 0o666, "uid": 0, "gid": 0})
     allow.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
 # The host's /dev/shm is not shared; PyTorch needs more than runc's default 64 KiB only for

@@ -553,7 +553,7 @@ impl Drop for Cri {
     fn drop(&mut self) {
         // A hook still queued in this host's ledger (a test that failed while one waited)
         // would wait out its timeout after everything else is gone.
-        for (_, pid) in queued(&self.tb) {
+        for (_, pid, _) in queued(&self.tb) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -915,7 +915,8 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves() {
 }
 
 /// The ledger's queue as `vramgate status` lists it: (container id, waiting hook's pid).
-fn queued(tb: &Testbed) -> Vec<(String, u64)> {
+/// (container id, waiter pid, whether the waiter still runs) of each ticket.
+fn queued(tb: &Testbed) -> Vec<(String, u64, bool)> {
     status(&tb.config_path)["gpus"]
         .as_array()
         .unwrap()
@@ -925,16 +926,21 @@ fn queued(tb: &Testbed) -> Vec<(String, u64)> {
             (
                 t["container_id"].as_str().unwrap().to_string(),
                 t["waiter_pid"].as_u64().unwrap(),
+                t["alive"].as_bool().unwrap_or(true),
             )
         })
         .collect()
 }
 
 /// kubelet puts a deadline on each CRI call (`--runtime-request-timeout`, 2 min by default).
-/// When a StartContainer whose hook is queued passes it, containerd cancels the task's
-/// creation: the shim kills `runc create`, and with it the container's init, and the container
-/// is marked exited (`StartError`); kubelet then creates a new attempt. The waiting hook should
-/// give up its place then, and never be admitted for the dead container.
+/// When a StartContainer whose admission is queued passes it, containerd cancels the task's
+/// creation: the shim kills the runtime process (`runc create`, or vramgate-runtime waiting
+/// before it), and the container is marked exited (`StartError`); kubelet then creates a new
+/// attempt. The wait must end then, and nothing ever be admitted for the dead container.
+///
+/// Since vramgate-runtime admits at create, the waiter is the wrapper itself, and the shim's
+/// SIGKILL ends it: its ticket is abandoned (status shows its waiter gone at once), waiters
+/// behind it pass it, and the next transaction drops it.
 ///
 /// Before the waiter watched its container (containerd 1.6.20, runc 1.1.5, this VM), the hook,
 /// reparented to `containerd-shim-runc-v2`, kept its ticket at the head of the GPU's queue until
@@ -988,15 +994,21 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue() {
             (s.state, s.reason, s.message),
         )
     });
-    wait_until("the cancelled start leaves the queue", Duration::from_secs(10), || {
+    wait_until("the cancelled start no longer waits", Duration::from_secs(10), || {
         let q = queued(&cri.tb);
-        (!q.iter().any(|(c, _)| c == &id), q)
+        (!q.iter().any(|(c, _, alive)| c == &id && *alive), q)
     });
 
-    // Memory frees: nothing is admitted for the container that never started.
+    // Memory frees: nothing is admitted for the container that never started, and the
+    // transaction that frees it drops the abandoned ticket.
     cri.delete_pods(&big);
     std::thread::sleep(Duration::from_secs(3));
     assert!(!reservations(&cri.tb).iter().any(|(c, _)| c == &id));
+    assert!(
+        !queued(&cri.tb).iter().any(|(c, _, _)| c == &id),
+        "{:?}",
+        queued(&cri.tb)
+    );
     assert!(!cri
         .events()
         .iter()

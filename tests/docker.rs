@@ -335,6 +335,21 @@ fn docker_runs_through_vramgate_runtime() {
         "{stderr}"
     );
 
+    // `-e VRAMGATE_GPUS=auto`: the wrapper chooses the GPU, and the container's environment
+    // names the one it got.
+    let env = run_ok(&mut d.run(
+        "vramgate",
+        &["--rm", "-e", &req("1Gi"), "-e", "VRAMGATE_GPUS=auto"],
+        &["env"],
+    ));
+    let chosen = format!("NVIDIA_VISIBLE_DEVICES={}", vramgate::config::SIMULATED_GPU_UUID);
+    assert!(env.lines().any(|l| l == chosen), "{env}");
+    assert!(
+        env.lines()
+            .any(|l| l == format!("VRAMGATE_GPUS={}", vramgate::config::SIMULATED_GPU_UUID)),
+        "{env}"
+    );
+
     run_ok(&mut d.docker(&["rm", "-f", &plain]));
     assert!(
         reservations(&d.tb).is_empty(),

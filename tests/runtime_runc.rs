@@ -2,45 +2,14 @@
 //! every reservation here exists only because the wrapper added the hooks, on the simulated
 //! 24,265 MiB GPU.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+mod support;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::{wrapper, wrapper_testbed as testbed, Cleanup, VRAMGATE as CLI};
 use vramgate::testbed::Testbed;
-
-const WRAPPER: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
-const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
-const CLI: &str = env!("CARGO_BIN_EXE_vramgate");
-
-/// A testbed whose "runc" is the wrapper, which runs the real runc next.
-fn testbed(name: &str) -> (tempfile::TempDir, Testbed) {
-    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
-    let config = Testbed::default_config(
-        dir.path(),
-        &format!("[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}"),
-    );
-    let bed = Testbed::create(dir.path(), WRAPPER, Path::new(HOOK), &config).unwrap();
-    (dir, bed)
-}
-
-/// Runs the wrapper against the testbed's runc root, reading the testbed's config; returns
-/// whether it succeeded and its stderr. Output goes to files, not pipes: a created container
-/// keeps the stdio it inherited, and a pipe would never reach end of file.
-fn wrapper(bed: &Testbed, args: &[&str]) -> (bool, String) {
-    let err_path = bed.dir.join("wrapper.stderr");
-    let stderr = std::fs::File::create(&err_path).unwrap();
-    let (key, value) = bed.env();
-    let status = bed
-        .runc(args)
-        .env(key, value)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .status()
-        .unwrap();
-    (status.success(), std::fs::read_to_string(&err_path).unwrap())
-}
 
 /// The container's state as runc reports it through the wrapper (`state` passes through).
 fn container_status(bed: &Testbed, id: &str) -> Option<String> {
@@ -81,20 +50,13 @@ fn request() -> Vec<(&'static str, &'static str)> {
     vec![("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]
 }
 
-struct Cleanup<'a>(&'a Testbed);
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        self.0.cleanup_containers();
-    }
-}
-
 fn assert_ok((ok, stderr): (bool, String), what: &str) {
     assert!(ok, "{what}: {stderr}");
 }
 
 #[test]
 fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
-    let (_dir, bed) = testbed("vg-rt-poststop");
+    let (_dir, bed) = testbed("vg-rt-poststop", "");
     let _cleanup = Cleanup(&bed);
     let bundle = bed.bundle("c1", &["true"], &request(), &[], false).unwrap();
     // The spec's own poststop hook fails; runc runs no poststop hook after a failing one.
@@ -118,7 +80,7 @@ fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
 
 #[test]
 fn runc_run_through_the_wrapper_is_accounted() {
-    let (_dir, bed) = testbed("vg-rt-run");
+    let (_dir, bed) = testbed("vg-rt-run", "");
     let _cleanup = Cleanup(&bed);
     let bundle = bed.bundle("r1", &["sleep", "30"], &request(), &[], false).unwrap();
     let bundle = bundle.to_string_lossy().into_owned();

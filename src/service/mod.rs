@@ -433,6 +433,14 @@ impl<'a> Service<'a> {
         if self.liveness.life(&req.init) == procfs::Life::Gone {
             return Some(GoneProcess::Init(req.init.pid));
         }
+        // A wait at create (the runtime wrapper) has no init yet, and the engine that gives up
+        // on the start may leave this process alone (containerd's shim does): the engine
+        // deleting the bundle is what shows it.
+        if req.pending {
+            if let Some(bundle) = req.bundle.filter(|b| !b.join("config.json").exists()) {
+                return Some(GoneProcess::Bundle(bundle.to_path_buf()));
+            }
+        }
         let runtime = req.runtime?;
         (self.liveness.life(&runtime) == procfs::Life::Gone).then_some(GoneProcess::Runtime(runtime.pid))
     }

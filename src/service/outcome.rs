@@ -79,17 +79,24 @@ impl fmt::Display for Shortage {
     }
 }
 
-/// The process whose end shows that a waiting container will never start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What shows that a waiting container will never start: a process of its that ended, or
+/// (for a wait at create, before the container has processes) its bundle removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GoneProcess {
     Init(u32),
     Runtime(u32),
+    Bundle(std::path::PathBuf),
 }
 
 impl fmt::Display for GoneProcess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GoneProcess::Init(pid) => write!(f, "its init process {pid} is gone: the engine killed or deleted it"),
+            GoneProcess::Bundle(path) => write!(
+                f,
+                "its bundle {} was removed: the engine gave up on the start and deleted it",
+                path.display()
+            ),
             GoneProcess::Runtime(pid) => write!(
                 f,
                 "the runtime process {pid} that was starting it is gone: the engine cancelled the start"

@@ -51,6 +51,35 @@ pub fn runc_testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Testb
     (dir, bed)
 }
 
+/// A testbed whose "runc" is `vramgate-runtime`, which runs the real runc next with the built
+/// hook; `config_extra` is added to its config.
+pub fn wrapper_testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Testbed) {
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(
+        dir.path(),
+        &format!("[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}\n{config_extra}"),
+    );
+    let bed = Testbed::create(dir.path(), RUNTIME, Path::new(HOOK), &config).unwrap();
+    (dir, bed)
+}
+
+/// Runs the wrapper against the testbed's runc root, reading the testbed's config; returns
+/// whether it succeeded and its stderr. Output goes to a file, not a pipe: a created container
+/// keeps the stdio it inherited, and a pipe would never reach end of file.
+pub fn wrapper(bed: &Testbed, args: &[&str]) -> (bool, String) {
+    let err_file = tempfile::NamedTempFile::new_in(&bed.dir).unwrap();
+    let (key, value) = bed.env();
+    let status = bed
+        .runc(args)
+        .env(key, value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err_file.reopen().unwrap())
+        .status()
+        .unwrap();
+    (status.success(), std::fs::read_to_string(err_file.path()).unwrap())
+}
+
 /// Removes every container a test left in its testbed, however the test ends.
 pub struct Cleanup<'a>(pub &'a Testbed);
 
