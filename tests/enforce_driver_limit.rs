@@ -225,3 +225,109 @@ fn a_process_in_the_root_cgroup_gets_no_limit() {
     assert!(err.to_string().contains("the root cgroup"), "{err}");
     assert!(log_lines(&log).is_empty(), "nothing loaded or called");
 }
+
+/// `vramgate doctor`'s enforcement lines under a scratch root, with `[enforce]` and the NVML
+/// library given; returns the rendered report.
+fn doctor(root: &Path, library: &Path, enforce: &str) -> (vramgate::doctor::Report, String) {
+    let config = root.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"{}\"\n[inventory]\nbackend = \"static\"\nnvml_library = \"{}\"\n[enforce]\n{enforce}\n",
+            root.join("state").display(),
+            library.display()
+        ),
+    )
+    .unwrap();
+    let report = vramgate::doctor::run(&vramgate::doctor::Paths::under(root, config));
+    let text = vramgate::doctor::render(&report);
+    (report, text)
+}
+
+fn line<'a>(text: &'a str, area: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(&format!(" {area} ")))
+        .unwrap_or_else(|| panic!("no {area} line in:\n{text}"))
+}
+
+#[test]
+fn doctor_names_the_driver_a_driver_limit_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = stub(dir.path(), false);
+    let (new, log) = stub(dir.path(), true);
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+
+    let (_, text) = doctor(&root, &old, "limit = \"driver\"");
+    let enforce = line(&text, "enforce");
+    assert!(enforce.starts_with("PROBLEM"), "{text}");
+    assert!(
+        enforce.contains("does not export nvmlDeviceSetMemoryLimits_v1") && enforce.contains("R615 or later"),
+        "{enforce}"
+    );
+    assert!(enforce.contains("; fix: install NVIDIA driver R615"), "{enforce}");
+
+    // The symbol is there, but this root's /sys/fs/cgroup is not cgroup v2.
+    let (_, text) = doctor(&root, &new, "limit = \"driver\"");
+    assert!(
+        line(&text, "enforce").starts_with("PROBLEM") && line(&text, "enforce").contains("is not cgroup v2"),
+        "{text}"
+    );
+    std::fs::create_dir_all(root.join("sys/fs/cgroup")).unwrap();
+    std::fs::write(root.join("sys/fs/cgroup/cgroup.controllers"), "memory\n").unwrap();
+    let (_, text) = doctor(&root, &new, "limit = \"driver\"");
+    assert!(line(&text, "enforce").starts_with("ok"), "{text}");
+    assert!(
+        line(&text, "guardrails").contains("TF_FORCE_GPU_ALLOW_GROWTH=true"),
+        "{text}"
+    );
+    assert!(!text.contains(" driver-limit "), "the enforce line says it: {text}");
+
+    // Another limit: the driver limit's availability is an information line.
+    let (report, text) = doctor(&root, &old, "limit = \"none\"");
+    assert!(line(&text, "enforce").starts_with("-"), "{text}");
+    let driver = line(&text, "driver-limit");
+    assert!(
+        driver.starts_with("-") && driver.contains("unavailable") && driver.contains("R615"),
+        "{driver}"
+    );
+    assert_eq!(report.checks.iter().filter(|c| c.area == "driver-limit").count(), 1);
+    // Doctor only looks the symbol up: nothing was called.
+    assert!(log_lines(&log).is_empty());
+}
+
+#[test]
+fn doctor_checks_that_an_mps_daemon_serves_the_pipe_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = stub(dir.path(), false);
+    let root = dir.path().join("root");
+    let pipe = root.join("srv/mps");
+    std::fs::create_dir_all(&pipe).unwrap();
+    let enforce = "limit = \"mps\"\nmps_pipe_directory = \"/srv/mps\"\nmps_log_directory = \"/srv/mps-log\"\ntensorflow_allow_growth = false\njax_disable_preallocation = false\njax_memory_fraction = false";
+
+    let (report, text) = doctor(&root, &old, enforce);
+    let line_ = line(&text, "enforce");
+    assert!(
+        line_.starts_with("PROBLEM") && line_.contains("no MPS control daemon serves /srv/mps"),
+        "{text}"
+    );
+    assert!(
+        line_.contains("fix: start it: CUDA_MPS_PIPE_DIRECTORY=/srv/mps CUDA_MPS_LOG_DIRECTORY=/srv/mps-log nvidia-cuda-mps-control -d"),
+        "{line_}"
+    );
+    let problems = report.problems();
+    assert!(line(&text, "guardrails").contains("all off"), "{text}");
+    assert!(line(&text, "driver-limit").contains("R615"), "{text}");
+
+    // A daemon: its socket, its pid file, and its process (a scratch /proc under the root).
+    let _socket = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+    std::fs::write(pipe.join("nvidia-cuda-mps-control.pid"), "4242\n").unwrap();
+    std::fs::create_dir_all(root.join("proc/4242")).unwrap();
+    std::fs::write(root.join("proc/4242/cmdline"), "nvidia-cuda-mps-control\0-d\0").unwrap();
+    let (report, text) = doctor(&root, &old, enforce);
+    assert!(
+        line(&text, "enforce").starts_with("ok") && line(&text, "enforce").contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "{text}"
+    );
+    assert_eq!(report.problems(), problems - 1, "{text}");
+}
