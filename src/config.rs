@@ -107,6 +107,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// `[placement]`: how `vramgate-runtime` chooses GPUs for requests that leave it the choice.
     pub placement: PlacementConfig,
+    /// `[enforce]`: what keeps a container within its reservation once it runs.
+    pub enforce: EnforceConfig,
 }
 
 /// The `[placement]` table.
@@ -135,6 +137,69 @@ pub struct InventoryConfig {
     pub gpus: Vec<StaticGpu>,
 }
 
+/// How a container is held to its reservation once admitted (`[enforce] limit`). One mechanism
+/// per host, so two of them can never act on the same container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitMechanism {
+    /// Admission only: nothing stops a container from allocating beyond its reservation.
+    None,
+    /// The hook sets the driver's per-cgroup limit (`nvmlDeviceSetMemoryLimits_v1`, R615+).
+    Driver,
+    /// The wrapper writes `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` for the NVIDIA toolkit's CDI hook.
+    Toolkit,
+    /// The wrapper gives each container `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` under an MPS daemon.
+    Mps,
+}
+
+impl LimitMechanism {
+    pub fn parse(value: &str) -> Option<LimitMechanism> {
+        match value.trim() {
+            "none" => Some(LimitMechanism::None),
+            "driver" => Some(LimitMechanism::Driver),
+            "toolkit" => Some(LimitMechanism::Toolkit),
+            "mps" => Some(LimitMechanism::Mps),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitMechanism::None => "none",
+            LimitMechanism::Driver => "driver",
+            LimitMechanism::Toolkit => "toolkit",
+            LimitMechanism::Mps => "mps",
+        }
+    }
+}
+
+/// How an MPS client's pinned memory limit names a GPU (`[enforce] mps_device_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpsDeviceKey {
+    /// The GPU's ordinal as the container enumerates it (`0=4096M`): the container sees only
+    /// the GPUs it was given, renumbered from 0 in host order.
+    Ordinal,
+    /// The GPU's UUID (`GPU-...=4096M`).
+    Uuid,
+}
+
+/// The `[enforce]` table: the hard limit in use on this host, and the framework guardrails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnforceConfig {
+    pub limit: LimitMechanism,
+    /// The MPS control daemon's `CUDA_MPS_PIPE_DIRECTORY` (MPS's default: /tmp/nvidia-mps).
+    pub mps_pipe_directory: PathBuf,
+    /// The MPS control daemon's `CUDA_MPS_LOG_DIRECTORY` (MPS's default: /tmp/nvidia-log).
+    pub mps_log_directory: PathBuf,
+    /// The host directory the MPS daemon uses as /dev/shm; clients must share it.
+    pub mps_shm_directory: PathBuf,
+    pub mps_device_key: MpsDeviceKey,
+    /// Add `TF_FORCE_GPU_ALLOW_GROWTH=true` unless the container sets it.
+    pub tensorflow_allow_growth: bool,
+    /// Add `XLA_PYTHON_CLIENT_PREALLOCATE=false` unless the container sets it.
+    pub jax_disable_preallocation: bool,
+    /// Add JAX's memory fraction (reservation / GPU total) unless the container sets it.
+    pub jax_memory_fraction: bool,
+}
+
 /// The `[runtime]` table, read by the `vramgate-runtime` wrapper.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeConfig {
@@ -161,6 +226,22 @@ impl Default for Config {
             inventory: InventoryConfig::default(),
             runtime: RuntimeConfig::default(),
             placement: PlacementConfig::default(),
+            enforce: EnforceConfig::default(),
+        }
+    }
+}
+
+impl Default for EnforceConfig {
+    fn default() -> Self {
+        EnforceConfig {
+            limit: LimitMechanism::None,
+            mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
+            mps_log_directory: PathBuf::from("/tmp/nvidia-log"),
+            mps_shm_directory: PathBuf::from("/dev/shm"),
+            mps_device_key: MpsDeviceKey::Ordinal,
+            tensorflow_allow_growth: true,
+            jax_disable_preallocation: true,
+            jax_memory_fraction: true,
         }
     }
 }
@@ -215,12 +296,29 @@ struct RawConfig {
     runtime: RawRuntime,
     #[serde(default)]
     placement: RawPlacement,
+    #[serde(default)]
+    enforce: RawEnforce,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawPlacement {
     strategy: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawEnforce {
+    limit: Option<String>,
+    mps_pipe_directory: Option<PathBuf>,
+    mps_log_directory: Option<PathBuf>,
+    mps_shm_directory: Option<PathBuf>,
+    mps_device_key: Option<String>,
+    // Switches are read as any TOML value so that `= "yes"` gets vramgate's error, which
+    // names the key, rather than toml's, which does not.
+    tensorflow_allow_growth: Option<toml::Value>,
+    jax_disable_preallocation: Option<toml::Value>,
+    jax_memory_fraction: Option<toml::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -300,7 +398,7 @@ impl Config {
     }
 
     /// Parses a config file's text. The tables are checked in file order (top-level keys,
-    /// `[queue]`, `[inventory]`, `[runtime]`), so a file with several mistakes always reports
+    /// `[queue]`, `[inventory]`, `[runtime]`, `[enforce]`), so a file with several mistakes always reports
     /// the same, first one.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -317,6 +415,7 @@ impl Config {
         config.inventory = InventoryConfig::parse(raw.inventory, &keys)?;
         config.runtime = RuntimeConfig::parse(raw.runtime, &keys)?;
         config.placement = PlacementConfig::parse(raw.placement, &keys)?;
+        config.enforce = EnforceConfig::parse(raw.enforce, &keys)?;
         Ok(config)
     }
 
@@ -511,6 +610,72 @@ impl RuntimeConfig {
     }
 }
 
+impl EnforceConfig {
+    fn parse(raw: RawEnforce, keys: &Keys) -> Result<EnforceConfig, ConfigError> {
+        let mut enforce = EnforceConfig::default();
+        if let Some(v) = raw.limit {
+            enforce.limit = LimitMechanism::parse(&v).ok_or_else(|| {
+                keys.bad(
+                    "enforce.limit",
+                    &v,
+                    "must be \"none\", \"driver\", \"toolkit\" or \"mps\"",
+                )
+            })?;
+        }
+        // The directories become bind mounts in container specs: a relative path would resolve
+        // against whatever directory runc runs in.
+        let dir = |key: &str, value: Option<PathBuf>, default: PathBuf| match value {
+            None => Ok(default),
+            Some(d) if d.is_absolute() && !d.as_os_str().is_empty() => Ok(d),
+            Some(d) => Err(keys.bad(key, &d.display().to_string(), "must be an absolute path")),
+        };
+        enforce.mps_pipe_directory = dir(
+            "enforce.mps_pipe_directory",
+            raw.mps_pipe_directory,
+            enforce.mps_pipe_directory,
+        )?;
+        enforce.mps_log_directory = dir(
+            "enforce.mps_log_directory",
+            raw.mps_log_directory,
+            enforce.mps_log_directory,
+        )?;
+        enforce.mps_shm_directory = dir(
+            "enforce.mps_shm_directory",
+            raw.mps_shm_directory,
+            enforce.mps_shm_directory,
+        )?;
+        if let Some(v) = raw.mps_device_key {
+            enforce.mps_device_key = match v.trim() {
+                "ordinal" => MpsDeviceKey::Ordinal,
+                "uuid" => MpsDeviceKey::Uuid,
+                _ => return Err(keys.bad("enforce.mps_device_key", &v, "must be \"ordinal\" or \"uuid\"")),
+            };
+        }
+        let switch = |key: &str, value: Option<toml::Value>, default: bool| match value {
+            None => Ok(default),
+            Some(toml::Value::Boolean(b)) => Ok(b),
+            Some(toml::Value::String(text)) => Err(keys.bad(key, &text, "must be true or false")),
+            Some(other) => Err(keys.bad(key, &other.to_string(), "must be true or false")),
+        };
+        enforce.tensorflow_allow_growth = switch(
+            "enforce.tensorflow_allow_growth",
+            raw.tensorflow_allow_growth,
+            enforce.tensorflow_allow_growth,
+        )?;
+        enforce.jax_disable_preallocation = switch(
+            "enforce.jax_disable_preallocation",
+            raw.jax_disable_preallocation,
+            enforce.jax_disable_preallocation,
+        )?;
+        enforce.jax_memory_fraction = switch(
+            "enforce.jax_memory_fraction",
+            raw.jax_memory_fraction,
+            enforce.jax_memory_fraction,
+        )?;
+        Ok(enforce)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -606,6 +771,28 @@ minor = 5
     }
 
     #[test]
+    fn enforce_table() {
+        let c = parse("").unwrap();
+        assert_eq!(c.enforce, EnforceConfig::default());
+        assert_eq!(c.enforce.limit, LimitMechanism::None);
+        assert!(
+            c.enforce.tensorflow_allow_growth && c.enforce.jax_disable_preallocation && c.enforce.jax_memory_fraction
+        );
+        let c = parse(
+            "[enforce]\nlimit = \"mps\"\nmps_pipe_directory = \"/run/mps\"\nmps_device_key = \"uuid\"\njax_memory_fraction = false",
+        )
+        .unwrap();
+        assert_eq!(c.enforce.limit, LimitMechanism::Mps);
+        assert_eq!(c.enforce.mps_pipe_directory, PathBuf::from("/run/mps"));
+        assert_eq!(c.enforce.mps_log_directory, PathBuf::from("/tmp/nvidia-log"));
+        assert_eq!(c.enforce.mps_device_key, MpsDeviceKey::Uuid);
+        assert!(!c.enforce.jax_memory_fraction && c.enforce.tensorflow_allow_growth);
+        for name in ["none", "driver", "toolkit", "mps"] {
+            assert_eq!(LimitMechanism::parse(name).unwrap().as_str(), name);
+        }
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let cases = [
             ("stat_dir = \"/x\"", "stat_dir"),
@@ -628,6 +815,17 @@ minor = 5
             ("[runtime]\nruntimes = [\"bin/runc\"]", "runtime.runtimes"),
             ("[runtime]\nhook_path = \"vramgate-hook\"", "runtime.hook_path"),
             ("[runtime]\nruntime = [\"runc\"]", "runtime"),
+            ("[enforce]\nlimit = \"cgroup\"", "enforce.limit"),
+            (
+                "[enforce]\nmps_pipe_directory = \"nvidia-mps\"",
+                "enforce.mps_pipe_directory",
+            ),
+            ("[enforce]\nmps_device_key = \"index\"", "enforce.mps_device_key"),
+            (
+                "[enforce]\ntensorflow_allow_growth = \"yes\"",
+                "tensorflow_allow_growth",
+            ),
+            ("[enforce]\njax_preallocate = false", "jax_preallocate"),
             ("this is not toml", "config.toml"),
             ("\"a\\nb\" = 1", "unknown field"),
         ];

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, LimitMechanism};
+use crate::enforce::driver_limit::{self, Availability, DRIVER_NEEDED, SET_LIMITS_SYMBOL};
+use crate::enforce::{guardrails, mps};
 use crate::inventory::{self, Inventory, NvmlInventory};
 use crate::ledger::StateDir;
 use crate::quantity::format_bytes;
@@ -138,6 +140,7 @@ pub fn run(paths: &Paths) -> Report {
     if let Some(config) = &config {
         check_inventory(config, paths, &mut checks);
         check_state(config, &mut checks);
+        check_enforcement(config, paths, &mut checks);
     }
     let engine_hooks = check_engines(paths, &mut checks);
     check_hook_binary(paths, &engine_hooks, &mut checks);
@@ -271,6 +274,115 @@ fn check_state(config: &Config, checks: &mut Vec<Check>) {
             ),
         )),
     }
+}
+
+/// The `[enforce]` limit in effect and whether it can work here; the driver limit's
+/// availability whatever the limit (it says which driver the host would need); the guardrails.
+/// One line each.
+fn check_enforcement(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
+    let enforce = &config.enforce;
+    let file = paths.config.display();
+    // The host's library, unless the config names one by path (then that one, as the hook).
+    let library = std::path::PathBuf::from(&config.inventory.nvml_library);
+    let available = driver_limit::driver_limit_available(&library);
+    let cgroup_v2 = paths
+        .at(driver_limit::CGROUP_V2_ROOT)
+        .join("cgroup.controllers")
+        .exists();
+    let limit = format!("limit = \"{}\"", enforce.limit.as_str());
+    let use_another = format!("or set [enforce] limit = \"mps\" or \"none\" in {file}");
+    match enforce.limit {
+        LimitMechanism::None => checks.push(info(
+            "enforce",
+            format!("{limit}: admission only; nothing stops a container from allocating beyond its reservation (set [enforce] limit in {file} to hold containers to it)"),
+        )),
+        LimitMechanism::Driver | LimitMechanism::Toolkit if !available.is_available() => checks.push(problem(
+            "enforce",
+            format!(
+                "{limit}, but {available}{}",
+                if enforce.limit == LimitMechanism::Toolkit {
+                    " (the toolkit's hook makes the same call)"
+                } else {
+                    ""
+                }
+            ),
+            format!("install {DRIVER_NEEDED}, {use_another}"),
+        )),
+        LimitMechanism::Driver | LimitMechanism::Toolkit if !cgroup_v2 => checks.push(problem(
+            "enforce",
+            format!(
+                "{limit}, but {} is not cgroup v2, which the driver's memory limits need",
+                driver_limit::CGROUP_V2_ROOT
+            ),
+            format!("boot the host with cgroup v2 only (systemd.unified_cgroup_hierarchy=1), {use_another}"),
+        )),
+        LimitMechanism::Driver => checks.push(ok(
+            "enforce",
+            format!("{limit}: {available} and {} is cgroup v2: the hook sets each container's hard limit (its reservation) on its cgroup", driver_limit::CGROUP_V2_ROOT),
+        )),
+        LimitMechanism::Toolkit => checks.push(ok(
+            "enforce",
+            format!("{limit}: vramgate writes NVIDIA_GPU_MEMORY_LIMIT and NVIDIA_GPU_MEMORY_REQUEST; only nvidia-container-toolkit's CDI hook apply-cuda-memory-limits applies them (GPUs injected by CDI), which vramgate cannot check"),
+        )),
+        LimitMechanism::Mps => {
+            let pipe = &enforce.mps_pipe_directory;
+            if mps::mps_control_running(&paths.at(&pipe.to_string_lossy()), &paths.at("/proc")) {
+                checks.push(ok(
+                    "enforce",
+                    format!("{limit}: an MPS control daemon serves {}: each container gets {} = its reservation (it stops accidents, not a container that changes its own environment)", pipe.display(), mps::PINNED_LIMIT_VAR),
+                ));
+            } else {
+                checks.push(problem(
+                    "enforce",
+                    format!("{limit}, but no MPS control daemon serves {} (no live daemon behind {}/{}): containers start without a limit", pipe.display(), pipe.display(), mps::CONTROL_SOCKET),
+                    format!(
+                        "start it: CUDA_MPS_PIPE_DIRECTORY={} CUDA_MPS_LOG_DIRECTORY={} nvidia-cuda-mps-control -d",
+                        pipe.display(),
+                        enforce.mps_log_directory.display()
+                    ),
+                ));
+            }
+        }
+    }
+    // What the driver limit would need, when it is not the limit in use (that line is above).
+    if !matches!(enforce.limit, LimitMechanism::Driver | LimitMechanism::Toolkit) {
+        checks.push(info(
+            "driver-limit",
+            match &available {
+                Availability::Available { .. } => format!("{available}: [enforce] limit = \"driver\" would work here"),
+                Availability::MissingSymbol { .. } => format!("unavailable: {available}"),
+                Availability::NoLibrary { library, .. } => format!(
+                    "unavailable: no NVML library loads ({}); it needs {DRIVER_NEEDED}, whose library exports {SET_LIMITS_SYMBOL}",
+                    library.display()
+                ),
+            },
+        ));
+    }
+    let mut set = Vec::new();
+    if enforce.tensorflow_allow_growth {
+        set.push(format!("{}=true", guardrails::TF_ALLOW_GROWTH));
+    }
+    if enforce.jax_disable_preallocation {
+        set.push(format!("{}=false", guardrails::JAX_PREALLOCATE));
+    }
+    if enforce.jax_memory_fraction {
+        set.push(format!(
+            "{} and {} = reservation / GPU total",
+            guardrails::JAX_MEM_FRACTION,
+            guardrails::JAX_MEM_FRACTION_OLD
+        ));
+    }
+    checks.push(if set.is_empty() {
+        info("guardrails", "all off: containers get no TensorFlow or JAX settings")
+    } else {
+        ok(
+            "guardrails",
+            format!(
+                "{}, unless a container sets them itself (PyTorch has no such variable)",
+                set.join(", ")
+            ),
+        )
+    });
 }
 
 /// Checks each engine's config for vramgate; returns the hook (or runtime) paths they name.

@@ -13,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod counters;
 pub mod doctor;
+pub mod enforce;
 pub mod events;
 pub mod exporter;
 pub mod hook;

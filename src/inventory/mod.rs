@@ -10,6 +10,7 @@ mod static_list;
 
 use std::path::PathBuf;
 
+pub use nvml::candidate_paths as nvml_candidate_paths;
 pub use nvml::NvmlInventory;
 pub use recorded::{RecordedHost, RecordedInventory};
 pub use static_list::StaticInventory;

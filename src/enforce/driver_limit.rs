@@ -1,0 +1,391 @@
+//! The driver limit (`[enforce] limit = "driver"`): NVML's `nvmlDeviceSetMemoryLimits_v1`
+//! caps what the processes of one cgroup v2 may allocate on one GPU. The hook calls it at
+//! createRuntime, when the container's init exists in its cgroup and has run nothing yet.
+//!
+//! What is known of the call, and from where (nothing here has run against a real driver
+//! that has it; see the README's "Enforcement"):
+//! - NVML API reference, `nvmlSetMemoryLimits_v1_t`
+//!   (docs.nvidia.com/deploy/nvml-api/api/structnvmlSetMemoryLimits__v1__t.html): members
+//!   `const char *nameSpace` ("full path to sysfs cgroup file name"), `unsigned long long
+//!   softLimit`, `unsigned long long hardLimit`, in bytes, and no version field; clearing is
+//!   soft 0, hard `NVML_DEVICE_MEMORY_LIMIT_MAX`.
+//! - The function takes the device handle and a pointer to that struct (cuda-python's
+//!   `cuda.bindings.nvml.device_set_memory_limits_v1(device, limits)`); MIG handles are not
+//!   supported; setting needs root.
+//! - NVIDIA's "MPS v3 Memory Partitioning" page: CUDA 13.4 or newer, cgroup v2 mounted at
+//!   /sys/fs/cgroup, the namespace is the cgroup directory (`/sys/fs/cgroup/mygroup`), and a
+//!   limit must be set on the container's own leaf cgroup. NVIDIA Dynamo's "Per-GPU Compute and
+//!   Memory Limits with MPS" names the driver: R615 or newer.
+//! - nvidia-container-toolkit's `apply-cuda-memory-limits` CDI hook does the same: the cgroup
+//!   of the init from `/proc/<pid>/cgroup` under /sys/fs/cgroup, `nvmlInit`,
+//!   `DeviceGetHandleByUUID`, `SetMemoryLimits_v1(cgroupPath, soft, hard)` per GPU.
+//!
+//! The ABI below is assumed from those pages, in this one place: check it against `nvml.h` of
+//! the first driver that exports the symbol ([`SetMemoryLimitsV1`], [`SetLimitsFn`]).
+//!
+//! Soft and hard: hard = the reservation, soft = 0 ([`SOFT_LIMIT`]). The hard limit is what
+//! refuses an allocation beyond the reservation. The soft limit is a guarantee (`dmem.min`)
+//! that the driver adds into every ancestor cgroup and takes back only when it is lowered
+//! through NVML; runc deletes a container's cgroup without that, so a soft limit per container
+//! would pile up in the ancestors of a long-running host (NVIDIA's page says so). vramgate's
+//! admission is the guarantee instead: reservations never sum past the card.
+
+use std::ffi::{c_char, c_uint, c_ulonglong, c_void, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use libloading::Library;
+
+use super::{EnforceError, PlacedShare};
+
+pub const SET_LIMITS_SYMBOL: &str = "nvmlDeviceSetMemoryLimits_v1";
+/// What a host needs for the driver limit, in the words of doctor and the errors.
+pub const DRIVER_NEEDED: &str = "NVIDIA driver R615 or later (CUDA 13.4)";
+/// Where the driver expects cgroup v2.
+pub const CGROUP_V2_ROOT: &str = "/sys/fs/cgroup";
+/// The soft limit vramgate sets (and asks the toolkit to set): none; see the module docs.
+pub const SOFT_LIMIT: u64 = 0;
+
+/// `nvmlSetMemoryLimits_v1_t`, as assumed (module docs): 24 bytes on x86_64 and aarch64.
+#[repr(C)]
+pub struct SetMemoryLimitsV1 {
+    pub name_space: *const c_char,
+    pub soft_limit: c_ulonglong,
+    pub hard_limit: c_ulonglong,
+}
+
+/// `nvmlReturn_t` is a C enum: an int-sized value, 0 for success.
+type NvmlReturn = c_uint;
+/// `nvmlDevice_t` is an opaque pointer.
+type NvmlDevice = *mut c_void;
+type InitFn = unsafe extern "C" fn() -> NvmlReturn;
+type ShutdownFn = unsafe extern "C" fn() -> NvmlReturn;
+type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
+/// `nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t, nvmlSetMemoryLimits_v1_t *)`, assumed.
+pub type SetLimitsFn = unsafe extern "C" fn(NvmlDevice, *mut SetMemoryLimitsV1) -> NvmlReturn;
+
+/// Whether the driver limit can work with this NVML library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// The library loads and exports the symbol.
+    Available { library: PathBuf },
+    /// The library loads but is too old (drivers before R615, such as 580).
+    MissingSymbol { library: PathBuf },
+    /// No library loads (no NVIDIA driver here).
+    NoLibrary { library: PathBuf, error: String },
+}
+
+impl Availability {
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Available { .. })
+    }
+}
+
+impl std::fmt::Display for Availability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Availability::Available { library } => {
+                write!(f, "{} exports {SET_LIMITS_SYMBOL}", library.display())
+            }
+            Availability::MissingSymbol { library } => write!(
+                f,
+                "{} does not export {SET_LIMITS_SYMBOL}: the driver limit needs {DRIVER_NEEDED}",
+                library.display()
+            ),
+            Availability::NoLibrary { library, error } => {
+                write!(f, "cannot load {}: {error}", library.display())
+            }
+        }
+    }
+}
+
+/// A limit set on one GPU for one cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    pub uuid: String,
+    /// The cgroup v2 directory the limit was set on (NVML's `nameSpace`).
+    pub cgroup: PathBuf,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Loads the configured NVML library: a path as given, a bare name through the loader's
+/// search and then the directories the inventory also tries.
+fn open_library(nvml_library: &Path) -> Result<(Library, PathBuf), (PathBuf, String)> {
+    let name = nvml_library.to_string_lossy();
+    let mut errors = Vec::new();
+    for candidate in crate::inventory::nvml_candidate_paths(&name) {
+        if candidate.contains('/') && candidate != name && !Path::new(&candidate).exists() {
+            continue;
+        }
+        // SAFETY: loading the NVIDIA management library runs its initialisers, as nvml-wrapper
+        // does for the inventory; it is the configured driver library, trusted like the driver.
+        match unsafe { Library::new(&candidate) } {
+            Ok(lib) => return Ok((lib, PathBuf::from(candidate))),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    Err((nvml_library.to_path_buf(), errors.join("; ")))
+}
+
+/// Whether `nvml_library` loads and exports `nvmlDeviceSetMemoryLimits_v1`. Only loads and
+/// looks up: no NVML call, so it is cheap and safe on any host.
+pub fn driver_limit_available(nvml_library: &Path) -> Availability {
+    match open_library(nvml_library) {
+        Err((library, error)) => Availability::NoLibrary { library, error },
+        Ok((lib, library)) => {
+            // SAFETY: only the symbol's presence is checked; it is never called through this type.
+            match unsafe { lib.get::<SetLimitsFn>(SET_LIMITS_SYMBOL.as_bytes()) } {
+                Ok(_) => Availability::Available { library },
+                Err(_) => Availability::MissingSymbol { library },
+            }
+        }
+    }
+}
+
+/// The cgroup v2 directory of process `init_pid`: its `0::/path` line of
+/// `<proc_root>/<pid>/cgroup`, under `cgroup_root`. Refused: a host without cgroup v2, the
+/// root cgroup (a limit there would hold every process of the host), a path that climbs
+/// (`..`, what a process in another cgroup namespace sees), and a directory that is not
+/// cgroup v2 (a hybrid host, whose v2 tree is not at /sys/fs/cgroup).
+pub fn container_cgroup(init_pid: u32, proc_root: &Path, cgroup_root: &Path) -> Result<PathBuf, EnforceError> {
+    let path = proc_root.join(init_pid.to_string()).join("cgroup");
+    let text = std::fs::read_to_string(&path).map_err(|source| EnforceError::ReadCgroup {
+        path: path.clone(),
+        source,
+    })?;
+    let Some(value) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Err(EnforceError::CgroupV1Only { path });
+    };
+    let bad = |reason| EnforceError::BadCgroup {
+        path: path.clone(),
+        value: value.to_string(),
+        reason,
+    };
+    let relative = Path::new(value);
+    if !relative.is_absolute() {
+        return Err(bad("not an absolute cgroup path"));
+    }
+    if relative.components().any(|c| c == Component::ParentDir) {
+        return Err(bad(
+            "it lies outside the reader's cgroup namespace; run the hook in the host's",
+        ));
+    }
+    if relative.components().all(|c| c == Component::RootDir) {
+        return Err(bad(
+            "the root cgroup: a limit there would hold every process of the host; run the container in a cgroup of its own",
+        ));
+    }
+    let dir = cgroup_root.join(value.trim_start_matches('/'));
+    if !dir.join("cgroup.controllers").exists() {
+        return Err(EnforceError::NotCgroupV2 { dir });
+    }
+    Ok(dir)
+}
+
+/// NVML's name for a return code, for messages (the library's own `nvmlErrorString` is not
+/// called: a library too old or broken to set limits is the case worth explaining).
+fn nvml_error_name(code: NvmlReturn) -> &'static str {
+    match code {
+        1 => "NVML_ERROR_UNINITIALIZED",
+        2 => "NVML_ERROR_INVALID_ARGUMENT",
+        3 => "NVML_ERROR_NOT_SUPPORTED",
+        4 => "NVML_ERROR_NO_PERMISSION",
+        6 => "NVML_ERROR_NOT_FOUND",
+        9 => "NVML_ERROR_DRIVER_NOT_LOADED",
+        13 => "NVML_ERROR_FUNCTION_NOT_FOUND",
+        15 => "NVML_ERROR_GPU_IS_LOST",
+        25 => "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+        999 => "NVML_ERROR_UNKNOWN",
+        _ => "see nvml.h",
+    }
+}
+
+/// Sets each GPU's hard limit to the container's reservation on it, for the cgroup of its
+/// init (`init_pid`, read from `proc_root`, under /sys/fs/cgroup). MIG shares are skipped (the
+/// driver refuses MIG handles; a MIG device's memory is its own already), so the result may
+/// be shorter than `shares`; with no other share nothing is loaded. Stops at the first
+/// failure: the caller decides whether a container without its limit may start.
+pub fn apply_driver_limit(
+    nvml_library: &Path,
+    init_pid: u32,
+    shares: &[PlacedShare],
+    proc_root: &Path,
+) -> Result<Vec<AppliedLimit>, EnforceError> {
+    apply_driver_limit_at(nvml_library, init_pid, shares, proc_root, Path::new(CGROUP_V2_ROOT))
+}
+
+/// [`apply_driver_limit`] with the cgroup v2 mount given (tests on a hybrid host use its
+/// `unified` mount).
+pub fn apply_driver_limit_at(
+    nvml_library: &Path,
+    init_pid: u32,
+    shares: &[PlacedShare],
+    proc_root: &Path,
+    cgroup_root: &Path,
+) -> Result<Vec<AppliedLimit>, EnforceError> {
+    let whole: Vec<&PlacedShare> = shares.iter().filter(|s| s.mig_index.is_none()).collect();
+    if whole.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cgroup = container_cgroup(init_pid, proc_root, cgroup_root)?;
+    let name_space = CString::new(cgroup.as_os_str().as_bytes()).map_err(|_| EnforceError::BadCgroup {
+        path: cgroup.clone(),
+        value: cgroup.display().to_string(),
+        reason: "it contains a NUL byte",
+    })?;
+    let (lib, library) =
+        open_library(nvml_library).map_err(|(library, message)| EnforceError::LoadLibrary { library, message })?;
+    let symbol = |name: &'static str| EnforceError::MissingSymbol {
+        library: library.clone(),
+        symbol: name,
+    };
+    // SAFETY: the types are NVML's documented signatures (nvml.h) for the first three, and
+    // the assumed one (module docs) for the fourth; the library stays loaded while they are
+    // used, since `lib` outlives this function's calls.
+    let (init, shutdown, by_uuid, set_limits) = unsafe {
+        (
+            lib.get::<InitFn>(b"nvmlInit_v2").map_err(|_| symbol("nvmlInit_v2"))?,
+            lib.get::<ShutdownFn>(b"nvmlShutdown")
+                .map_err(|_| symbol("nvmlShutdown"))?,
+            lib.get::<HandleByUuidFn>(b"nvmlDeviceGetHandleByUUID")
+                .map_err(|_| symbol("nvmlDeviceGetHandleByUUID"))?,
+            lib.get::<SetLimitsFn>(SET_LIMITS_SYMBOL.as_bytes())
+                .map_err(|_| symbol(SET_LIMITS_SYMBOL))?,
+        )
+    };
+    let nvml_err = |function, argument: String, code| EnforceError::Nvml {
+        library: library.clone(),
+        function,
+        argument,
+        code,
+        name: nvml_error_name(code),
+    };
+    // SAFETY: nvmlInit_v2 takes nothing; NVML counts inits, so this pairs with the shutdown
+    // below whatever else in the process uses NVML.
+    let code = unsafe { init() };
+    if code != 0 {
+        return Err(nvml_err("nvmlInit_v2", String::new(), code));
+    }
+    let mut applied = Vec::new();
+    let mut result = Ok(());
+    for share in whole {
+        let Ok(uuid) = CString::new(share.uuid.as_bytes()) else {
+            result = Err(EnforceError::NulInUuid {
+                uuid: share.uuid.clone(),
+            });
+            break;
+        };
+        let mut device: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a pointer to a handle, as nvml.h declares.
+        let code = unsafe { by_uuid(uuid.as_ptr(), &mut device) };
+        if code != 0 {
+            result = Err(nvml_err("nvmlDeviceGetHandleByUUID", share.uuid.clone(), code));
+            break;
+        }
+        let mut limits = SetMemoryLimitsV1 {
+            name_space: name_space.as_ptr(),
+            soft_limit: SOFT_LIMIT,
+            hard_limit: share.bytes,
+        };
+        // SAFETY: a handle NVML just returned and the struct above, whose nameSpace outlives
+        // the call.
+        let code = unsafe { set_limits(device, &mut limits) };
+        if code != 0 {
+            result = Err(nvml_err(
+                SET_LIMITS_SYMBOL,
+                format!("{}, {}", share.uuid, cgroup.display()),
+                code,
+            ));
+            break;
+        }
+        applied.push(AppliedLimit {
+            uuid: share.uuid.clone(),
+            cgroup: cgroup.clone(),
+            soft: SOFT_LIMIT,
+            hard: share.bytes,
+        });
+    }
+    // SAFETY: pairs with the successful init above. Its result changes nothing: the limits
+    // are set, or the error above says why not.
+    let _ = unsafe { shutdown() };
+    result.map(|()| applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_proc(pid: u32, cgroup: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(pid.to_string())).unwrap();
+        std::fs::write(dir.path().join(pid.to_string()).join("cgroup"), cgroup).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_containers_cgroup_v2_directory() {
+        let proc_root = scratch_proc(7, "12:memory:/docker/abc\n0::/system.slice/docker-abc.scope\n");
+        let cgroups = tempfile::tempdir().unwrap();
+        let leaf = cgroups.path().join("system.slice/docker-abc.scope");
+        let err = container_cgroup(7, proc_root.path(), cgroups.path()).unwrap_err();
+        assert!(matches!(err, EnforceError::NotCgroupV2 { .. }), "{err}");
+        std::fs::create_dir_all(&leaf).unwrap();
+        std::fs::write(leaf.join("cgroup.controllers"), "memory\n").unwrap();
+        assert_eq!(container_cgroup(7, proc_root.path(), cgroups.path()).unwrap(), leaf);
+    }
+
+    #[test]
+    fn cgroups_that_cannot_take_a_limit_are_refused_with_the_reason() {
+        let cgroups = tempfile::tempdir().unwrap();
+        std::fs::write(cgroups.path().join("cgroup.controllers"), "").unwrap();
+        for (content, needle) in [
+            ("12:memory:/docker/abc\n1:name=systemd:/docker/abc\n", "cgroup v1 only"),
+            ("0::/\n", "the root cgroup"),
+            ("0::/../../x\n", "outside the reader's cgroup namespace"),
+            ("0::relative\n", "not an absolute cgroup path"),
+        ] {
+            let proc_root = scratch_proc(9, content);
+            let err = container_cgroup(9, proc_root.path(), cgroups.path())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{content:?} -> {err}");
+            assert!(err.contains("/9/cgroup"), "names the file: {err}");
+        }
+        let err = container_cgroup(1, Path::new("/nonexistent"), cgroups.path()).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/1/cgroup"), "{err}");
+    }
+
+    #[test]
+    fn mig_only_containers_load_nothing() {
+        let share = PlacedShare {
+            uuid: "MIG-x".into(),
+            index: 0,
+            mig_index: Some(0),
+            bytes: 1 << 30,
+            total: 10 << 30,
+        };
+        let applied = apply_driver_limit(
+            Path::new("/nonexistent/libnvidia-ml.so.1"),
+            1,
+            &[share],
+            Path::new("/proc"),
+        )
+        .unwrap();
+        assert!(applied.is_empty());
+    }
+
+    #[test]
+    fn no_library_is_unavailable_not_an_error() {
+        let a = driver_limit_available(Path::new("/nonexistent/libnvidia-ml.so.1"));
+        assert!(matches!(a, Availability::NoLibrary { .. }), "{a:?}");
+        assert!(!a.is_available());
+        assert!(a.to_string().contains("/nonexistent/libnvidia-ml.so.1"), "{a}");
+    }
+
+    #[test]
+    fn the_assumed_struct_has_the_documented_size() {
+        // Pointer + two 64-bit integers, no padding, on 64-bit Linux.
+        assert_eq!(std::mem::size_of::<SetMemoryLimitsV1>(), 24);
+    }
+}

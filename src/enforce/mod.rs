@@ -1,0 +1,282 @@
+//! Enforcement: what keeps an admitted container within its reservation once it runs.
+//!
+//! Admission keeps the sum of reservations within each GPU, but a container that allocates
+//! more than it reserved still takes memory its neighbours were promised. One hard limit per
+//! host (`[enforce] limit`, so two mechanisms never act on one container), plus framework
+//! guardrails that are on by default:
+//!
+//! | tier | who sets it | where it acts |
+//! | --- | --- | --- |
+//! | [`Tier::DriverLimit`] | the hook, at createRuntime ([`driver_limit`]) | the driver, per cgroup v2 (R615+) |
+//! | [`Tier::ToolkitLimit`] | the wrapper writes env ([`toolkit`]) | the NVIDIA toolkit's CDI hook, with the same driver call |
+//! | [`Tier::MpsLimit`] | the wrapper writes env and mounts ([`mps`]) | the MPS server, per client |
+//! | [`Tier::Guardrails`] | the wrapper writes env ([`guardrails`]) | TensorFlow and JAX allocators, in the container |
+//!
+//! The wrapper calls [`spec_edits`] (pure) and [`apply_spec_edits`] (the JSON tree) at
+//! `create`, once the container is placed; the hook calls [`driver_limit::apply_driver_limit`]
+//! at createRuntime when the limit is `driver`.
+
+pub mod apply;
+pub mod driver_limit;
+pub mod guardrails;
+pub mod mps;
+pub mod toolkit;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::config::{EnforceConfig, LimitMechanism, MpsDeviceKey};
+pub use apply::apply_spec_edits;
+pub use driver_limit::{apply_driver_limit, driver_limit_available, AppliedLimit, Availability};
+pub use mps::mps_control_running;
+
+/// What holds a container to its reservation, strongest first: reported per container by
+/// `vramgate status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// The driver refuses allocations beyond the reservation (per cgroup).
+    DriverLimit,
+    /// Handed to the NVIDIA toolkit's CDI hook, which makes the same driver call; vramgate
+    /// cannot see whether that hook ran.
+    ToolkitLimit,
+    /// The MPS server refuses allocations beyond the client's pinned limit.
+    MpsLimit,
+    /// Only framework settings (TensorFlow growth, JAX fraction): advice a program can ignore.
+    Guardrails,
+    /// Nothing: admission only.
+    None,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::DriverLimit => "driver_limit",
+            Tier::ToolkitLimit => "toolkit_limit",
+            Tier::MpsLimit => "mps_limit",
+            Tier::Guardrails => "guardrails",
+            Tier::None => "none",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One GPU (or MIG device) a container was placed on, with what it reserved there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedShare {
+    pub uuid: String,
+    /// The GPU's host index (a MIG device's parent's).
+    pub index: u32,
+    pub mig_index: Option<u32>,
+    /// The reservation on this GPU.
+    pub bytes: u64,
+    /// The GPU's (or MIG device's) total memory.
+    pub total: u64,
+}
+
+/// What the wrapper adds to a container's spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecEdits {
+    /// Variables to set in `process.env`, replacing an entry of the same name.
+    pub env: Vec<(String, String)>,
+    /// OCI mount objects to append to `mounts`.
+    pub mounts: Vec<serde_json::Value>,
+    /// What the spec gives the container. For `limit = "driver"` this is the tier without the
+    /// driver limit (the hook sets that later): the hook reports [`Tier::DriverLimit`] when
+    /// [`apply_driver_limit`] succeeds.
+    pub tier: Tier,
+    /// Why the configured limit does not apply to this container (no MPS daemon, a MIG
+    /// device), one line each, for the wrapper's log: the container still starts.
+    pub notes: Vec<String>,
+}
+
+pub const MIB: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnforceError {
+    #[error("the container spec has {field:?} of JSON type {found}, not {expected}; fix the engine that wrote it")]
+    SpecShape {
+        field: String,
+        found: &'static str,
+        expected: &'static str,
+    },
+    #[error("cannot load the NVIDIA management library {library:?} for the driver memory limit: {message}")]
+    LoadLibrary { library: PathBuf, message: String },
+    #[error("{library:?} does not export {symbol}: the driver memory limit needs NVIDIA driver R615 or later (CUDA 13.4); set [enforce] limit to \"mps\" or \"none\" on this host")]
+    MissingSymbol { library: PathBuf, symbol: &'static str },
+    #[error("{function}({argument}) failed with NVML error {code} ({name}) from {library:?}")]
+    Nvml {
+        library: PathBuf,
+        function: &'static str,
+        argument: String,
+        code: u32,
+        name: &'static str,
+    },
+    #[error("cannot read the cgroup of the container's init from {path}: {source}")]
+    ReadCgroup { path: PathBuf, source: std::io::Error },
+    #[error("{path} has no cgroup v2 entry (\"0::/...\"): the host runs cgroup v1 only, and the driver memory limit needs cgroup v2 mounted at /sys/fs/cgroup")]
+    CgroupV1Only { path: PathBuf },
+    #[error("{path} names cgroup {value:?}: {reason}")]
+    BadCgroup {
+        path: PathBuf,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("{dir} is not a cgroup v2 directory (it has no cgroup.controllers): the driver memory limit needs cgroup v2 mounted at /sys/fs/cgroup")]
+    NotCgroupV2 { dir: PathBuf },
+    #[error("GPU UUID {uuid:?} contains a NUL byte")]
+    NulInUuid { uuid: String },
+}
+
+/// JSON's name for a value's type, for shape errors.
+pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The name of a `KEY=VALUE` entry (the whole entry when it has no `=`).
+pub(crate) fn env_name(entry: &str) -> &str {
+    entry.split_once('=').map_or(entry, |(name, _)| name)
+}
+
+/// Whether the container's own env sets `name` (to anything, even empty).
+pub(crate) fn env_has(existing_env: &[String], name: &str) -> bool {
+    existing_env.iter().any(|e| env_name(e) == name)
+}
+
+/// What the wrapper adds to a placed container's spec: the configured hard limit's env and
+/// mounts (vramgate's values win over the container's: a container must not raise its own
+/// limit by presetting the variable), then the guardrails (the container's own values win:
+/// they are advice, and the program may know better). Pure: `mps_running` is
+/// [`mps_control_running`]'s answer, asked by the caller.
+///
+/// A container placed nowhere (`placed` empty) reserved nothing and gets nothing.
+pub fn spec_edits(
+    config: &EnforceConfig,
+    existing_env: &[String],
+    placed: &[PlacedShare],
+    mps_running: bool,
+) -> SpecEdits {
+    let mut edits = SpecEdits {
+        env: Vec::new(),
+        mounts: Vec::new(),
+        tier: Tier::None,
+        notes: Vec::new(),
+    };
+    if placed.is_empty() {
+        return edits;
+    }
+    let hard = match config.limit {
+        LimitMechanism::None | LimitMechanism::Driver => None,
+        LimitMechanism::Toolkit => toolkit::edits(placed, &mut edits),
+        LimitMechanism::Mps => mps::edits(config, placed, mps_running, &mut edits),
+    };
+    let guarded = guardrails::edits(config, existing_env, placed, &mut edits.env);
+    edits.tier = match (hard, guarded) {
+        (Some(tier), _) => tier,
+        (None, true) => Tier::Guardrails,
+        (None, false) => Tier::None,
+    };
+    edits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn share(index: u32, bytes: u64, total: u64) -> PlacedShare {
+        PlacedShare {
+            uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
+            index,
+            mig_index: None,
+            bytes,
+            total,
+        }
+    }
+
+    const H200: u64 = 143_771 * MIB;
+
+    fn env_of(edits: &SpecEdits) -> Vec<String> {
+        edits.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    #[test]
+    fn defaults_give_guardrails_only() {
+        let edits = spec_edits(&EnforceConfig::default(), &[], &[share(0, 4 << 30, H200)], false);
+        assert_eq!(edits.tier, Tier::Guardrails);
+        assert_eq!(
+            env_of(&edits),
+            [
+                "TF_FORCE_GPU_ALLOW_GROWTH=true",
+                "XLA_PYTHON_CLIENT_PREALLOCATE=false",
+                "XLA_CLIENT_MEM_FRACTION=0.028",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION=0.028",
+            ]
+        );
+        assert!(edits.mounts.is_empty() && edits.notes.is_empty());
+    }
+
+    #[test]
+    fn nothing_placed_nothing_added() {
+        let config = EnforceConfig {
+            limit: LimitMechanism::Mps,
+            ..EnforceConfig::default()
+        };
+        let edits = spec_edits(&config, &[], &[], true);
+        assert_eq!(edits.tier, Tier::None);
+        assert!(edits.env.is_empty() && edits.mounts.is_empty());
+    }
+
+    #[test]
+    fn all_guardrails_off_and_no_limit_is_tier_none() {
+        let config = EnforceConfig {
+            tensorflow_allow_growth: false,
+            jax_disable_preallocation: false,
+            jax_memory_fraction: false,
+            ..EnforceConfig::default()
+        };
+        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false);
+        assert_eq!(edits.tier, Tier::None);
+        assert!(edits.env.is_empty());
+    }
+
+    #[test]
+    fn driver_limit_leaves_the_spec_to_guardrails() {
+        let config = EnforceConfig {
+            limit: LimitMechanism::Driver,
+            ..EnforceConfig::default()
+        };
+        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false);
+        // The hook sets the limit and reports DriverLimit; the spec carries the guardrails.
+        assert_eq!(edits.tier, Tier::Guardrails);
+        assert!(edits.env.iter().all(|(k, _)| !k.starts_with("NVIDIA_GPU_MEMORY")));
+    }
+
+    #[test]
+    fn tier_serializes_as_snake_case() {
+        for tier in [
+            Tier::DriverLimit,
+            Tier::ToolkitLimit,
+            Tier::MpsLimit,
+            Tier::Guardrails,
+            Tier::None,
+        ] {
+            let json = serde_json::to_string(&tier).unwrap();
+            assert_eq!(json, format!("\"{tier}\""));
+            assert_eq!(serde_json::from_str::<Tier>(&json).unwrap(), tier);
+        }
+    }
+}

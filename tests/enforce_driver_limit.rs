@@ -1,0 +1,333 @@
+//! The driver limit's call path, against tests/fixtures/nvml_limit_stub.c compiled here: a
+//! library that exports what `nvmlDeviceSetMemoryLimits_v1` needs and records each call.
+//! No driver we can run exports the symbol (it arrives with R615; the GPU host has 580), so
+//! this is as close as it gets: real dlopen, real symbol lookup, the documented struct on the
+//! C side, and a real process in a real cgroup v2 (created here, as root: scripts/test runs as
+//! root). What it cannot show is that a real driver takes the call and enforces the limit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use vramgate::enforce::driver_limit::{apply_driver_limit_at, SET_LIMITS_SYMBOL};
+use vramgate::enforce::{driver_limit_available, AppliedLimit, Availability, EnforceError, PlacedShare};
+
+/// Compiles the stub into `dir`; `with_limits: false` leaves the symbol out (a 580 driver).
+/// Returns the library and the log it appends to.
+fn stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
+    let lib = dir.join(if with_limits {
+        "libnvml-limits.so"
+    } else {
+        "libnvml-580.so"
+    });
+    let log = dir.join(format!("{}.log", lib.file_name().unwrap().to_string_lossy()));
+    let mut cc = Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .arg(format!("-DLOG_PATH=\"{}\"", log.display()));
+    if !with_limits {
+        cc.arg("-DWITHOUT_LIMITS");
+    }
+    // A missing compiler fails the test: skipping would pass without checking anything.
+    let out = cc
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (lib, log)
+}
+
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The host's cgroup v2 mount: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a
+/// hybrid one (the development VM); `0::` paths in /proc are relative to either.
+fn cgroup_v2_root() -> PathBuf {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("this host mounts no cgroup v2 (neither /sys/fs/cgroup nor /sys/fs/cgroup/unified)")
+}
+
+/// A `sleep` in a cgroup v2 of its own, both removed on drop.
+struct Contained {
+    child: Child,
+    cgroup: PathBuf,
+}
+
+impl Contained {
+    fn start(name: &str) -> Contained {
+        let cgroup = cgroup_v2_root().join(format!("vramgate-test-{}-{name}", std::process::id()));
+        std::fs::create_dir(&cgroup).unwrap_or_else(|e| {
+            panic!(
+                "cannot create the cgroup {} (the test must run as root): {e}",
+                cgroup.display()
+            )
+        });
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        std::fs::write(cgroup.join("cgroup.procs"), child.id().to_string()).unwrap();
+        Contained { child, cgroup }
+    }
+}
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+fn share(uuid: &str, index: u32, mig_index: Option<u32>, gib: u64) -> PlacedShare {
+    PlacedShare {
+        uuid: uuid.to_string(),
+        index,
+        mig_index,
+        bytes: gib << 30,
+        total: 141 << 30,
+    }
+}
+
+#[test]
+fn the_limit_is_set_on_the_containers_cgroup_for_each_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, log) = stub(dir.path(), true);
+    assert_eq!(
+        driver_limit_available(&lib),
+        Availability::Available { library: lib.clone() }
+    );
+    let container = Contained::start("limits");
+    let shares = [
+        share("GPU-aaaa", 0, None, 4),
+        share("MIG-bbbb", 1, Some(0), 2),
+        share("GPU-cccc", 2, None, 6),
+    ];
+    let applied = apply_driver_limit_at(
+        &lib,
+        container.child.id(),
+        &shares,
+        Path::new("/proc"),
+        &cgroup_v2_root(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let cgroup = container.cgroup.clone();
+    assert_eq!(
+        applied,
+        [
+            AppliedLimit {
+                uuid: "GPU-aaaa".into(),
+                cgroup: cgroup.clone(),
+                soft: 0,
+                hard: 4 << 30
+            },
+            AppliedLimit {
+                uuid: "GPU-cccc".into(),
+                cgroup: cgroup.clone(),
+                soft: 0,
+                hard: 6 << 30
+            },
+        ]
+    );
+    // What the library received: the cgroup directory of the process, each GPU by UUID, soft
+    // 0 and hard = the reservation in bytes; the MIG device never reaches the driver.
+    let c = cgroup.display();
+    assert_eq!(
+        log_lines(&log),
+        [
+            "init".to_string(),
+            "handle GPU-aaaa".to_string(),
+            format!("set GPU-aaaa {c} 0 {}", 4u64 << 30),
+            "handle GPU-cccc".to_string(),
+            format!("set GPU-cccc {c} 0 {}", 6u64 << 30),
+            "shutdown".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn an_unknown_gpu_is_an_error_naming_it_and_nvml_is_shut_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, log) = stub(dir.path(), true);
+    let container = Contained::start("unknown");
+    let shares = [share("GPU-aaaa", 0, None, 1), share("GPU-unknown-1", 1, None, 1)];
+    let err = apply_driver_limit_at(
+        &lib,
+        container.child.id(),
+        &shares,
+        Path::new("/proc"),
+        &cgroup_v2_root(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, EnforceError::Nvml { code: 6, .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("nvmlDeviceGetHandleByUUID(GPU-unknown-1)") && text.contains("NVML_ERROR_NOT_FOUND"),
+        "{text}"
+    );
+    let lines = log_lines(&log);
+    assert_eq!(lines.last().map(String::as_str), Some("shutdown"), "{lines:?}");
+}
+
+#[test]
+fn a_library_without_the_symbol_is_unavailable_and_nothing_is_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, log) = stub(dir.path(), false);
+    let availability = driver_limit_available(&lib);
+    assert_eq!(availability, Availability::MissingSymbol { library: lib.clone() });
+    let line = availability.to_string();
+    assert!(line.contains(SET_LIMITS_SYMBOL) && line.contains("R615"), "{line}");
+
+    let container = Contained::start("nosymbol");
+    let err = apply_driver_limit_at(
+        &lib,
+        container.child.id(),
+        &[share("GPU-aaaa", 0, None, 1)],
+        Path::new("/proc"),
+        &cgroup_v2_root(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, EnforceError::MissingSymbol { symbol, .. } if symbol == SET_LIMITS_SYMBOL),
+        "{err:?}"
+    );
+    assert!(log_lines(&log).is_empty(), "no NVML call before every symbol is there");
+}
+
+#[test]
+fn a_process_in_the_root_cgroup_gets_no_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, log) = stub(dir.path(), true);
+    let root = cgroup_v2_root();
+    // A container run without a cgroup of its own: its init sits in the root cgroup, where a
+    // limit would hold every process of the host.
+    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(root.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let result = apply_driver_limit_at(
+        &lib,
+        child.id(),
+        &[share("GPU-aaaa", 0, None, 1)],
+        Path::new("/proc"),
+        &root,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let err = result.unwrap_err();
+    assert!(err.to_string().contains("the root cgroup"), "{err}");
+    assert!(log_lines(&log).is_empty(), "nothing loaded or called");
+}
+
+/// `vramgate doctor`'s enforcement lines under a scratch root, with `[enforce]` and the NVML
+/// library given; returns the rendered report.
+fn doctor(root: &Path, library: &Path, enforce: &str) -> (vramgate::doctor::Report, String) {
+    let config = root.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"{}\"\n[inventory]\nbackend = \"static\"\nnvml_library = \"{}\"\n[enforce]\n{enforce}\n",
+            root.join("state").display(),
+            library.display()
+        ),
+    )
+    .unwrap();
+    let report = vramgate::doctor::run(&vramgate::doctor::Paths::under(root, config));
+    let text = vramgate::doctor::render(&report);
+    (report, text)
+}
+
+fn line<'a>(text: &'a str, area: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(&format!(" {area} ")))
+        .unwrap_or_else(|| panic!("no {area} line in:\n{text}"))
+}
+
+#[test]
+fn doctor_names_the_driver_a_driver_limit_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = stub(dir.path(), false);
+    let (new, log) = stub(dir.path(), true);
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+
+    let (_, text) = doctor(&root, &old, "limit = \"driver\"");
+    let enforce = line(&text, "enforce");
+    assert!(enforce.starts_with("PROBLEM"), "{text}");
+    assert!(
+        enforce.contains("does not export nvmlDeviceSetMemoryLimits_v1") && enforce.contains("R615 or later"),
+        "{enforce}"
+    );
+    assert!(enforce.contains("; fix: install NVIDIA driver R615"), "{enforce}");
+
+    // The symbol is there, but this root's /sys/fs/cgroup is not cgroup v2.
+    let (_, text) = doctor(&root, &new, "limit = \"driver\"");
+    assert!(
+        line(&text, "enforce").starts_with("PROBLEM") && line(&text, "enforce").contains("is not cgroup v2"),
+        "{text}"
+    );
+    std::fs::create_dir_all(root.join("sys/fs/cgroup")).unwrap();
+    std::fs::write(root.join("sys/fs/cgroup/cgroup.controllers"), "memory\n").unwrap();
+    let (_, text) = doctor(&root, &new, "limit = \"driver\"");
+    assert!(line(&text, "enforce").starts_with("ok"), "{text}");
+    assert!(
+        line(&text, "guardrails").contains("TF_FORCE_GPU_ALLOW_GROWTH=true"),
+        "{text}"
+    );
+    assert!(!text.contains(" driver-limit "), "the enforce line says it: {text}");
+
+    // Another limit: the driver limit's availability is an information line.
+    let (report, text) = doctor(&root, &old, "limit = \"none\"");
+    assert!(line(&text, "enforce").starts_with("-"), "{text}");
+    let driver = line(&text, "driver-limit");
+    assert!(
+        driver.starts_with("-") && driver.contains("unavailable") && driver.contains("R615"),
+        "{driver}"
+    );
+    assert_eq!(report.checks.iter().filter(|c| c.area == "driver-limit").count(), 1);
+    // Doctor only looks the symbol up: nothing was called.
+    assert!(log_lines(&log).is_empty());
+}
+
+#[test]
+fn doctor_checks_that_an_mps_daemon_serves_the_pipe_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = stub(dir.path(), false);
+    let root = dir.path().join("root");
+    let pipe = root.join("srv/mps");
+    std::fs::create_dir_all(&pipe).unwrap();
+    let enforce = "limit = \"mps\"\nmps_pipe_directory = \"/srv/mps\"\nmps_log_directory = \"/srv/mps-log\"\ntensorflow_allow_growth = false\njax_disable_preallocation = false\njax_memory_fraction = false";
+
+    let (report, text) = doctor(&root, &old, enforce);
+    let line_ = line(&text, "enforce");
+    assert!(
+        line_.starts_with("PROBLEM") && line_.contains("no MPS control daemon serves /srv/mps"),
+        "{text}"
+    );
+    assert!(
+        line_.contains("fix: start it: CUDA_MPS_PIPE_DIRECTORY=/srv/mps CUDA_MPS_LOG_DIRECTORY=/srv/mps-log nvidia-cuda-mps-control -d"),
+        "{line_}"
+    );
+    let problems = report.problems();
+    assert!(line(&text, "guardrails").contains("all off"), "{text}");
+    assert!(line(&text, "driver-limit").contains("R615"), "{text}");
+
+    // A daemon: its socket, its pid file, and its process (a scratch /proc under the root).
+    let _socket = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+    std::fs::write(pipe.join("nvidia-cuda-mps-control.pid"), "4242\n").unwrap();
+    std::fs::create_dir_all(root.join("proc/4242")).unwrap();
+    std::fs::write(root.join("proc/4242/cmdline"), "nvidia-cuda-mps-control\0-d\0").unwrap();
+    let (report, text) = doctor(&root, &old, enforce);
+    assert!(
+        line(&text, "enforce").starts_with("ok") && line(&text, "enforce").contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "{text}"
+    );
+    assert_eq!(report.problems(), problems - 1, "{text}");
+}
