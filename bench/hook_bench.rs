@@ -99,6 +99,7 @@ fn latency(args: &[String]) {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         });
     }
     tx.commit().unwrap();

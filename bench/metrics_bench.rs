@@ -96,6 +96,7 @@ fn main() {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         });
     }
     // A queue on each GPU, and counters that have seen some traffic.

@@ -166,6 +166,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 waited_ms: 0,
                 bundle: None,
                 pending: false,
+                enforcement: None,
             });
         }
         tx.commit().unwrap();

@@ -420,6 +420,7 @@ mod tests {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         });
     }
 

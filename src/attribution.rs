@@ -71,6 +71,7 @@ mod tests {
                 waited_ms: 0,
                 bundle: None,
                 pending: false,
+                enforcement: None,
             });
         }
         let me = std::process::id();

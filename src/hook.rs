@@ -64,6 +64,11 @@ pub enum HookError {
     /// The request was decided and refused; the refusal's line is the whole story.
     #[error("{0}")]
     Refused(Refusal),
+    #[error("container {container}: cannot set its GPU memory limit ([enforce] limit = \"driver\"): {source}")]
+    Enforce {
+        container: String,
+        source: crate::enforce::EnforceError,
+    },
 }
 
 impl From<ServiceError> for HookError {
@@ -126,7 +131,13 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
                 return Ok(Outcome::NoRequest);
             };
             let config = Config::load_from(&options.config_path)?;
-            match admit(&state, &request, &config, options) {
+            // What vramgate-runtime wrote into the spec about holding the container to its
+            // reservation (absent when only the hook runs).
+            let enforcement = spec
+                .annotations
+                .get(ENFORCEMENT_ANNOTATION)
+                .and_then(|t| serde_json::from_value(serde_json::Value::String(t.clone())).ok());
+            match admit(&state, &request, enforcement, &config, options) {
                 Err(e) if e.is_state_error() && config.on_state_error == OnStateError::FailOpen => {
                     let message = e.to_string();
                     service::log_fail_open(&config, &SystemClock, &state.id, &message);
@@ -155,9 +166,14 @@ fn release(state: &ContainerState, config_path: &Path) -> Result<Outcome, HookEr
     })
 }
 
+/// Where vramgate-runtime records, in the spec, what holds the container to its reservation
+/// ([`crate::enforce::Tier`]); the hook records it in the ledger when it confirms.
+pub const ENFORCEMENT_ANNOTATION: &str = "vramgate.dev/enforcement";
+
 fn admit(
     state: &ContainerState,
     request: &Request,
+    enforcement: Option<crate::enforce::Tier>,
     config: &Config,
     options: &HookOptions,
 ) -> Result<Outcome, HookError> {
@@ -195,11 +211,59 @@ fn admit(
         runtime,
         budget,
         pending: false,
+        enforcement,
     })?;
     match admission {
         Admission::Admitted { waited, .. } => Ok(Outcome::Admitted { waited }),
         Admission::AlreadyAdmitted => Ok(Outcome::AlreadyAdmitted),
-        Admission::Confirmed { .. } => Ok(Outcome::Confirmed),
+        Admission::Confirmed { shares } => {
+            if config.enforce.limit == crate::config::LimitMechanism::Driver {
+                driver_limit(&service, state, init.pid, &shares, config)?;
+            }
+            Ok(Outcome::Confirmed)
+        }
         Admission::Refused(refusal) => Err(HookError::Refused(refusal)),
+    }
+}
+
+/// `[enforce] limit = "driver"`: the container's cgroup gets its reservation as the driver's
+/// limit on each GPU, now that its init exists. A failure refuses the container, unless the
+/// config says fail-open (then it starts without the limit, and the event log says so).
+fn driver_limit(
+    service: &Service,
+    state: &ContainerState,
+    init_pid: u32,
+    shares: &[crate::ledger::GpuShare],
+    config: &Config,
+) -> Result<(), HookError> {
+    let placed: Vec<crate::enforce::PlacedShare> = shares
+        .iter()
+        .map(|s| crate::enforce::PlacedShare {
+            uuid: s.uuid.clone(),
+            index: 0,
+            // The driver takes no MIG handle; a MIG device's memory is its own already.
+            mig_index: s.uuid.starts_with("MIG-").then_some(0),
+            bytes: s.bytes,
+            total: 0,
+        })
+        .collect();
+    let library = Path::new(&config.inventory.nvml_library);
+    match crate::enforce::apply_driver_limit(library, init_pid, &placed, Path::new("/proc")) {
+        Ok(applied) if applied.is_empty() => Ok(()),
+        Ok(_) => {
+            service.set_enforcement(&state.id, Some(&state.bundle), crate::enforce::Tier::DriverLimit)?;
+            Ok(())
+        }
+        Err(source) => {
+            let e = HookError::Enforce {
+                container: state.id.clone(),
+                source,
+            };
+            if config.on_state_error == OnStateError::FailOpen {
+                service::log_fail_open(config, &SystemClock, &state.id, &e.to_string());
+                return Ok(());
+            }
+            Err(e)
+        }
     }
 }

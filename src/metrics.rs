@@ -366,6 +366,7 @@ mod tests {
             pid: 42,
             alive: None,
             pending: false,
+            tier: None,
         }
     }
 

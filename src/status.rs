@@ -56,6 +56,9 @@ pub struct ReservationStatus {
     /// yet (`pid` is then the runtime process creating it).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// What holds the container to its reservation (driver limit, MPS limit, toolkit limit,
+    /// guardrails, none); `None` where nothing was recorded (admitted by the hook alone).
+    pub tier: Option<crate::enforce::Tier>,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,6 +160,7 @@ pub fn build_report(
                         pid: r.init.pid,
                         alive: alive(&r.init),
                         pending: r.pending,
+                        tier: r.enforcement,
                     })
                 })
                 .collect();
@@ -238,8 +242,8 @@ pub fn render(report: &StatusReport) -> String {
         } else {
             let _ = writeln!(
                 out,
-                "  {:<26} {:>11} {:>11} {:>8} {:>8}  NOTE",
-                "CONTAINER", "RESERVED", "USED", "AGE", "PID"
+                "  {:<26} {:>11} {:>11} {:>8} {:>8} {:>13}  NOTE",
+                "CONTAINER", "RESERVED", "USED", "AGE", "PID", "ENFORCED BY"
             );
             for r in &gpu.reservations {
                 let used = r.used.map(format_bytes).unwrap_or_else(|| "-".into());
@@ -261,12 +265,13 @@ pub fn render(report: &StatusReport) -> String {
                 }
                 let _ = writeln!(
                     out,
-                    "  {:<26} {:>11} {:>11} {:>8} {:>8}  {}",
+                    "  {:<26} {:>11} {:>11} {:>8} {:>8} {:>13}  {}",
                     short_id(&r.container_id),
                     format_bytes(r.bytes),
                     used,
                     format_duration(std::time::Duration::from_secs(r.age_ms / 1000)),
                     r.pid,
+                    r.tier.map_or("-", |t| t.as_str()),
                     note.trim_end()
                 );
             }

@@ -39,6 +39,7 @@ fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
         waited_ms: 0,
         bundle: None,
         pending: false,
+        enforcement: None,
     }
 }
 

@@ -42,6 +42,10 @@ pub struct Reservation {
     /// a reservation whose process is gone, reclaimed by the next transaction.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// What holds the container to this reservation once it runs (see [`crate::enforce`]),
+    /// as the hook recorded it when it confirmed; absent where nothing said (the hook alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<crate::enforce::Tier>,
 }
 
 impl Reservation {
@@ -281,6 +285,7 @@ mod tests {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         };
         let ledger = Ledger {
             reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
@@ -318,6 +323,7 @@ mod tests {
             waited_ms: 0,
             bundle: bundle.map(PathBuf::from),
             pending: false,
+            enforcement: None,
         };
         let live = reservation(Some("/run/containerd/ns-a/c"));
         assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));

@@ -153,6 +153,7 @@ mod tests {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         }
     }
 

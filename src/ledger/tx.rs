@@ -172,6 +172,7 @@ mod tests {
             waited_ms: 0,
             bundle: None,
             pending: false,
+            enforcement: None,
         }
     }
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::clock::SystemClock;
 use crate::config::{Config, OnStateError};
 use crate::inventory::{self, GpuMemory};
-use crate::ledger::StateDir;
+use crate::ledger::{GpuShare, StateDir};
 use crate::placement::Placement;
 use crate::procfs::{ProcLiveness, ProcessIdentity};
 use crate::request::Request;
@@ -25,6 +25,8 @@ use super::RuntimeError;
 /// What the wrapper reserved for a container at create.
 #[derive(Debug)]
 pub struct Reserved {
+    /// What was reserved on each GPU.
+    pub shares: Vec<GpuShare>,
     /// The GPUs reserved, as the inventory saw them.
     pub gpus: Vec<GpuMemory>,
     /// How they were chosen, when vramgate chose them: the spec must then be narrowed.
@@ -66,13 +68,25 @@ pub fn admit_at_create(
         runtime: None,
         budget: None,
         pending: true,
+        // Known only once the spec is edited; the hook records it when it confirms.
+        enforcement: None,
     });
     match admission {
-        Ok(Admission::Admitted { gpus, placement, .. }) => Ok(Some(Reserved { gpus, placement })),
+        Ok(Admission::Admitted {
+            shares,
+            gpus,
+            placement,
+            ..
+        }) => Ok(Some(Reserved {
+            shares,
+            gpus,
+            placement,
+        })),
         Ok(Admission::Refused(refusal)) => Err(RuntimeError::Refused(refusal)),
         // A second create of the same container (a retry after a failed exec): the reservation
         // it already holds stands, and the hook confirms it.
         Ok(Admission::AlreadyAdmitted | Admission::Confirmed { .. }) => Ok(Some(Reserved {
+            shares: Vec::new(),
             gpus: Vec::new(),
             placement: None,
         })),
@@ -98,5 +112,24 @@ pub fn undo(container: &str, bundle: &Path, config: &Config) {
         let inventory = inventory::NotNeeded;
         let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
         let _ = service.release(container, Some(&bundle), "create failed");
+    }
+}
+
+impl Reserved {
+    /// Each GPU reserved, with its total, as the enforcement tiers need them.
+    pub fn placed_shares(&self) -> Vec<crate::enforce::PlacedShare> {
+        self.shares
+            .iter()
+            .filter_map(|share| {
+                let gpu = self.gpus.iter().find(|g| g.uuid == share.uuid)?;
+                Some(crate::enforce::PlacedShare {
+                    uuid: share.uuid.clone(),
+                    index: gpu.index,
+                    mig_index: gpu.mig_index,
+                    bytes: share.bytes,
+                    total: gpu.total,
+                })
+            })
+            .collect()
     }
 }

@@ -75,6 +75,11 @@ pub enum RuntimeError {
     NoContainerId { verb: String },
     #[error("cannot read this process's own /proc entry")]
     NoSelf,
+    #[error("the container spec {path}: {source}")]
+    Enforce {
+        path: PathBuf,
+        source: crate::enforce::EnforceError,
+    },
 }
 
 impl RuntimeError {
@@ -101,7 +106,7 @@ pub fn report_error(inv: &Invocation, message: &str) {
 /// Records a problem the wrapper works around, in runc's log only: never on stdout or
 /// stderr, which the engine may parse (`state` output is JSON to containerd). A log that
 /// cannot be written is not worth failing a container start over, so that is ignored.
-fn warn(inv: &Invocation, message: &str) {
+pub(crate) fn warn(inv: &Invocation, message: &str) {
     let _ = runc_log::append(inv, Level::Warning, message);
 }
 

@@ -228,23 +228,69 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         }
         e
     };
-    if let Some(super::admit::Reserved {
-        gpus,
-        placement: Some(_),
-    }) = &reserved
-    {
-        super::devices::narrow_to(&mut spec, &path, gpus).map_err(undo)?;
+    let mut edited = false;
+    if let Some(reserved) = &reserved {
+        if reserved.placement.is_some() {
+            super::devices::narrow_to(&mut spec, &path, &reserved.gpus).map_err(undo)?;
+            edited = true;
+        }
+        edited |= enforce(&mut spec, &path, reserved, config, inv).map_err(undo)?;
     }
     let hook = hook_path(&config.runtime);
     let timeout = hook_timeout_secs(config);
     let entry = |stage| hook_entry(&hook, stage, timeout, config_env.as_deref());
     let hooks_added = add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook).map_err(undo)?;
-    let placed = matches!(&reserved, Some(r) if r.placement.is_some());
-    if !hooks_added && !placed {
+    if !hooks_added && !edited {
         return Ok(false);
     }
     write_spec(bundle, &path, &bytes, &spec).map_err(undo)?;
     Ok(true)
+}
+
+/// What holds the container to its reservation once it runs ([`crate::enforce`]): the
+/// configured limit's variables and mounts, the framework guardrails, and the tier in the
+/// annotation the hook records when it confirms. Returns whether the spec changed.
+fn enforce(
+    spec: &mut Value,
+    path: &Path,
+    reserved: &super::admit::Reserved,
+    config: &Config,
+    inv: &super::Invocation,
+) -> Result<bool> {
+    use crate::enforce;
+    let placed = reserved.placed_shares();
+    if placed.is_empty() {
+        return Ok(false);
+    }
+    let env: Vec<String> = spec
+        .pointer("/process/env")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    let mps_running = config.enforce.limit == crate::config::LimitMechanism::Mps
+        && enforce::mps_control_running(&config.enforce.mps_pipe_directory, Path::new("/proc"));
+    let edits = enforce::spec_edits(&config.enforce, &env, &placed, mps_running);
+    for note in &edits.notes {
+        super::warn(inv, &format!("vramgate: {note}"));
+    }
+    let mut changed = enforce::apply_spec_edits(spec, &edits).map_err(|e| RuntimeError::Enforce {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    if let Value::Object(root) = spec {
+        let annotations = root.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
+        if annotations.is_null() {
+            *annotations = Value::Object(Map::new());
+        }
+        if let Value::Object(annotations) = annotations {
+            annotations.insert(
+                crate::hook::ENFORCEMENT_ANNOTATION.to_string(),
+                Value::String(edits.tier.as_str().to_string()),
+            );
+            changed = true;
+        }
+    }
+    Ok(changed)
 }
 
 /// Replaces `path` (the bundle's `config.json`, read as `bytes`) with `spec`, atomically,

@@ -79,6 +79,9 @@ pub struct AdmitRequest<'r> {
     /// runtime process, and the reservation is pending until the container's hook confirms it
     /// (see [`Reservation::pending`]). Only such a request may place (`auto`).
     pub pending: bool,
+    /// What holds the container to its reservation, when the caller knows: recorded with the
+    /// reservation (the hook passes what the wrapper wrote into the spec when it confirms).
+    pub enforcement: Option<crate::enforce::Tier>,
 }
 
 /// What a release found.
@@ -246,6 +249,9 @@ impl<'a> Service<'a> {
             }) {
                 r.pending = false;
                 r.init = req.init;
+                if req.enforcement.is_some() {
+                    r.enforcement = req.enforcement;
+                }
                 let shares = r.gpus.clone();
                 drop_ticket(ledger, progress);
                 log.push(self.event(Kind::Confirm, id, &shares, format!("init pid {}", req.init.pid)));
@@ -323,6 +329,7 @@ impl<'a> Service<'a> {
                     waited_ms: if queued { waited.as_millis() as u64 } else { 0 },
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
+                    enforcement: req.enforcement,
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
@@ -547,6 +554,23 @@ impl<'a> Service<'a> {
         }
         events::append(&self.dir, &log);
         Ok(released)
+    }
+
+    /// Records what holds a container to its reservation, found after it was confirmed (the
+    /// hook setting the driver limit). Returns whether the reservation was there.
+    pub fn set_enforcement(&self, container: &str, bundle: Option<&Path>, tier: crate::enforce::Tier) -> Result<bool> {
+        let mut tx = self.dir.begin()?;
+        let Some(r) = tx
+            .ledger
+            .reservations
+            .iter_mut()
+            .find(|r| r.belongs_to(container, bundle))
+        else {
+            return Ok(false);
+        };
+        r.enforcement = Some(tier);
+        tx.commit()?;
+        Ok(true)
     }
 
     /// One transaction that only reclaims, checking every entry.

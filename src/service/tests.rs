@@ -163,6 +163,7 @@ fn admit_req<'r>(id: &'r str, n: u32, request: &'r Request, policy: Policy) -> A
         runtime: Some(pid(20_000 + n)),
         budget: None,
         pending: false,
+        enforcement: None,
     }
 }
 
