@@ -52,6 +52,10 @@ backend = "nvml"
 TOML
 }
 
+# GPU 0's /dev/nvidiaN minor: a container pinned to GPU 0 gets only that GPU's node, as the
+# NVIDIA toolkit would give it (vramgate takes the device nodes in a spec as the GPUs it uses).
+GPU0_MINOR=$("$PY" -c 'import pynvml as n; n.nvmlInit(); print(n.nvmlDeviceGetMinorNumber(n.nvmlDeviceGetHandleByIndex(0)))' 2>/dev/null || echo 0)
+
 # bundle DIR CONFIG|- REQUEST|- JOB_GIB JOB_SECONDS [extra gpu_bundle args...]
 bundle() {
     local dir=$1 config=$2 request=$3 gib=$4 secs=$5
@@ -61,7 +65,7 @@ bundle() {
     local ann=()
     [ "$request" != - ] && ann=(--annotation "vramgate.dev/memory=$request")
     "$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$dir" "${hook[@]}" "${ann[@]}" \
-        --env NVIDIA_VISIBLE_DEVICES=0 --env JOB_GIB="$gib" --env JOB_SECONDS="$secs" "$@" -- "$PY" "$WORK/gpu_job.py"
+        --env NVIDIA_VISIBLE_DEVICES=0 --gpu-minors "$GPU0_MINOR" --env JOB_GIB="$gib" --env JOB_SECONDS="$secs" "$@" -- "$PY" "$WORK/gpu_job.py"
 }
 
 # start_container DIR ID: runs it in the background; writes DIR/log and DIR/rc ("rc start end").

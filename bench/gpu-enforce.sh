@@ -97,7 +97,7 @@ env_bundle() {
     local dir=$1 request=$2
     shift 2
     "$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$dir" \
-        --annotation "vramgate.dev/memory=$request" --env NVIDIA_VISIBLE_DEVICES=0 "$@" -- /usr/bin/env
+        --annotation "vramgate.dev/memory=$request" --env NVIDIA_VISIBLE_DEVICES=0 --gpu-minors "$GPU0_MINOR" "$@" -- /usr/bin/env
 }
 
 envvar() { grep -m1 "^$2=" "$1/log" | cut -d= -f2- || true; }
@@ -130,7 +130,27 @@ else
     fail "control (limit = none): the 16 GiB job did not complete: rc $(cat "$T/control/rc"), $(tail -1 "$T/control/log")"
 fi
 
-# ---- 2. MPS control daemon
+# ---- 1b. the same 20 neighbours without MPS: what admission sees, for the comparison in 4
+neighbours_status() {   # CONFIG LABEL: runs N neighbours, saves status mid-run as $R/status-LABEL.json
+    local config=$1 label=$2 npids=()
+    for i in $(seq 1 "$N"); do
+        mkdir -p "$T/$label$i"
+        job_bundle "$T/$label$i" 3Gi 2 "${NEIGHBOUR_SECONDS:-20}"
+        vrun "$config" "$T/$label$i" "$PREFIX-$label$i" &
+        npids+=($!)
+    done
+    for _ in $(seq 1 60); do
+        sleep 1
+        n=$(VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
+            "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
+        [ "$n" -ge "$N" ] && break
+    done
+    sleep "${MID_DELAY:-8}"
+    VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json >"$R/status-$label.json" 2>&1 || true
+    for p in "${npids[@]}"; do wait "$p" || true; done
+}
+neighbours_status "$cfg1" plain
+
 mps_env "$MPS_CONTROL" -d
 for _ in $(seq 1 50); do [ -S "$PIPE/control" ] && break; sleep 0.1; done
 if [ -S "$PIPE/control" ]; then pass "mps control daemon started ($PIPE/control)"; else fail "mps control daemon did not start"; exit 1; fi
@@ -217,6 +237,21 @@ else:
     sys.exit(1)
 PY
 for p in "${pids[@]}"; do wait "$p" || true; done
+# Admission's view with and without MPS: the same reservations, and memory used outside
+# vramgate not inflated by the MPS server (clients' memory counted once).
+"$PY" - "$R/status-plain.json" "$R/status-mid.json" <<'PY' | tee -a "$SUMMARY" || failures=$((failures + 1))
+import json, sys
+def view(path):
+    g = json.load(open(path))["gpus"][0]
+    mine = [r for r in g["reservations"] if "-n" in r["container_id"] or "plain" in r["container_id"]]
+    return sum(r["bytes"] for r in mine) >> 20, sum(r["used"] or 0 for r in mine) >> 20, g["used_outside"] >> 20
+plain, mps = view(sys.argv[1]), view(sys.argv[2])
+print(f"INFO neighbours without MPS: reserved {plain[0]} MiB, used by them {plain[1]} MiB, used outside vramgate {plain[2]} MiB")
+print(f"INFO neighbours under MPS:   reserved {mps[0]} MiB, used by them {mps[1]} MiB, used outside vramgate {mps[2]} MiB")
+ok = plain[0] == mps[0] and abs(plain[1] - mps[1]) <= 256 and mps[2] - plain[2] <= 256
+print(("PASS" if ok else "FAIL") + " admission counts MPS clients once (outside vramgate grows by the MPS server alone)")
+sys.exit(0 if ok else 1)
+PY
 
 ok=0
 for i in $(seq 1 "$N"); do
@@ -234,7 +269,7 @@ else
     fail "the hog was not stopped: rc $hog_rc, $(tail -2 "$T/hog/log" | tr '\n' ' ' | cut -c1-200)"
 fi
 mkdir -p "$R/logs"
-for d in "$T"/n* "$T"/hog "$T"/control; do cp "$d/log" "$R/logs/$(basename "$d").log"; done
+for d in "$T"/n[0-9]* "$T"/hog "$T"/control; do cp "$d/log" "$R/logs/$(basename "$d").log"; done
 cp "$STATE_BASE/enforce-mps/events.jsonl" "$R/events-mps.jsonl" 2>/dev/null || true
 
 # ---- 5. experiment: the pinned limit keyed by UUID

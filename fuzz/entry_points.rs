@@ -197,7 +197,18 @@ pub fn ledger(data: &[u8]) {
         headroom: Quantity::PartsPerMillion(50_000),
         backfill: true,
         backfill_bound: std::time::Duration::from_secs(30),
+        strategy: vramgate::placement::Strategy::BestFit,
     };
+    // A placement over every GPU, as the runtime wrapper makes for `auto`.
+    let every: Vec<GpuShare> = snap
+        .gpus
+        .iter()
+        .map(|g| GpuShare {
+            uuid: g.uuid.clone(),
+            bytes: 1 << 30,
+        })
+        .collect();
+    let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &every, Some(1), None, 0);
     for gpu in &snap.gpus {
         let _ = ledger.reserved_on(&gpu.uuid);
         let account = admission::account(&ledger, gpu, &Allocated::new(), &rules);
@@ -209,8 +220,17 @@ pub fn ledger(data: &[u8]) {
             bytes: 1 << 30,
         }];
         let ticket = ledger.queue.first().map(|t| t.ticket);
-        let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &share, ticket, u64::MAX);
-        let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &share, None, 0);
+        let _ = admission::decide(
+            &ledger,
+            &snap,
+            &Allocated::new(),
+            &rules,
+            &share,
+            None,
+            ticket,
+            u64::MAX,
+        );
+        let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &share, None, None, 0);
     }
     let mut copy = ledger.clone();
     let reclaimed = copy.reclaim_with(|p| p.pid % 2 == 0);
