@@ -47,6 +47,7 @@ fn snapshot() -> Snapshot {
         minor: Some(index),
         total,
         free: total / 2,
+        mig_caps: Vec::new(),
     };
     Snapshot {
         gpus: vec![
@@ -266,6 +267,7 @@ fn metrics_of(ledger: &Ledger) {
                     minor: None,
                     total: 80 << 30,
                     free: 70 << 30,
+                    mig_caps: Vec::new(),
                 })
                 .collect(),
             ..Default::default()

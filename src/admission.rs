@@ -394,6 +394,7 @@ mod tests {
             minor: Some(0),
             total,
             free,
+            mig_caps: Vec::new(),
         }
     }
 

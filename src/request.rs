@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use crate::config::Policy;
-use crate::inventory::Snapshot;
+use crate::inventory::{GpuMemory, Snapshot};
 use crate::quantity::{self, Quantity};
 use crate::spec::SpecView;
 
@@ -107,6 +107,9 @@ pub enum DeviceRef {
     Uuid(String),
     /// `/dev/nvidiaN`: the device node's minor number.
     Minor(u32),
+    /// `/dev/nvidia-caps/nvidia-capN`: a MIG capability node, which says which MIG device of
+    /// a parent in MIG mode the container was given (see [`crate::inventory::mig_caps`]).
+    MigCap(u32),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,6 +281,11 @@ impl GpuSelector {
             for minor in nodes.iter().filter_map(|p| nvidia_minor(p)) {
                 if !minors.contains(&DeviceRef::Minor(minor)) {
                     minors.push(DeviceRef::Minor(minor));
+                }
+            }
+            for cap in spec.device_paths().filter_map(mig_cap_minor) {
+                if !minors.contains(&DeviceRef::MigCap(cap)) {
+                    minors.push(DeviceRef::MigCap(cap));
                 }
             }
             return Ok(GpuSelector {
@@ -459,7 +467,32 @@ impl GpuSelector {
         expand_mig: bool,
     ) -> Result<Vec<String>, RequestError> {
         let mut uuids: Vec<String> = Vec::new();
+        let caps: Vec<u32> = devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceRef::MigCap(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
         for device in devices {
+            // A MIG device given through CDI: its parent's node and its capability nodes name
+            // it, whether or not vramgate then places among them.
+            if let (DeviceRef::Minor(n), false) = (device, caps.is_empty()) {
+                let named: Vec<&GpuMemory> = snapshot
+                    .gpus
+                    .iter()
+                    .filter(|g| g.minor == Some(*n) && g.mig_index.is_some())
+                    .filter(|g| !g.mig_caps.is_empty() && g.mig_caps.iter().all(|c| caps.contains(c)))
+                    .collect();
+                if !named.is_empty() {
+                    for mig in named {
+                        if !uuids.contains(&mig.uuid) {
+                            uuids.push(mig.uuid.clone());
+                        }
+                    }
+                    continue;
+                }
+            }
             let mig_parent = |index: u32| {
                 snapshot.mig_parents.contains(&index).then(|| RequestError::MigParent {
                     source_name: self.source_name.clone(),
@@ -500,6 +533,7 @@ impl GpuSelector {
                     }
                     parent
                 }
+                DeviceRef::MigCap(_) => continue,
             };
             let gpu = found.ok_or_else(|| RequestError::UnknownGpu {
                 source_name: self.source_name.clone(),
@@ -521,6 +555,7 @@ fn describe_ref(device: &DeviceRef) -> String {
         DeviceRef::MigIndex(i, m) => format!("{i}:{m}"),
         DeviceRef::Uuid(u) => u.chars().take(80).collect(),
         DeviceRef::Minor(n) => format!("/dev/nvidia{n}"),
+        DeviceRef::MigCap(n) => format!("/dev/nvidia-caps/nvidia-cap{n}"),
     }
 }
 
@@ -558,6 +593,15 @@ fn parse_device(item: &str) -> Option<DeviceRef> {
     is_uuid.then(|| DeviceRef::Uuid(item.to_string()))
 }
 
+/// `/dev/nvidia-caps/nvidia-cap12` is MIG capability 12.
+fn mig_cap_minor(path: &str) -> Option<u32> {
+    let digits = path.strip_prefix("/dev/nvidia-caps/nvidia-cap")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// `/dev/nvidia3` is GPU minor 3; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not GPUs.
 fn nvidia_minor(path: &str) -> Option<u32> {
     let digits = path.strip_prefix("/dev/nvidia")?;
@@ -585,6 +629,7 @@ mod tests {
             minor: Some(index),
             total: 80 << 30,
             free: 80 << 30,
+            mig_caps: Vec::new(),
         }
     }
 
@@ -880,5 +925,34 @@ mod tests {
             spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"linux":{"devices":[{"path":"/dev/nvidia0"}]}}"#);
         let r = Request::from_spec(&whole).unwrap().unwrap();
         assert!(r.gpus.resolve(&snap).unwrap_err().to_string().contains("MIG mode"));
+    }
+
+    #[test]
+    fn a_mig_device_given_through_cdi_is_admitted_on_that_mig_device() {
+        let mig = |m: u32, uuid: &str, caps: [u32; 2]| GpuMemory {
+            mig_caps: caps.to_vec(),
+            ..gpu(0, Some(m), uuid)
+        };
+        let snap = Snapshot {
+            gpus: vec![
+                mig(0, "MIG-x0", [12, 13]),
+                mig(1, "MIG-x1", [21, 22]),
+                gpu(1, None, "GPU-bbbb"),
+            ],
+            mig_parents: vec![0],
+            processes: vec![],
+        };
+        // What nvidia-ctk's CDI spec injects for MIG device 0:1: the parent and its two caps.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"linux":{"devices":[{"path":"/dev/nvidiactl"},{"path":"/dev/nvidia0"},{"path":"/dev/nvidia-caps/nvidia-cap21"},{"path":"/dev/nvidia-caps/nvidia-cap22"}]}}"#,
+        );
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.gpus.resolve(&snap).unwrap(), ["MIG-x1"]);
+        // Placing among what was given: only that MIG device.
+        let auto = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"auto"},"linux":{"devices":[{"path":"/dev/nvidia0"},{"path":"/dev/nvidia-caps/nvidia-cap12"},{"path":"/dev/nvidia-caps/nvidia-cap13"}]}}"#,
+        );
+        let r = Request::from_spec(&auto).unwrap().unwrap();
+        assert_eq!(r.gpus.candidates(&snap).unwrap().unwrap().1, ["MIG-x0"]);
     }
 }

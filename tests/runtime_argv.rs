@@ -128,7 +128,9 @@ fn request_spec() -> Value {
     )
 }
 
-/// The spec minus the `hooks` the wrapper adds must be exactly what was there, keys in order.
+/// The spec minus what the wrapper adds (the `hooks`; by default the framework guardrails'
+/// variables appended to `process.env` and the tier in the annotation `vramgate.dev/enforcement`)
+/// must be exactly what was there, keys in order.
 fn assert_only_hooks_added(before: &Value, after_bytes: &[u8], bench: &Bench) {
     let mut after: Value = serde_json::from_slice(after_bytes).unwrap();
     let hooks = after
@@ -136,6 +138,22 @@ fn assert_only_hooks_added(before: &Value, after_bytes: &[u8], bench: &Bench) {
         .unwrap()
         .shift_remove("hooks")
         .expect("hooks were added");
+    let tier = after["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .shift_remove("vramgate.dev/enforcement")
+        .expect("the tier is recorded for the hook");
+    assert_eq!(tier, "guardrails");
+    let env = after["process"]["env"].as_array_mut().unwrap();
+    let guardrails: Vec<String> = env
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|e| e.starts_with("TF_FORCE_GPU_ALLOW_GROWTH=") || e.starts_with("XLA_"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(guardrails.len(), 4, "{guardrails:?}");
+    assert!(guardrails.contains(&"TF_FORCE_GPU_ALLOW_GROWTH=true".to_string()));
+    env.retain(|e| !guardrails.iter().any(|g| e.as_str() == Some(g.as_str())));
     assert_eq!(
         serde_json::to_string(&after).unwrap(),
         serde_json::to_string(before).unwrap(),

@@ -4,6 +4,7 @@
 //! config file, or one simulated card) on a host without one. Tests and the demo use the
 //! static backend; the admission rule cannot tell them apart.
 
+pub mod mig_caps;
 mod nvml;
 mod recorded;
 mod static_list;
@@ -32,6 +33,12 @@ pub struct GpuMemory {
     /// What the driver reports free now: memory used by anything (inside vramgate or not) is
     /// already taken out.
     pub free: u64,
+    /// For a MIG device: the minors of the `/dev/nvidia-caps/nvidia-capN` nodes that grant
+    /// access to it (its GPU instance's and compute instance's), from the driver's
+    /// `/proc/driver/nvidia-caps/mig-minors`. A container given a MIG device through CDI gets
+    /// its parent's `/dev/nvidiaN` and these nodes: they say which MIG device it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_caps: Vec<u32>,
 }
 
 /// A process that holds GPU memory, as NVML reports it.

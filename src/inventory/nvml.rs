@@ -100,6 +100,24 @@ fn processes_of(device: &Device, uuid: &str) -> Result<Vec<GpuProcess>, Inventor
         .collect())
 }
 
+impl NvmlInventory {
+    /// A MIG device's GPU instance and compute instance ids, which nvml-wrapper does not
+    /// bind; `None` when the driver does not say.
+    fn instance_ids(&self, mig: &Device) -> Option<(u32, u32)> {
+        let lib = self.nvml.lib();
+        let (mut gi, mut ci) = (0u32, 0u32);
+        // SAFETY: `mig` is a live handle from this `Nvml`; each call writes one u32 through a
+        // pointer to a local, and both functions are in every driver with MIG (R450 on).
+        let ok = unsafe {
+            let handle = mig.handle();
+            let get_gi = lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?;
+            let get_ci = lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?;
+            get_gi(handle, &mut gi) == 0 && get_ci(handle, &mut ci) == 0
+        };
+        ok.then_some((gi, ci))
+    }
+}
+
 impl Inventory for NvmlInventory {
     fn snapshot(&self) -> Result<Snapshot, InventoryError> {
         self.snapshot_with_processes(&|_| true)
@@ -108,6 +126,8 @@ impl Inventory for NvmlInventory {
     fn snapshot_with_processes(&self, processes_on: &dyn Fn(&str) -> bool) -> Result<Snapshot, InventoryError> {
         let count = self.nvml.device_count().map_err(nvml_err("counting GPUs"))?;
         let mut snapshot = Snapshot::default();
+        // Read once, and only on a host with a GPU in MIG mode.
+        let mut mig_minors: Option<super::mig_caps::MigMinors> = None;
         for index in 0..count {
             let device = self
                 .nvml
@@ -122,6 +142,7 @@ impl Inventory for NvmlInventory {
             let mig_enabled = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);
             if mig_enabled {
                 snapshot.mig_parents.push(index);
+                let caps = mig_minors.get_or_insert_with(super::mig_caps::MigMinors::read);
                 let slots = device
                     .mig_device_count()
                     .map_err(nvml_err(format!("counting MIG devices of GPU {index}")))?;
@@ -139,6 +160,10 @@ impl Inventory for NvmlInventory {
                     if processes_on(&mig_uuid) {
                         snapshot.processes.extend(processes_of(&mig, &mig_uuid)?);
                     }
+                    let mig_caps = match (minor, self.instance_ids(&mig)) {
+                        (Some(parent), Some((gi, ci))) => caps.of(parent, gi, ci),
+                        _ => Vec::new(),
+                    };
                     snapshot.gpus.push(GpuMemory {
                         index,
                         mig_index: Some(mig_index),
@@ -146,6 +171,7 @@ impl Inventory for NvmlInventory {
                         minor,
                         total: memory.total,
                         free: memory.free,
+                        mig_caps,
                     });
                 }
                 continue;
@@ -163,6 +189,7 @@ impl Inventory for NvmlInventory {
                 minor,
                 total: memory.total,
                 free: memory.free,
+                mig_caps: Vec::new(),
             });
         }
         Ok(snapshot)

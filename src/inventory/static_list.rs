@@ -44,6 +44,7 @@ fn to_snapshot(gpus: &[StaticGpu]) -> Snapshot {
                 minor: Some(g.minor),
                 total: g.total,
                 free: g.total.saturating_sub(g.used_outside),
+                mig_caps: Vec::new(),
             })
             .collect(),
         mig_parents: Vec::new(),

@@ -208,6 +208,7 @@ mod tests {
             minor: Some(index),
             total: 80 << 30,
             free: 80 << 30,
+            mig_caps: Vec::new(),
         }
     }
 

@@ -30,6 +30,7 @@ impl FakeInventory {
                 minor: Some(i),
                 total,
                 free: total,
+                mig_caps: Vec::new(),
             })
             .collect();
         FakeInventory {
