@@ -248,7 +248,10 @@ def view(path):
 plain, mps = view(sys.argv[1]), view(sys.argv[2])
 print(f"INFO neighbours without MPS: reserved {plain[0]} MiB, used by them {plain[1]} MiB, used outside vramgate {plain[2]} MiB")
 print(f"INFO neighbours under MPS:   reserved {mps[0]} MiB, used by them {mps[1]} MiB, used outside vramgate {mps[2]} MiB")
-ok = plain[0] == mps[0] and abs(plain[1] - mps[1]) <= 256 and mps[2] - plain[2] <= 256
+# MPS clients share the server's context, so they may use less than plain processes: what
+# matters is that no memory is counted twice, i.e. "used outside vramgate" does not grow by
+# the clients' memory (only by the MPS server's own few MiB).
+ok = plain[0] == mps[0] and mps[2] - plain[2] <= 256
 print(("PASS" if ok else "FAIL") + " admission counts MPS clients once (outside vramgate grows by the MPS server alone)")
 sys.exit(0 if ok else 1)
 PY
