@@ -622,15 +622,7 @@ mod tests {
     }
 
     fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
-        GpuMemory {
-            index,
-            mig_index: mig,
-            uuid: uuid.into(),
-            minor: Some(index),
-            total: 80 << 30,
-            free: 80 << 30,
-            mig_caps: Vec::new(),
-        }
+        GpuMemory::for_test(index, mig, uuid)
     }
 
     fn host() -> Snapshot {

@@ -175,6 +175,19 @@ pub fn read_limited(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>>
     Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
+/// JSON's name for a value's type, for errors about a spec's shape.
+pub fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

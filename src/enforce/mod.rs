@@ -134,18 +134,7 @@ pub enum EnforceError {
     NulInUuid { uuid: String },
 }
 
-/// JSON's name for a value's type, for shape errors.
-pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
-    use serde_json::Value;
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
+pub(crate) use crate::spec::json_type;
 
 /// The name of a `KEY=VALUE` entry (the whole entry when it has no `=`).
 pub(crate) fn env_name(entry: &str) -> &str {

@@ -41,6 +41,23 @@ pub struct GpuMemory {
     pub mig_caps: Vec<u32>,
 }
 
+impl GpuMemory {
+    /// An 80 GiB GPU (or MIG device `mig` of GPU `index`) with all its memory free, minor =
+    /// index: what unit tests build hosts from.
+    #[cfg(test)]
+    pub(crate) fn for_test(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
+        GpuMemory {
+            index,
+            mig_index: mig,
+            uuid: uuid.into(),
+            minor: Some(index),
+            total: 80 << 30,
+            free: 80 << 30,
+            mig_caps: Vec::new(),
+        }
+    }
+}
+
 /// A process that holds GPU memory, as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GpuProcess {

@@ -29,7 +29,7 @@ fn shape(path: &Path, field: &str, found: &Value, expected: &'static str) -> Run
     RuntimeError::SpecShape {
         path: path.to_path_buf(),
         field: field.to_string(),
-        found: super::spec_edit::json_type(found),
+        found: crate::spec::json_type(found),
         expected,
     }
 }
@@ -201,15 +201,7 @@ mod tests {
     use serde_json::json;
 
     fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
-        GpuMemory {
-            index,
-            mig_index: mig,
-            uuid: uuid.into(),
-            minor: Some(index),
-            total: 80 << 30,
-            free: 80 << 30,
-            mig_caps: Vec::new(),
-        }
+        GpuMemory::for_test(index, mig, uuid)
     }
 
     fn node(n: &str, minor: u64) -> Value {

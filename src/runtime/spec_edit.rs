@@ -17,7 +17,7 @@ use crate::atomic_file;
 use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV, DEFAULT_CONFIG_PATH};
 use crate::hook::HOOK_TIMEOUT_MARGIN;
 use crate::request;
-use crate::spec::{self, SpecError, SpecView, MAX_SPEC_BYTES};
+use crate::spec::{self, json_type, SpecError, SpecView, MAX_SPEC_BYTES};
 
 pub const HOOK_BINARY: &str = "vramgate-hook";
 pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/vramgate-hook";
@@ -81,17 +81,6 @@ pub fn is_vramgate_hook(entry: &Value, hook: &Path) -> bool {
     Path::new(path) == hook
         || Path::new(path).file_name() == Some(OsStr::new(HOOK_BINARY))
         || Path::new(arg0).file_name() == Some(OsStr::new(HOOK_BINARY))
-}
-
-pub(super) fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 /// Adds the admission hook (after the spec's own) and the release hook (before them) to `spec`,
