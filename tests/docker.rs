@@ -108,7 +108,15 @@ impl Daemons {
         // A second runtime whose wrapper reads a config naming no runtime that exists: shows
         // how the wrapper's own errors reach the docker user.
         let broken = dir.join("broken.toml");
-        std::fs::write(&broken, "[runtime]\nruntimes = [\"no-such-runtime-anywhere\"]\n").unwrap();
+        // Its own state dir: nothing of a test belongs in the host's /run/vramgate.
+        std::fs::write(
+            &broken,
+            format!(
+                "state_dir = {:?}\n[runtime]\nruntimes = [\"no-such-runtime-anywhere\"]\n",
+                dir.join("broken-state").display().to_string()
+            ),
+        )
+        .unwrap();
         let misconfigured = dir.join("vramgate-misconfigured");
         std::fs::write(
             &misconfigured,

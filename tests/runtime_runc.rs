@@ -96,3 +96,17 @@ fn runc_run_through_the_wrapper_is_accounted() {
     assert_ok(wrapper(&bed, &["delete", "r1"]), "delete");
     assert!(reserved_ids(&bed).is_empty(), "released at poststop");
 }
+
+#[test]
+fn a_create_that_no_runtime_will_run_reserves_nothing() {
+    let dir = tempfile::Builder::new().prefix("vg-rt-none").tempdir().unwrap();
+    let config = Testbed::default_config(dir.path(), "[runtime]\nruntimes = [\"/nonexistent/runc\"]");
+    let bed = Testbed::create(dir.path(), support::RUNTIME, std::path::Path::new(support::HOOK), &config).unwrap();
+    let bundle = bed.bundle("n1", &["true"], &request(), &[], false).unwrap();
+    let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "n1"]);
+    assert!(!ok);
+    assert!(stderr.contains("vramgate: no runtime to run next"), "{stderr}");
+    assert!(reserved_ids(&bed).is_empty());
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap_or_default();
+    assert!(!events.contains("\"admit\""), "{events}");
+}

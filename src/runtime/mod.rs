@@ -115,24 +115,17 @@ pub(crate) fn warn(inv: &Invocation, message: &str) {
 pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     let inv = parse_args(args);
     let mut config = LazyConfig::new(config_path.to_path_buf());
-    if let Some(bundle) = &inv.bundle {
-        if let Err(e) = prepare_bundle(bundle, &inv, &mut config) {
-            report_error(&inv, &e.user_line());
-            return e;
-        }
-    }
-    let runtimes = match config.get() {
-        Ok(config) => config.runtime.runtimes.clone(),
-        // A container with a request needs the config (the hook timeout) and was refused above
-        // with this same error. Everything else must not be stopped by a broken config: not
-        // `delete` or `kill` of running containers, and not `create` of containers without a
-        // request (as Docker's default runtime, that would be every container of the host).
-        // So: the default runtimes, and a warning in the log.
-        Err(e) => {
-            warn(&inv, &format!("vramgate: {e}; using the default runtimes"));
-            RuntimeConfig::default().runtimes
-        }
+    // A container with a request needs the config (the hook timeout, its admission) and is
+    // refused below with the config's error. Everything else must not be stopped by a broken
+    // config: not `delete` or `kill` of running containers, and not `create` of containers
+    // without a request (as Docker's default runtime, that would be every container of the
+    // host). So: the default runtimes, and a warning in the log.
+    let (runtimes, config_error) = match config.get() {
+        Ok(config) => (config.runtime.runtimes.clone(), None),
+        Err(e) => (RuntimeConfig::default().runtimes, Some(e)),
     };
+    // The next runtime is found before anything is reserved: a create must not hold memory
+    // for a container that no runtime will run.
     let path_var = std::env::var_os("PATH");
     let myself = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
     let Some(next) = find_next_runtime(&runtimes, path_var.as_deref(), myself.as_deref()) else {
@@ -144,7 +137,20 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
         report_error(&inv, &format!("vramgate: {e}"));
         return e;
     };
+    if let Some(bundle) = &inv.bundle {
+        if let Err(e) = prepare_bundle(bundle, &inv, &mut config) {
+            report_error(&inv, &e.user_line());
+            return e;
+        }
+    }
+    if let Some(e) = config_error {
+        warn(&inv, &format!("vramgate: {e}; using the default runtimes"));
+    }
     let e = exec_runtime(&next, args);
     report_error(&inv, &format!("vramgate: {e}"));
+    // Whatever the create reserved is given back: no runtime runs this container.
+    if let (Some(bundle), Some(container), Ok(config)) = (&inv.bundle, &inv.container, config.get()) {
+        admit::undo(&container.to_string_lossy(), bundle, config);
+    }
     e
 }
