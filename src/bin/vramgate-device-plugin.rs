@@ -38,6 +38,7 @@ fn run() -> Result<()> {
         unit,
         poll_interval,
     };
-    deviceplugin::server::run(options)?;
-    Ok(())
+    // The error's own line already names the path and the cause: printed as it is, not as a
+    // chain that would repeat the cause.
+    deviceplugin::server::run(options).map_err(|e| anyhow::anyhow!("{e}"))
 }

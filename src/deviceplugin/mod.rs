@@ -104,13 +104,13 @@ pub const GRANT_GRACE: Duration = Duration::from_secs(600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevicePluginError {
-    #[error("{0}")]
+    #[error(transparent)]
     Unit(#[from] UnitError),
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    #[error("{0}")]
+    #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
-    #[error("{0}")]
+    #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
     #[error("device plugin directory {path}: {source}")]
     PluginDir { path: PathBuf, source: std::io::Error },
