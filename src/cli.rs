@@ -193,3 +193,44 @@ pub struct HookCli {
     #[arg(long, value_name = "SECONDS")]
     pub hook_timeout: Option<u64>,
 }
+
+/// Shown after `vramgate-device-plugin --help` and in vramgate-device-plugin(8).
+const DEVICE_PLUGIN_EXAMPLES: &str = "\
+Runs on each GPU node, as root, beside kubelet: the package's systemd unit
+(systemctl enable --now vramgate-device-plugin) or the DaemonSet in k8s/device-plugin.yaml.
+Pods then ask for GPU memory in units:
+  resources: {limits: {vramgate.dev/gpu-memory-gib: 6}}
+and the node's vramgate-runtime reserves exactly that on the GPU the plugin chose.
+
+Examples:
+  vramgate-device-plugin                    1 GiB units, kubelet's default directory
+  vramgate-device-plugin --unit 512Mi       vramgate.dev/gpu-memory-512mib
+
+Exit status: 0 stopped by SIGTERM or SIGINT; 1 failed (one line on stderr), including a
+registration kubelet refused; 2 usage error.";
+
+/// The Kubernetes device plugin.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vramgate-device-plugin",
+    version,
+    about = "Kubernetes device plugin that advertises GPU memory, as vramgate accounts it, to the scheduler",
+    long_about = "Registers the resource vramgate.dev/gpu-memory-<unit> with kubelet, lists each GPU's memory in units (device IDs <GPU-uuid>/<n>), and reports as unhealthy the units that memory held outside Kubernetes takes (reservations of other containers, memory used outside vramgate, headroom, a GPU that is gone), within a second of the ledger or the inventory changing. Allocate gives each container VRAMGATE_MEMORY and the GPU's UUID, which vramgate-runtime reserves when the container starts.",
+    after_help = DEVICE_PLUGIN_EXAMPLES
+)]
+pub struct DevicePluginCli {
+    /// Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// kubelet's device plugin directory, where kubelet.sock is and the plugin's socket goes
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/device-plugins")]
+    pub plugin_dir: PathBuf,
+    /// The size of one unit of the resource, which names it: 1Gi is vramgate.dev/gpu-memory-gib,
+    /// 512Mi vramgate.dev/gpu-memory-512mib (a whole number of MiB, at least 128Mi)
+    #[arg(long, value_name = "SIZE", default_value = "1Gi")]
+    pub unit: String,
+    /// How often the view is recomputed without a file change (memory used outside vramgate
+    /// on an NVML host shows only then); ledger and config changes are seen at once
+    #[arg(long, value_name = "DURATION", default_value = "500ms")]
+    pub poll_interval: String,
+}

@@ -12,6 +12,10 @@ pub mod attribution;
 pub mod clock;
 pub mod config;
 pub mod counters;
+// The Kubernetes device plugin, behind the `device-plugin` feature (on by default): it brings
+// tokio and tonic, which the hook and the runtime wrapper never link.
+#[cfg(feature = "device-plugin")]
+pub mod deviceplugin;
 pub mod doctor;
 pub mod enforce;
 pub mod events;

@@ -199,6 +199,8 @@ fn packages_install_gate_a_container_and_purge_clean() {
             "/usr/share/containers/oci/hooks.d/vramgate-poststop.json",
             "/usr/lib/tmpfiles.d/vramgate.conf",
             "/usr/lib/systemd/system/vramgate-exporter.service",
+            "/usr/lib/systemd/system/vramgate-device-plugin.service",
+            "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
             "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
             "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
             "/usr/share/man/man8/vramgate.8.gz",
@@ -280,6 +282,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
         "/etc/vramgate/config.toml",
         "/usr/lib/tmpfiles.d/vramgate.conf",
         "/usr/lib/systemd/system/vramgate-exporter.service",
+        "/usr/lib/systemd/system/vramgate-device-plugin.service",
         "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
         "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
         "/usr/share/man/man8/vramgate.8.gz",
@@ -304,10 +307,15 @@ fn packages_install_gate_a_container_and_purge_clean() {
             .env("MANWIDTH", "80"),
     );
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
-    // The exporter's unit: valid for this systemd, installed but not enabled.
-    let unit = "/usr/lib/systemd/system/vramgate-exporter.service";
-    if Path::new("/usr/bin/systemd-analyze").exists() {
-        run_ok(Command::new("systemd-analyze").args(["verify", unit]));
+    // The exporter's and the device plugin's units: valid for this systemd, installed but
+    // not enabled.
+    for unit in [
+        "/usr/lib/systemd/system/vramgate-exporter.service",
+        "/usr/lib/systemd/system/vramgate-device-plugin.service",
+    ] {
+        if Path::new("/usr/bin/systemd-analyze").exists() {
+            run_ok(Command::new("systemd-analyze").args(["verify", unit]));
+        }
     }
     let enabled: Vec<PathBuf> = std::fs::read_dir("/etc/systemd/system")
         .into_iter()
@@ -315,9 +323,12 @@ fn packages_install_gate_a_container_and_purge_clean() {
         .filter_map(|e| std::fs::read_dir(e.ok()?.path()).ok())
         .flatten()
         .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.file_name().is_some_and(|n| n == "vramgate-exporter.service"))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n == "vramgate-exporter.service" || n == "vramgate-device-plugin.service")
+        })
         .collect();
-    assert!(enabled.is_empty(), "the package enabled the exporter: {enabled:?}");
+    assert!(enabled.is_empty(), "the package enabled a service: {enabled:?}");
 
     // 5. The installed tool works with the installed config: doctor where it exists.
     let has_doctor = run(Command::new("/usr/bin/vramgate").args(["doctor", "--help"]))

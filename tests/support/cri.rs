@@ -1,0 +1,654 @@
+//! containerd's CRI plugin driven as kubelet drives it, shared by the tests that need it
+//! (tests/cri.rs, tests/device_plugin.rs): a private containerd with its CRI plugin on, the
+//! runtime handler `vramgate` configured by the built `vramgate setup containerd`, images built
+//! here and imported with `ctr` (nothing is pulled), and the CRI calls kubelet makes for a pod
+//! over gRPC on containerd's unix socket. Pods use the host's network, so no CNI plugin runs.
+//!
+//! Included with `#[path = "support/cri.rs"] mod cri_support;` by the tests that drive CRI
+//! only, so the others do not compile it; it uses `crate::support`.
+
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1 as cri;
+use serde_json::{json, Value};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::support::*;
+use vramgate::testbed::Testbed;
+
+pub type RuntimeClient = cri::runtime_service_client::RuntimeServiceClient<Channel>;
+pub type ImageClient = cri::image_service_client::ImageServiceClient<Channel>;
+
+pub const PAUSE_IMAGE: &str = "vramgate.test/pause:1";
+pub const APP_IMAGE: &str = "vramgate.test/busybox:1";
+/// The runtime handler `vramgate setup containerd` configures (a RuntimeClass's `handler`).
+pub const HANDLER: &str = "vramgate";
+/// kubelet's default `--runtime-request-timeout`, the deadline it puts on each CRI call.
+pub const CRI_DEADLINE: Duration = Duration::from_secs(120);
+/// The grace period kubelet would give StopContainer; the app containers exit on SIGTERM.
+pub const STOP_GRACE_SECONDS: i64 = 10;
+/// An app container that runs until stopped, ending at once on SIGTERM (as PID 1, busybox
+/// `sleep` alone would ignore it and wait out the grace period).
+pub const RUN_UNTIL_STOPPED: &[&str] = &["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"];
+
+/// A private containerd with the CRI plugin, set up for vramgate, and a CRI client on it.
+pub struct Cri {
+    pub rt: tokio::runtime::Runtime,
+    pub runtime: RuntimeClient,
+    pub images: ImageClient,
+    pub child: Option<Child>,
+    pub address: PathBuf,
+    /// containerd's `--state`, where the runc shim keeps each container's bundle.
+    pub state: PathBuf,
+    pub tb: Testbed,
+    /// The pods' cgroup parents, which kubelet would create and remove (runc removes only
+    /// each container's own cgroup).
+    pub pod_cgroups: Mutex<Vec<String>>,
+    /// The scratch directory, removed last (after containerd and its mounts are gone).
+    pub dir: Option<tempfile::TempDir>,
+}
+
+/// The runc shim keeps its sockets and runc state, and ctr its fifos, under /run/containerd
+/// whatever containerd's --state is. The tests of a file run side by side, so the paths
+/// are noted when the first containerd starts and removed (those that were not there, when
+/// empty) when the last one stops.
+pub static HOST_DIRS: Mutex<(usize, Option<HostDirs>)> = Mutex::new((0, None));
+
+pub fn host_dirs_enter() {
+    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if host.0 == 0 {
+        host.1 = Some(HostDirs::note(&[
+            "/run/containerd/runc/k8s.io",
+            "/run/containerd/runc",
+            "/run/containerd/fifo",
+            "/run/containerd/s",
+            "/run/containerd",
+        ]));
+    }
+    host.0 += 1;
+}
+
+pub fn host_dirs_leave() {
+    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    host.0 -= 1;
+    if host.0 == 0 {
+        drop(host.1.take());
+    }
+}
+
+/// Where the pods' cgroups go, as kubelet puts them under `kubepods`.
+pub const CGROUP_ROOT: &str = "vramgate-cri";
+
+/// A pod that RunPodSandbox accepted: its config (which kubelet passes again on every
+/// CreateContainer) and its sandbox id.
+#[derive(Clone)]
+pub struct Pod {
+    pub name: String,
+    pub config: cri::PodSandboxConfig,
+    pub sandbox: String,
+}
+
+/// The host's own containerd config: the CRI plugin with the settings this VM needs, before
+/// `vramgate setup containerd` adds its import.
+pub fn host_config(dir: &Path) -> String {
+    format!(
+        r#"version = 2
+{opt}
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # This VM lacks CAP_SYS_RESOURCE: containerd may only raise a container's oom_score_adj.
+  restrict_oom_score_adj = true
+  # kubectl exec/logs streaming: loopback only, on a port the kernel picks.
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    # Empty: the pods use the host's network, and the host's CNI config stays unread.
+    bin_dir = {cni_bin:?}
+    conf_dir = {cni_conf:?}
+"#,
+        opt = containerd_opt_section(dir),
+        cni_bin = dir.join("cni/bin").display().to_string(),
+        cni_conf = dir.join("cni/net.d").display().to_string(),
+    )
+}
+
+/// containerd's name for this machine's architecture, for the image config.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// A docker-archive tar with two single-layer images on the testbed's busybox rootfs: the
+/// sandbox image (a `sleep` standing in for `pause`) and the app image.
+pub fn build_images(tb: &Testbed) -> PathBuf {
+    let layer = rootfs_tar(tb);
+    let sum = run_ok(Command::new("sha256sum").arg(&layer));
+    let diff_id = format!("sha256:{}", sum.split_whitespace().next().unwrap());
+    let archive = tb.dir.join("images");
+    std::fs::create_dir_all(&archive).unwrap();
+    std::fs::rename(&layer, archive.join("layer.tar")).unwrap();
+    let image = |file: &str, entrypoint: &[&str]| {
+        let config = json!({
+            "architecture": go_arch(),
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        });
+        std::fs::write(archive.join(file), config.to_string()).unwrap();
+    };
+    image("pause.json", &["/bin/sleep", "86400"]);
+    image("app.json", &[]);
+    let manifest = json!([
+        {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": ["layer.tar"]},
+        {"Config": "app.json", "RepoTags": [APP_IMAGE], "Layers": ["layer.tar"]},
+    ]);
+    std::fs::write(archive.join("manifest.json"), manifest.to_string()).unwrap();
+    let tar = tb.dir.join("images.tar");
+    run_ok(Command::new("tar").arg("-C").arg(&archive).arg("-cf").arg(&tar).args([
+        "manifest.json",
+        "pause.json",
+        "app.json",
+        "layer.tar",
+    ]));
+    tar
+}
+
+/// A CRI request with kubelet's deadline (sent as `grpc-timeout`; containerd cancels the
+/// call's context when it passes).
+pub fn req<T>(message: T) -> tonic::Request<T> {
+    with_deadline(message, CRI_DEADLINE)
+}
+
+pub fn with_deadline<T>(message: T, deadline: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(deadline);
+    request
+}
+
+/// The pod config kubelet sends for a host-network pod with these annotations.
+pub fn pod_config(name: &str, annotations: &[(&str, &str)]) -> cri::PodSandboxConfig {
+    let uid = format!("{name}-uid");
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.clone(),
+            namespace: "default".to_string(),
+            attempt: 0,
+        }),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{CGROUP_ROOT}/pod{uid}"),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: cri::NamespaceMode::Node as i32,
+                    pid: cri::NamespaceMode::Container as i32,
+                    ipc: cri::NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A container of the app image running `command`, with these environment variables.
+pub fn container_config(name: &str, command: &[&str], env: &[(&str, &str)]) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: name.to_string(),
+            attempt: 0,
+        }),
+        image: Some(cri::ImageSpec {
+            image: APP_IMAGE.to_string(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        envs: env
+            .iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub async fn run_pod(mut client: RuntimeClient, config: cri::PodSandboxConfig) -> Result<Pod, tonic::Status> {
+    let name = config.metadata.as_ref().unwrap().name.clone();
+    let response = client
+        .run_pod_sandbox(req(cri::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: HANDLER.to_string(),
+        }))
+        .await?;
+    Ok(Pod {
+        name,
+        config,
+        sandbox: response.into_inner().pod_sandbox_id,
+    })
+}
+
+/// CreateContainer in `pod`, after the ImageStatus kubelet asks first (image pull policy
+/// IfNotPresent finds it present). Returns the container id.
+pub async fn create_container(
+    mut client: RuntimeClient,
+    mut images: ImageClient,
+    pod: &Pod,
+    config: cri::ContainerConfig,
+) -> Result<String, tonic::Status> {
+    let status = images
+        .image_status(req(cri::ImageStatusRequest {
+            image: config.image.clone(),
+            verbose: false,
+        }))
+        .await?;
+    assert!(status.into_inner().image.is_some(), "{APP_IMAGE} is not present");
+    let response = client
+        .create_container(req(cri::CreateContainerRequest {
+            pod_sandbox_id: pod.sandbox.clone(),
+            config: Some(config),
+            sandbox_config: Some(pod.config.clone()),
+        }))
+        .await?;
+    Ok(response.into_inner().container_id)
+}
+
+pub async fn start_container(mut client: RuntimeClient, id: String) -> Result<(), tonic::Status> {
+    client
+        .start_container(req(cri::StartContainerRequest { container_id: id }))
+        .await
+        .map(|_| ())
+}
+
+/// What kubelet does when a pod is deleted: stop and remove its containers, then its sandbox.
+pub async fn delete_pod(mut client: RuntimeClient, sandbox: String) -> Result<(), tonic::Status> {
+    let filter = cri::ContainerFilter {
+        pod_sandbox_id: sandbox.clone(),
+        ..Default::default()
+    };
+    let containers = client
+        .list_containers(req(cri::ListContainersRequest { filter: Some(filter) }))
+        .await?
+        .into_inner()
+        .containers;
+    for c in containers {
+        client
+            .stop_container(req(cri::StopContainerRequest {
+                container_id: c.id.clone(),
+                timeout: STOP_GRACE_SECONDS,
+            }))
+            .await?;
+        client
+            .remove_container(req(cri::RemoveContainerRequest { container_id: c.id }))
+            .await?;
+    }
+    client
+        .stop_pod_sandbox(req(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.clone(),
+        }))
+        .await?;
+    client
+        .remove_pod_sandbox(req(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox,
+        }))
+        .await?;
+    Ok(())
+}
+
+impl Cri {
+    /// Writes the host's containerd config, runs `vramgate setup containerd` on it, starts
+    /// containerd and imports the images.
+    pub fn launch(tb: Testbed) -> Cri {
+        let dir = tb.dir.join("containerd");
+        for sub in ["cni/bin", "cni/net.d"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let main = dir.join("config.toml");
+        std::fs::write(&main, host_config(&dir)).unwrap();
+        // The drop-in as an operator gets it: the built `vramgate setup containerd`, with the
+        // default runtime path (the vramgate-runtime beside it).
+        run_ok(
+            Command::new(VRAMGATE)
+                .env("VRAMGATE_CONFIG", &tb.config_path)
+                .args(["setup", "containerd", "--config-path"])
+                .arg(dir.join("conf.d/vramgate.toml"))
+                .arg("--containerd-config")
+                .arg(&main),
+        );
+        // From here on the Cri's drop undoes what containerd leaves on the host.
+        host_dirs_enter();
+        let (child, address, state) = spawn_containerd(&dir, &main, &tb.config_path);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let socket = address.clone();
+        // The channel's worker task lives on this runtime, which runs during each block_on.
+        let channel = {
+            let _runtime = rt.enter();
+            Endpoint::try_from("http://[::]:0")
+                .unwrap()
+                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                    let socket = socket.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(socket).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+        };
+        let mut cri = Cri {
+            runtime: RuntimeClient::new(channel.clone()),
+            images: ImageClient::new(channel),
+            rt,
+            child: Some(child),
+            address,
+            state,
+            tb,
+            pod_cgroups: Mutex::new(Vec::new()),
+            dir: None,
+        };
+        cri.wait_ready();
+        cri.check_handler();
+        cri.import_images();
+        cri
+    }
+
+    /// The runtime handler as the CRI plugin read it from the drop-in (what `crictl info`
+    /// shows): a runc-v2 runtime running the built wrapper, passing vramgate's annotations.
+    pub fn check_handler(&self) {
+        let mut client = self.runtime.clone();
+        let info = self
+            .block_on(async move { client.status(req(cri::StatusRequest { verbose: true })).await })
+            .unwrap()
+            .into_inner()
+            .info;
+        let config: Value = serde_json::from_str(&info["config"]).unwrap();
+        let runtimes = &config["containerd"]["runtimes"];
+        let handler = &runtimes[HANDLER];
+        assert_eq!(handler["runtimeType"], "io.containerd.runc.v2", "{runtimes}");
+        assert_eq!(handler["options"]["BinaryName"], RUNTIME, "{handler}");
+        for key in ["PodAnnotations", "ContainerAnnotations"] {
+            assert_eq!(handler[key], json!(["vramgate.dev/*"]), "{key}: {handler}");
+        }
+        assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
+    }
+
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.rt.block_on(future)
+    }
+
+    /// Waits until the CRI plugin answers (it starts after containerd's own socket).
+    pub fn wait_ready(&mut self) {
+        let log = self.tb.dir.join("containerd/containerd.log");
+        let start = Instant::now();
+        loop {
+            let mut client = self.runtime.clone();
+            let answer = self.block_on(async move {
+                let request = with_deadline(cri::VersionRequest { version: "v1".into() }, Duration::from_secs(2));
+                client.version(request).await
+            });
+            match answer {
+                Ok(v) => {
+                    eprintln!("CRI up after {:?}: {:?}", start.elapsed(), v.into_inner());
+                    return;
+                }
+                // containerd answers, but without the CRI service: the plugin failed to load.
+                Err(e) if e.code() == tonic::Code::Unimplemented || start.elapsed() > Duration::from_secs(30) => {
+                    panic!(
+                        "the CRI plugin did not answer: {e}\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.env("PATH", path_with_sbin())
+            .arg("--address")
+            .arg(&self.address)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Imports the images into containerd's `k8s.io` namespace, as an air-gapped node gets
+    /// them, and waits until the CRI plugin lists them.
+    pub fn import_images(&mut self) {
+        let tar = build_images(&self.tb);
+        run_ok(self.ctr(&["images", "import"]).arg(&tar));
+        wait_until("the CRI plugin sees the images", Duration::from_secs(20), || {
+            let images = self.images.clone();
+            let found: Vec<bool> = [PAUSE_IMAGE, APP_IMAGE]
+                .iter()
+                .map(|image| {
+                    let mut images = images.clone();
+                    let spec = cri::ImageSpec {
+                        image: image.to_string(),
+                        ..Default::default()
+                    };
+                    self.block_on(async move {
+                        images
+                            .image_status(req(cri::ImageStatusRequest {
+                                image: Some(spec),
+                                verbose: false,
+                            }))
+                            .await
+                            .is_ok_and(|r| r.into_inner().image.is_some())
+                    })
+                })
+                .collect();
+            (found.iter().all(|f| *f), found)
+        });
+    }
+
+    /// Runs `f(i)` for `i` in `0..n`, at most `limit` at a time, as kubelet's pod workers run
+    /// side by side; the results in index order.
+    pub fn concurrently<T, Fut>(&self, n: usize, limit: usize, f: impl Fn(usize) -> Fut) -> Vec<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        self.block_on(async {
+            let permits = Arc::new(tokio::sync::Semaphore::new(limit));
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..n {
+                let work = f(i);
+                let permits = permits.clone();
+                set.spawn(async move {
+                    let _permit = permits.acquire_owned().await.unwrap();
+                    (i, work.await)
+                });
+            }
+            let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+            while let Some(done) = set.join_next().await {
+                let (i, value) = done.unwrap();
+                out[i] = Some(value);
+            }
+            out.into_iter().map(Option::unwrap).collect()
+        })
+    }
+
+    pub fn run_pods(&self, configs: Vec<cri::PodSandboxConfig>) -> Vec<Result<Pod, tonic::Status>> {
+        let parents = configs.iter().map(|c| c.linux.as_ref().unwrap().cgroup_parent.clone());
+        self.pod_cgroups.lock().unwrap().extend(parents);
+        let client = self.runtime.clone();
+        self.concurrently(configs.len(), 4, |i| run_pod(client.clone(), configs[i].clone()))
+    }
+
+    pub fn create(&self, pod: &Pod, config: cri::ContainerConfig) -> String {
+        let (client, images) = (self.runtime.clone(), self.images.clone());
+        self.block_on(create_container(client, images, pod, config))
+            .unwrap_or_else(|e| panic!("CreateContainer in {}: {e}", pod.name))
+    }
+
+    pub fn start_one(&self, id: &str) -> Result<(), tonic::Status> {
+        self.block_on(start_container(self.runtime.clone(), id.to_string()))
+    }
+
+    pub fn container_status(&self, id: &str) -> cri::ContainerStatus {
+        let mut client = self.runtime.clone();
+        let request = req(cri::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        });
+        self.block_on(async move { client.container_status(request).await })
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+    }
+
+    pub fn delete_pods(&self, pods: &[Pod]) {
+        let client = self.runtime.clone();
+        let results = self.concurrently(pods.len(), 4, |i| delete_pod(client.clone(), pods[i].sandbox.clone()));
+        for (pod, result) in pods.iter().zip(results) {
+            result.unwrap_or_else(|e| panic!("deleting pod {}: {e}", pod.name));
+        }
+    }
+
+    /// The spec the runc shim handed the runtime for container (or sandbox) `id`.
+    pub fn bundle_spec(&self, id: &str) -> PathBuf {
+        self.state
+            .join("io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("config.json")
+    }
+
+    pub fn events(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.tb.state_dir.join("events.jsonl")).unwrap_or_default();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+}
+
+impl Drop for Cri {
+    /// Whatever a test left (it may have panicked halfway): every pod is stopped and removed
+    /// through CRI, so the shims exit, then containerd is stopped and its mounts undone.
+    fn drop(&mut self) {
+        // A hook still queued in this host's ledger (a test that failed while one waited)
+        // would wait out its timeout after everything else is gone.
+        for (_, pid, _) in queued(&self.tb) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let mut client = self.runtime.clone();
+        let listed = self.block_on(async move {
+            let request = with_deadline(cri::ListPodSandboxRequest { filter: None }, Duration::from_secs(10));
+            client.list_pod_sandbox(request).await
+        });
+        if let Ok(listed) = listed {
+            let sandboxes: Vec<String> = listed.into_inner().items.into_iter().map(|p| p.id).collect();
+            let client = self.runtime.clone();
+            let results = self.concurrently(sandboxes.len(), 4, |i| {
+                let (client, id) = (client.clone(), sandboxes[i].clone());
+                async move { tokio::time::timeout(Duration::from_secs(30), delete_pod(client, id)).await }
+            });
+            for (id, result) in sandboxes.iter().zip(results) {
+                if !matches!(result, Ok(Ok(()))) {
+                    eprintln!("cleanup: pod {id}: {result:?}");
+                }
+            }
+        }
+        if let Some(child) = self.child.take() {
+            stop_pid(child.id() as i32, Duration::from_secs(10));
+        }
+        unmount_under(&self.tb.dir);
+        // Each pod's cgroup parent in every hierarchy (v1 controllers or the v2 root), then
+        // the common root once no other test's pod is in it; rmdir removes only empty ones.
+        let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .chain([PathBuf::from("/sys/fs/cgroup")]);
+        for hierarchy in hierarchies {
+            for parent in self.pod_cgroups.lock().unwrap().iter() {
+                remove_cgroup(&hierarchy.join(parent.trim_start_matches('/')));
+            }
+            let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
+        }
+        drop(self.dir.take());
+        host_dirs_leave();
+    }
+}
+
+/// Removes a cgroup and those below it, deepest first; rmdir removes only cgroups with no
+/// process left. A pod's own containers' cgroups are normally gone already (runc removes
+/// them); one whose `runc create` was killed (a cancelled start) is not.
+pub fn remove_cgroup(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// A scratch host (config with the static simulated GPU, private state, in a new temporary
+/// directory) and a CRI containerd on it; all of it goes when the `Cri` drops.
+pub fn cri_host(name: &str) -> Cri {
+    cri_host_with(name, "[inventory]\nbackend = \"static\"")
+}
+
+/// [`cri_host`] with `config_extra` in the host's vramgate config (a static inventory of
+/// several GPUs, say).
+pub fn cri_host_with(name: &str, config_extra: &str) -> Cri {
+    require("containerd");
+    require("ctr");
+    require("runc");
+    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
+    let config = Testbed::default_config(dir.path(), config_extra);
+    let tb = Testbed::create(dir.path(), "runc", std::path::Path::new(HOOK), &config).expect("testbed");
+    let mut cri = Cri::launch(tb);
+    cri.dir = Some(dir);
+    cri
+}
+
+pub fn run_all(cri: &Cri, configs: Vec<cri::PodSandboxConfig>) -> Vec<Pod> {
+    cri.run_pods(configs)
+        .into_iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            pod.unwrap_or_else(|e| panic!("RunPodSandbox of pod {i}: {e}\nledger: {:?}", reservations(&cri.tb)))
+        })
+        .collect()
+}
+
+/// The ledger's queue as `vramgate status` lists it: (container id, waiting hook's pid).
+/// (container id, waiter pid, whether the waiter still runs) of each ticket.
+pub fn queued(tb: &Testbed) -> Vec<(String, u64, bool)> {
+    status(&tb.config_path)["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["queue"].as_array().cloned().unwrap_or_default())
+        .map(|t| {
+            (
+                t["container_id"].as_str().unwrap().to_string(),
+                t["waiter_pid"].as_u64().unwrap(),
+                t["alive"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect()
+}
