@@ -101,7 +101,13 @@ fn runc_run_through_the_wrapper_is_accounted() {
 fn a_create_that_no_runtime_will_run_reserves_nothing() {
     let dir = tempfile::Builder::new().prefix("vg-rt-none").tempdir().unwrap();
     let config = Testbed::default_config(dir.path(), "[runtime]\nruntimes = [\"/nonexistent/runc\"]");
-    let bed = Testbed::create(dir.path(), support::RUNTIME, std::path::Path::new(support::HOOK), &config).unwrap();
+    let bed = Testbed::create(
+        dir.path(),
+        support::RUNTIME,
+        std::path::Path::new(support::HOOK),
+        &config,
+    )
+    .unwrap();
     let bundle = bed.bundle("n1", &["true"], &request(), &[], false).unwrap();
     let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "n1"]);
     assert!(!ok);
