@@ -17,7 +17,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::roff::{bold, roman, Roff};
 use clap_mangen::Man;
-use vramgate::cli::{Cli, HookCli};
+use vramgate::cli::{Cli, DevicePluginCli, HookCli};
 
 const REGENERATE: &str = "UPDATE_MAN=1 cargo test --release --test man_pages";
 /// The date in the pages' title line: that of the last change to what they say. clap_mangen
@@ -33,6 +33,7 @@ fn generated() -> Vec<(&'static str, Vec<u8>)> {
     let mut files = vec![
         ("man/vramgate.8", vramgate_page()),
         ("man/vramgate-hook.8", hook_page()),
+        ("man/vramgate-device-plugin.8", device_plugin_page()),
     ];
     for (path, shell) in [
         ("completions/vramgate.bash", Shell::Bash),
@@ -243,6 +244,33 @@ fn hook_page() -> Vec<u8> {
     out
 }
 
+/// vramgate-device-plugin(8): the Kubernetes device plugin, from its clap definition.
+fn device_plugin_page() -> Vec<u8> {
+    let cmd = DevicePluginCli::command();
+    let page = man(cmd.clone(), "8");
+    let mut out = header("vramgate-device-plugin(8)");
+    let mut o = Vec::new();
+    page.render_title(&mut o).unwrap();
+    page.render_name_section(&mut o).unwrap();
+    page.render_synopsis_section(&mut o).unwrap();
+    page.render_description_section(&mut o).unwrap();
+    page.render_options_section(&mut o).unwrap();
+    out.extend(o);
+    out.extend(after_help_section(&cmd, "NOTES"));
+    out.extend(text_sections(&[
+        (
+            "FILES",
+            &[
+                "/var/lib/kubelet/device-plugins/kubelet.sock\tkubelet's registration socket; when it is created again (kubelet restarted) the plugin registers again.",
+                "/etc/vramgate/config.toml\tThe configuration, see vramgate.toml(5): the state directory and the inventory the plugin reads.",
+                "/usr/lib/systemd/system/vramgate-device-plugin.service\tThe unit that runs it on a node (installed, not enabled).",
+            ],
+        ),
+        ("SEE ALSO", &["vramgate(8), vramgate-runtime(8), vramgate-hook(8), vramgate.toml(5)"]),
+    ]));
+    out
+}
+
 #[test]
 fn man_pages_and_completions_match_the_cli() {
     let update = std::env::var_os("UPDATE_MAN").is_some();
@@ -280,7 +308,13 @@ fn every_page_the_issue_names_exists() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    for page in ["vramgate.8", "vramgate-hook.8", "vramgate-runtime.8", "vramgate.toml.5"] {
+    for page in [
+        "vramgate.8",
+        "vramgate-hook.8",
+        "vramgate-runtime.8",
+        "vramgate-device-plugin.8",
+        "vramgate.toml.5",
+    ] {
         assert!(
             names.iter().any(|n| n == page),
             "man/{page} is missing (have {names:?})"
