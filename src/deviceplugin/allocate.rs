@@ -187,12 +187,9 @@ mod tests {
         let snapshot = Snapshot {
             gpus: (0..3)
                 .map(|i| GpuMemory {
-                    index: i,
-                    mig_index: None,
-                    uuid: format!("GPU-{i}"),
-                    minor: Some(i),
                     total: 16 * GIB,
                     free: 16 * GIB,
+                    ..GpuMemory::for_test(i, None, &format!("GPU-{i}"))
                 })
                 .collect(),
             ..Default::default()

@@ -248,12 +248,9 @@ mod tests {
 
     fn gpu(index: u32, total_gib: u64, used_outside_gib: u64) -> GpuMemory {
         GpuMemory {
-            index,
-            mig_index: None,
-            uuid: format!("GPU-{index}"),
-            minor: Some(index),
             total: total_gib * GIB,
             free: (total_gib - used_outside_gib) * GIB,
+            ..GpuMemory::for_test(index, None, &format!("GPU-{index}"))
         }
     }
 
