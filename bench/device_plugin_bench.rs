@@ -84,9 +84,7 @@ fn main() {
     tx.ledger.reservations = (0..live)
         .map(|n| reservation(format!("live-{n}"), n % GPUS, init))
         .collect();
-    tx.commit().unwrap();
-    // The lock is held until the transaction drops.
-    drop(tx);
+    drop(tx.commit().unwrap());
 
     let kubelet = Kubelet::start(&plugin_dir);
     let mut plugin = Command::new(built_binary("vramgate-device-plugin"))
@@ -137,8 +135,7 @@ fn main() {
         } else {
             tx.ledger.reservations.retain(|r| r.container_id != "outside-k8s");
         }
-        tx.commit().unwrap();
-        drop(tx);
+        drop(tx.commit().unwrap());
         let committed = Instant::now();
         let want = if adding { gpu0 - 1 } else { gpu0 + 1 };
         loop {

@@ -102,8 +102,7 @@ fn latency(args: &[String]) {
             enforcement: None,
         });
     }
-    tx.commit().unwrap();
-    drop(tx);
+    drop(tx.commit().unwrap());
 
     let container = FakeContainer::start();
     let s = oci_state("bench-container", Some(container.pid()), &bundle);

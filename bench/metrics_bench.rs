@@ -123,8 +123,7 @@ fn main() {
             .record_admit(Some(Duration::from_millis(n * 37 % 600_000)));
         tx.ledger.counters.record_release();
     }
-    tx.commit().unwrap();
-    drop(tx);
+    drop(tx.commit().unwrap());
     let ledger_bytes = std::fs::metadata(state.ledger_path()).unwrap().len();
 
     let mut exporter = Command::new(bin("vramgate"))

@@ -169,8 +169,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 enforcement: None,
             });
         }
-        tx.commit().unwrap();
-        drop(tx);
+        drop(tx.commit().unwrap());
         let size = std::fs::metadata(dir.ledger_path()).map(|m| m.len()).unwrap_or(0);
         let bundle = request_bundle(&bench, "1Gi");
         let (mut admit, mut release) = (Vec::new(), Vec::new());

@@ -64,7 +64,7 @@ fn fill(state: &StateDir, live: &ProcessIdentity, dead: Reservation) {
             .push(reservation(&format!("live-{n}"), *live, 1 << 20));
     }
     tx.ledger.reservations.push(dead);
-    tx.commit().unwrap();
+    drop(tx.commit().unwrap());
 }
 
 #[test]

@@ -21,7 +21,7 @@ pub use crate::clock::now_unix_ms;
 pub use model::{GpuShare, Ledger, Reservation, Ticket, MAX_LEDGER_BYTES, SCHEMA_VERSION};
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
-pub use tx::{Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
+pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

@@ -186,10 +186,10 @@ impl<'a> Service<'a> {
         let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
         tx.ledger.counters.record_reclaimed(&reclaimed);
         // A request error still commits: the reclaim happened, and its ticket is dropped.
-        tx.commit()?;
+        let committed = tx.commit()?;
         self.reclaim_events(&reclaimed, &mut log);
         events::append(&self.dir, &log);
-        drop(tx);
+        drop(committed);
         step
     }
 
@@ -538,7 +538,7 @@ impl<'a> Service<'a> {
         if released.reservation.is_some() {
             tx.ledger.counters.record_release();
         }
-        tx.commit()?;
+        let _committed = tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
         if let Some(r) = &released.reservation {
@@ -569,7 +569,7 @@ impl<'a> Service<'a> {
             return Ok(false);
         };
         r.enforcement = Some(tier);
-        tx.commit()?;
+        let _ = tx.commit()?;
         Ok(true)
     }
 
@@ -578,7 +578,7 @@ impl<'a> Service<'a> {
         let mut tx = self.dir.begin()?;
         let reclaimed = tx.ledger.reclaim_all(self.liveness);
         tx.ledger.counters.record_reclaimed(&reclaimed);
-        tx.commit()?;
+        let _committed = tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
         events::append(&self.dir, &log);
