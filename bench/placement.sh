@@ -7,17 +7,19 @@
 # spec narrowed and rewritten. Target (issue 12): at most 2.5 ms median over the create
 # without a request.
 # Usage: bench/placement.sh [--runs N]   (builds the release binaries first)
+#        WRAPPER=/path/to/vramgate-runtime bench/placement.sh --runs N   (that binary, no build;
+#        for before/after comparisons); KEEP=1 keeps the work dir on /dev/shm for profiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${2:-300}
 hyperfine=${HYPERFINE:-hyperfine}
 command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
 command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-if command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
-wrapper=$PWD/target/release/vramgate-runtime
+if [ -z "${WRAPPER:-}" ] && command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
+wrapper=${WRAPPER:-$PWD/target/release/vramgate-runtime}
 # Bundles and state on tmpfs, as engines and /run/vramgate have them.
 work=$(mktemp -d -p /dev/shm)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 {
   echo "state_dir = \"$work/state\""
   echo "[runtime]"
