@@ -206,11 +206,11 @@ fn vramgate_page() -> Vec<u8> {
     out
 }
 
-/// vramgate-hook(8): clap_mangen's page with section 8, plus what an OCI hook's page needs.
-fn hook_page() -> Vec<u8> {
-    let cmd = HookCli::command();
+/// A section 8 page of a binary without subcommands: clap_mangen's title, name, synopsis,
+/// description and options, the command's after-help as NOTES, then `sections`.
+fn single_command_page(cmd: clap::Command, title: &str, sections: &[(&str, &[&str])]) -> Vec<u8> {
     let page = man(cmd.clone(), "8");
-    let mut out = header("vramgate-hook(8)");
+    let mut out = header(title);
     let mut o = Vec::new();
     page.render_title(&mut o).unwrap();
     page.render_name_section(&mut o).unwrap();
@@ -219,7 +219,16 @@ fn hook_page() -> Vec<u8> {
     page.render_options_section(&mut o).unwrap();
     out.extend(o);
     out.extend(after_help_section(&cmd, "NOTES"));
-    out.extend(text_sections(&[
+    out.extend(text_sections(sections));
+    out
+}
+
+/// vramgate-hook(8): clap_mangen's page with section 8, plus what an OCI hook's page needs.
+fn hook_page() -> Vec<u8> {
+    single_command_page(
+        HookCli::command(),
+        "vramgate-hook(8)",
+        &[
         (
             "STAGES",
             &[
@@ -240,24 +249,16 @@ fn hook_page() -> Vec<u8> {
             ],
         ),
         ("SEE ALSO", &["vramgate(8), vramgate-runtime(8), vramgate.toml(5), oci-hooks(5)"]),
-    ]));
-    out
+        ],
+    )
 }
 
 /// vramgate-device-plugin(8): the Kubernetes device plugin, from its clap definition.
 fn device_plugin_page() -> Vec<u8> {
-    let cmd = DevicePluginCli::command();
-    let page = man(cmd.clone(), "8");
-    let mut out = header("vramgate-device-plugin(8)");
-    let mut o = Vec::new();
-    page.render_title(&mut o).unwrap();
-    page.render_name_section(&mut o).unwrap();
-    page.render_synopsis_section(&mut o).unwrap();
-    page.render_description_section(&mut o).unwrap();
-    page.render_options_section(&mut o).unwrap();
-    out.extend(o);
-    out.extend(after_help_section(&cmd, "NOTES"));
-    out.extend(text_sections(&[
+    single_command_page(
+        DevicePluginCli::command(),
+        "vramgate-device-plugin(8)",
+        &[
         (
             "FILES",
             &[
@@ -267,8 +268,8 @@ fn device_plugin_page() -> Vec<u8> {
             ],
         ),
         ("SEE ALSO", &["vramgate(8), vramgate-runtime(8), vramgate-hook(8), vramgate.toml(5)"]),
-    ]));
-    out
+        ],
+    )
 }
 
 #[test]

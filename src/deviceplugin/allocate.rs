@@ -165,9 +165,8 @@ mod tests {
     use crate::admission::{Allocated, Rules};
     use crate::deviceplugin::view::Facts;
     use crate::inventory::{GpuMemory, Snapshot};
-    use crate::ledger::{GpuShare, Reservation};
+    use crate::ledger::Reservation;
     use crate::placement::Strategy;
-    use crate::procfs::ProcessIdentity;
     use crate::quantity::Quantity;
     use std::time::Duration;
 
@@ -194,19 +193,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        let reserve = |uuid: &str, gib: u64| Reservation {
-            container_id: format!("other-{uuid}"),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes: gib * GIB,
-            }],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-        };
+        let reserve = |uuid: &str, gib: u64| Reservation::for_test(&format!("other-{uuid}"), uuid, gib * GIB);
         let ledger = Ledger {
             reservations: vec![reserve("GPU-1", 10), reserve("GPU-2", 4)],
             ..Default::default()

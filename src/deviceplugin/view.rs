@@ -229,9 +229,7 @@ fn devices(gpus: &[GpuUnits]) -> Vec<api::Device> {
 mod tests {
     use super::*;
     use crate::inventory::GpuMemory;
-    use crate::ledger::GpuShare;
     use crate::placement::Strategy;
-    use crate::procfs::ProcessIdentity;
     use crate::quantity::Quantity;
     use std::time::Duration;
 
@@ -255,19 +253,7 @@ mod tests {
     }
 
     fn reservation(id: &str, uuid: &str, gib: u64) -> Reservation {
-        Reservation {
-            container_id: id.into(),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes: gib * GIB,
-            }],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-        }
+        Reservation::for_test(id, uuid, gib * GIB)
     }
 
     /// The view of `gpus` and `reservations`, where containers named `k8s-…` hold the units

@@ -49,6 +49,25 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
+    /// tests build ledgers from.
+    #[cfg(test)]
+    pub(crate) fn for_test(container_id: &str, uuid: &str, bytes: u64) -> Reservation {
+        Reservation {
+            container_id: container_id.into(),
+            gpus: vec![GpuShare {
+                uuid: uuid.into(),
+                bytes,
+            }],
+            init: crate::procfs::ProcessIdentity { pid: 1, start_time: 1 },
+            created_unix_ms: 1,
+            waited_ms: 0,
+            bundle: None,
+            pending: false,
+            enforcement: None,
+        }
+    }
+
     /// Whether a stop of the container `container_id` with `bundle` releases this reservation.
     pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
         same_container(&self.container_id, self.bundle.as_deref(), container_id, bundle)
