@@ -26,6 +26,7 @@ use support::*;
 use vramgate::deviceplugin::api;
 use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use vramgate::testbed::kubelet::Kubelet;
+use vramgate::testbed::Testbed;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_vramgate-device-plugin");
 const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";
@@ -64,7 +65,14 @@ struct PluginProcess {
 }
 
 impl PluginProcess {
-    fn start(dir: &Path, config: &Path, extra: &[&str]) -> PluginProcess {
+    /// The plugin for the node `bed`, whose state directory is made first, as the package's
+    /// tmpfiles.d entry makes `/run/vramgate` at boot (the plugin never creates it).
+    fn start(dir: &Path, bed: &Testbed, extra: &[&str]) -> PluginProcess {
+        vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
+        PluginProcess::spawn(dir, &bed.config_path, extra)
+    }
+
+    fn spawn(dir: &Path, config: &Path, extra: &[&str]) -> PluginProcess {
         let log = dir.with_extension("plugin.log");
         let child = Command::new(PLUGIN)
             .arg("--plugin-dir")
@@ -189,6 +197,10 @@ impl Watch {
     /// Waits until a list satisfies `check`; returns when that list arrived.
     fn until(&mut self, what: &str, limit: Duration, check: impl Fn(&[api::Device]) -> bool) -> Instant {
         let deadline = Instant::now() + limit;
+        // Judge the newest list the plugin sent, not one that a queued update already replaced.
+        while let Ok((_, list)) = self.lists.try_recv() {
+            self.latest = list;
+        }
         if check(&self.latest) && !self.latest.is_empty() {
             return Instant::now();
         }
@@ -240,7 +252,36 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     let _cleanup = Cleanup(&bed);
     let plugin_dir = bed.dir.join("device-plugins");
     let kubelet = Kubelet::start(&plugin_dir);
-    let plugin = PluginProcess::start(&plugin_dir, &bed.config_path, &[]);
+
+    // A state directory that does not exist (a DaemonSet that mounts another path than the
+    // config's state_dir) is an error at start, never an empty ledger with every unit free.
+    let missing = bed.dir.join("no-state");
+    let elsewhere = bed.dir.join("elsewhere.toml");
+    std::fs::write(
+        &elsewhere,
+        format!("state_dir = {:?}\n{}", missing.display().to_string(), two_gpus()),
+    )
+    .unwrap();
+    let mut wrong = PluginProcess::spawn(&plugin_dir, &elsewhere, &[]);
+    let exit = wait_until(
+        "the plugin exits without its state directory",
+        Duration::from_secs(10),
+        || {
+            let exit = wrong.child.try_wait().unwrap();
+            (exit.is_some(), exit)
+        },
+    );
+    assert_eq!(exit.unwrap().code(), Some(1), "{}", wrong.log());
+    assert!(
+        wrong
+            .log()
+            .contains(&format!("state directory {} does not exist", missing.display())),
+        "{}",
+        wrong.log()
+    );
+    assert!(!missing.exists());
+
+    let plugin = PluginProcess::start(&plugin_dir, &bed, &[]);
 
     // Registration: the API version, the resource with its unit in the name, the socket.
     let registration = kubelet.registration(Duration::from_secs(20));
@@ -319,14 +360,25 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     );
 
     // A reservation made outside Kubernetes: a plain runc container with the hooks, 3 GiB on
-    // GPU 1 (GPU 0 still has 4 units granted to a pod that has not started: no effect).
+    // GPU 1 (GPU 0 still has 4 units granted to a pod that has not started: no effect). It
+    // sets the plugin's marker env itself, naming units nobody granted: still someone else's.
     let changed = Instant::now();
-    let mut outside = spawn_container(
-        &bed,
-        "outside-k8s",
-        &["sleep", "60"],
-        &[("vramgate.dev/memory", "3Gi"), ("vramgate.dev/gpus", "1")],
-    );
+    let forged = format!("VRAMGATE_DEVICE_IDS={GPU1}/0,{GPU1}/1,{GPU1}/2");
+    let bundle = bed
+        .bundle(
+            "outside-k8s",
+            &["sleep", "60"],
+            &[("vramgate.dev/memory", "3Gi"), ("vramgate.dev/gpus", "1")],
+            &[&forged],
+            true,
+        )
+        .unwrap();
+    let mut outside = bed
+        .runc_run(&bundle, "outside-k8s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let seen = watch.until("GPU 1 with 21 healthy units", SEEN_WITHIN, |l| healthy(l, GPU1) == 21);
     eprintln!(
         "outside reservation -> ListAndWatch: {:?}",
@@ -387,7 +439,7 @@ fn a_pod_started_with_what_allocate_granted_reserves_exactly_that_on_that_gpu() 
     let cri = cri_host_with("vramgate-dp-cri", &two_gpus());
     let plugin_dir = cri.tb.dir.join("device-plugins");
     let kubelet = Kubelet::start(&plugin_dir);
-    let plugin = PluginProcess::start(&plugin_dir, &cri.tb.config_path, &[]);
+    let plugin = PluginProcess::start(&plugin_dir, &cri.tb, &[]);
     kubelet.registration(Duration::from_secs(20));
     let socket = plugin_dir.join(SOCKET);
     let mut client = PluginClient::connect(&socket);
@@ -401,6 +453,7 @@ fn a_pod_started_with_what_allocate_granted_reserves_exactly_that_on_that_gpu() 
     let t = Instant::now();
     let granted = client.allocate(&ids).unwrap();
     eprintln!("Allocate took {:?} (one call, with connection reuse)", t.elapsed());
+    kubelet.checkpoint_allocation("dp-pod-uid", "app", RESOURCE, &ids);
 
     // The pod carries its own vramgate.dev/memory annotation too: the container annotation
     // from Allocate wins, so the node reserves what the scheduler granted.
@@ -441,6 +494,21 @@ fn a_pod_started_with_what_allocate_granted_reserves_exactly_that_on_that_gpu() 
         let unit = watch.latest.iter().find(|d| &d.id == id).unwrap();
         assert_eq!(unit.health, "Healthy", "{id}");
     }
+    assert!(plugin.log().contains("healthy units"), "{}", plugin.log());
+
+    // The plugin restarts (an upgrade, a crash): what it granted is gone from its memory, and
+    // kubelet's checkpoint vouches for the pod's units, so they are still Kubernetes' own.
+    drop(watch);
+    drop(client);
+    drop(plugin);
+    let plugin = PluginProcess::start(&plugin_dir, &cri.tb, &[]);
+    kubelet.registration(Duration::from_secs(20));
+    let mut watch = Watch::open(&socket);
+    watch.until(
+        "the pod's GPU all healthy after the plugin restarted",
+        SEEN_WITHIN,
+        |l| l.len() == 40 && healthy(l, &gpu) == units,
+    );
     assert!(plugin.log().contains("healthy units"), "{}", plugin.log());
 
     cri.delete_pods(&pods);

@@ -17,6 +17,8 @@ pub enum AllocateError {
     Empty,
     #[error("device {id:?} is not one of this plugin's (expected <GPU-uuid>/<n> of a GPU on this node)")]
     Unknown { id: String },
+    #[error("device {id:?} is asked for twice; each unit can be given once")]
+    Duplicate { id: String },
     #[error("the units of one container must be on one GPU, and these are on {}: {}", gpus.len(), gpus.join(", "))]
     SpansGpus { gpus: Vec<String> },
 }
@@ -29,6 +31,11 @@ pub struct Grants {
 }
 
 impl Grants {
+    /// Every unit granted and not yet forgotten.
+    pub fn ids(&self) -> impl Iterator<Item = &DeviceId> {
+        self.granted.keys()
+    }
+
     pub fn add(&mut self, ids: &[DeviceId], now: Instant) {
         for id in ids {
             self.granted.insert(id.clone(), now);
@@ -43,15 +50,19 @@ impl Grants {
     }
 }
 
-/// Parses IDs and checks they are units of GPUs in `view`.
+/// Parses IDs and checks they are distinct units of GPUs present in `view`.
 fn known_ids(view: &NodeView, ids: &[String]) -> Result<Vec<DeviceId>, AllocateError> {
+    let mut seen = BTreeSet::new();
     ids.iter()
         .map(|raw| {
-            DeviceId::parse(raw)
-                .filter(|id| view.gpu(&id.uuid).is_some_and(|g| id.n < g.units))
-                .ok_or_else(|| AllocateError::Unknown {
-                    id: raw.chars().take(80).collect(),
-                })
+            let shown = || raw.chars().take(80).collect();
+            let id = DeviceId::parse(raw)
+                .filter(|id| view.gpu(&id.uuid).is_some_and(|g| g.present && id.n < g.units))
+                .ok_or_else(|| AllocateError::Unknown { id: shown() })?;
+            if !seen.insert(id.clone()) {
+                return Err(AllocateError::Duplicate { id: shown() });
+            }
+            Ok(id)
         })
         .collect()
 }
@@ -261,6 +272,17 @@ mod tests {
             assert!(err.to_string().contains(bad), "{err}");
         }
         assert_eq!(allocate(&view, &Unit::gib(), &[]).unwrap_err(), AllocateError::Empty);
+        // A unit twice would grant 2Gi for one unit's health.
+        let err = allocate(&view, &Unit::gib(), &["GPU-0/1".into(), "GPU-0/1".into()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "device \"GPU-0/1\" is asked for twice; each unit can be given once"
+        );
+        // A GPU that is gone takes no new containers.
+        let mut gone = view.clone();
+        gone.gpus.iter_mut().for_each(|g| g.present = false);
+        let err = allocate(&gone, &Unit::gib(), &["GPU-0/1".into()]).unwrap_err();
+        assert!(matches!(err, AllocateError::Unknown { .. }), "{err}");
     }
 
     #[test]

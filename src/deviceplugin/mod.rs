@@ -35,8 +35,10 @@
 //! [`DEVICE_IDS_ENV`] with the IDs it was granted. A reservation in the ledger is this
 //! plugin's when the spec in its bundle (`<bundle>/config.json`, which the ledger records and
 //! which exists while the container does) carries that env, every ID names the GPU the
-//! reservation is on, and their units add up to exactly what it reserved there; anything
-//! else counts as memory held by others. The answer is cached per reservation, so a bundle
+//! reservation is on, their units add up to exactly what it reserved there, and every ID was
+//! handed out: listed in kubelet's checkpoint ([`checkpoint`]) or granted by this process.
+//! Any container can set the env; anything else counts as memory held by others, and a unit
+//! two markers name counts once. A positive answer is cached per reservation, so a bundle
 //! is read once. IDs granted by `Allocate` whose container has not reserved yet (an image
 //! still pulling) count as in use for [`GRANT_GRACE`], so their health is kept for them.
 //!
@@ -68,6 +70,7 @@
 
 pub mod allocate;
 pub mod api;
+pub mod checkpoint;
 pub mod origin;
 pub mod refresh;
 pub mod server;
@@ -122,6 +125,8 @@ pub enum DevicePluginError {
         resource: String,
         message: String,
     },
+    #[error("state directory {path} does not exist: run the plugin where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
+    NoStateDir { path: PathBuf },
     #[error("cannot watch {path} for changes: {source}")]
     Watch { path: PathBuf, source: nix::Error },
     #[error("cannot start the device plugin's async runtime: {0}")]

@@ -21,9 +21,11 @@ pub struct Origins {
 
 impl Origins {
     /// The units `r` holds through this plugin (see the module documentation of
-    /// [`super`]); `None` when it is not the plugin's or its spec cannot be read now (then it
-    /// is asked again next time: a bundle being written).
-    pub fn held(&mut self, r: &Reservation, unit: &Unit) -> Held {
+    /// [`super`]); `None` when it is not the plugin's, or its spec cannot be read now, or its
+    /// marker names units that `granted` does not vouch for (kubelet's checkpoint and the
+    /// plugin's own grants: any container can set the env). The last two are asked again
+    /// next time (a bundle being written, a checkpoint not yet rewritten); the rest is kept.
+    pub fn held(&mut self, r: &Reservation, unit: &Unit, granted: &dyn Fn(&DeviceId) -> bool) -> Held {
         let key = (r.container_id.clone(), r.created_unix_ms);
         if let Some(held) = self.known.get(&key) {
             return held.clone();
@@ -31,6 +33,9 @@ impl Origins {
         let bundle = r.bundle.as_deref()?;
         let ids = read_marker(bundle).ok()?;
         let held = ids.and_then(|ids| matches_reservation(ids, r, unit));
+        if held.as_ref().is_some_and(|ids| !ids.iter().all(granted)) {
+            return None;
+        }
         self.known.insert(key, held.clone());
         held
     }
@@ -116,13 +121,24 @@ mod tests {
     fn a_marked_spec_that_matches_its_reservation_is_the_plugins() {
         let dir = bundle_with_env(&["PATH=/bin", "VRAMGATE_DEVICE_IDS=GPU-a/3,GPU-a/4"]);
         let mut origins = Origins::default();
-        let held = origins.held(&reservation(dir.path(), "GPU-a", 2 * GIB), &Unit::gib());
+        let held = origins.held(&reservation(dir.path(), "GPU-a", 2 * GIB), &Unit::gib(), &|_| true);
         assert_eq!(held.unwrap().len(), 2);
         // Cached: the bundle is not read again.
         std::fs::remove_file(dir.path().join("config.json")).unwrap();
         assert!(origins
-            .held(&reservation(dir.path(), "GPU-a", 2 * GIB), &Unit::gib())
+            .held(&reservation(dir.path(), "GPU-a", 2 * GIB), &Unit::gib(), &|_| true)
             .is_some());
+    }
+
+    #[test]
+    fn a_marker_naming_units_nobody_granted_is_someone_elses_until_they_are() {
+        let dir = bundle_with_env(&["VRAMGATE_DEVICE_IDS=GPU-a/3,GPU-a/4"]);
+        let r = reservation(dir.path(), "GPU-a", 2 * GIB);
+        let mut origins = Origins::default();
+        let only_3 = |id: &DeviceId| id.n == 3;
+        assert_eq!(origins.held(&r, &Unit::gib(), &only_3), None);
+        // Not kept: once kubelet's checkpoint lists both, the reservation is the plugin's.
+        assert_eq!(origins.held(&r, &Unit::gib(), &|_| true).map(|ids| ids.len()), Some(2));
     }
 
     #[test]
@@ -137,10 +153,10 @@ mod tests {
         ];
         for (env, uuid, bytes) in cases {
             let dir = bundle_with_env(env);
-            let held = Origins::default().held(&reservation(dir.path(), uuid, bytes), &unit);
+            let held = Origins::default().held(&reservation(dir.path(), uuid, bytes), &unit, &|_| true);
             assert_eq!(held, None, "{env:?}");
         }
         let gone = reservation(Path::new("/nonexistent/bundle"), "GPU-a", GIB);
-        assert_eq!(Origins::default().held(&gone, &unit), None);
+        assert_eq!(Origins::default().held(&gone, &unit, &|_| true), None);
     }
 }

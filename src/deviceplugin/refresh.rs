@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
+use super::checkpoint;
 use super::origin::Origins;
 use super::view::{Facts, GpuUnits, NodeView};
 use super::{DeviceId, DevicePluginError, Grants, Options, Result, GRANT_GRACE};
@@ -30,15 +31,23 @@ pub struct Refresher {
     grants: Arc<Mutex<Grants>>,
     earlier: Vec<GpuUnits>,
     rules: Rules,
+    watch: FileWatch,
 }
 
 impl Refresher {
     /// Loads the config, opens the inventory (once: NVML's start is most of a query's cost)
-    /// and the state directory.
+    /// and the state directory, and starts watching it: everything that can fail for good
+    /// fails here, at start, where the binary reports it and exits.
     pub fn open(options: &Options, grants: Arc<Mutex<Grants>>) -> Result<Refresher> {
         let config = Config::load_from(&options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
-        let dir = StateDir::open_or_create(&config.state_dir)?;
+        // Never created here: a directory the plugin made itself (a DaemonSet that mounts
+        // another path than the config's state_dir) would hold an empty ledger, and every
+        // unit would look free.
+        let dir = StateDir::open_existing(&config.state_dir)?.ok_or_else(|| DevicePluginError::NoStateDir {
+            path: config.state_dir.clone(),
+        })?;
+        let watch = FileWatch::new(dir.path(), &options.config_path)?;
         Ok(Refresher {
             config_path: options.config_path.clone(),
             options: options.clone(),
@@ -48,6 +57,7 @@ impl Refresher {
             grants,
             earlier: Vec::new(),
             rules: Rules::from_config(&config),
+            watch,
         })
     }
 
@@ -78,10 +88,15 @@ impl Refresher {
             .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
         let allocated = crate::attribution::attribute(&ledger, &snapshot.processes, procfs::pid_namespace).allocated;
         let unit = self.options.unit.clone();
+        // The units a container's marker may name: those kubelet's checkpoint lists as
+        // allocated, and those this plugin granted and has not seen reserved yet.
+        let mut vouched = checkpoint::allocated_ids(&self.options.plugin_dir, unit.resource_name());
+        vouched.extend(self.grants.lock().unwrap_or_else(|e| e.into_inner()).ids().cloned());
+        let vouched = |id: &DeviceId| vouched.contains(id);
         let reserved: BTreeSet<DeviceId> = ledger
             .reservations
             .iter()
-            .filter_map(|r| self.origins.held(r, &unit))
+            .filter_map(|r| self.origins.held(r, &unit, &vouched))
             .flatten()
             .collect();
         let granted =
@@ -100,19 +115,18 @@ impl Refresher {
         let origins = &mut self.origins;
         Ok(NodeView::compute(
             &facts,
-            &mut |r| origins.held(r, &unit),
+            &mut |r| origins.held(r, &unit, &vouched),
             &self.earlier,
         ))
     }
 
     /// Recomputes the view after every change of the ledger or the config file, and at least
     /// every poll interval, handing each to `publish`; returns only when `publish` says stop.
-    pub fn run(mut self, mut publish: impl FnMut(NodeView) -> bool) -> Result<()> {
-        let mut watch = FileWatch::new(self.dir.path(), &self.config_path)?;
+    pub fn run(mut self, mut publish: impl FnMut(NodeView) -> bool) {
         loop {
-            watch.wait(self.options.poll_interval);
+            self.watch.wait(self.options.poll_interval);
             if !publish(self.view()) {
-                return Ok(());
+                return;
             }
         }
     }

@@ -180,7 +180,7 @@ fn start_refresher(
             if started_tx.send(Ok((rx, refresher.state_dir().clone()))).is_err() {
                 return;
             }
-            let result = refresher.run(|view| {
+            refresher.run(|view| {
                 // Only a change of what kubelet sees wakes the ListAndWatch streams; the rest
                 // (the inventory's numbers for placement) is replaced silently.
                 tx.send_if_modified(|current| {
@@ -193,9 +193,6 @@ fn start_refresher(
                 });
                 !tx.is_closed()
             });
-            if let Err(e) = result {
-                eprintln!("vramgate-device-plugin: {e}; the view is no longer updated");
-            }
         })
         .map_err(DevicePluginError::Runtime)?;
     started_rx.recv().unwrap_or_else(|_| {
@@ -258,7 +255,18 @@ async fn serve_and_register(plugin: Plugin, options: Options) -> Result<()> {
         let mut registered = false;
         let next = loop {
             if !registered {
-                registered = register(&options).await?;
+                // Bounded: a kubelet.sock whose owner accepts but never answers must not keep
+                // the plugin from its signals and from kubelet's next start.
+                registered = match tokio::time::timeout(REGISTER_TIMEOUT, register(&options)).await {
+                    Ok(result) => result?,
+                    Err(_) => {
+                        eprintln!(
+                            "vramgate-device-plugin: kubelet at {} did not answer the registration within {REGISTER_TIMEOUT:?}: trying again",
+                            options.plugin_dir.join(KUBELET_SOCKET).display()
+                        );
+                        false
+                    }
+                };
             }
             tokio::select! {
                 _ = terminate.recv() => break Next::Stop,

@@ -62,12 +62,7 @@ impl NodeView {
     /// [`super::origin`]), `earlier` is the last view's GPUs (those gone since stay listed).
     pub fn compute(facts: &Facts, held: &mut dyn FnMut(&Reservation) -> Held, earlier: &[GpuUnits]) -> NodeView {
         let unit = facts.unit;
-        let plugin_held: Vec<(&Reservation, Vec<DeviceId>)> = facts
-            .ledger
-            .reservations
-            .iter()
-            .filter_map(|r| Some((r, held(r)?)))
-            .collect();
+        let plugin_held: Vec<Vec<DeviceId>> = facts.ledger.reservations.iter().filter_map(&mut *held).collect();
         let mut gpus = Vec::new();
         let mut left_out = Vec::new();
         for gpu in &facts.snapshot.gpus {
@@ -80,14 +75,17 @@ impl NodeView {
                 continue;
             }
             let account = admission::account(facts.ledger, gpu, facts.allocated, facts.rules);
-            let mut in_use = BTreeSet::new();
-            let mut plugin_bytes = 0u64;
-            for (r, ids) in &plugin_held {
-                if ids.first().is_some_and(|id| id.uuid == gpu.uuid) {
-                    plugin_bytes = plugin_bytes.saturating_add(r.gpus[0].bytes);
-                    in_use.extend(ids.iter().map(|id| id.n));
-                }
-            }
+            // The plugin's containers' units on this GPU, each counted once: two containers
+            // that name the same unit hold one unit's worth for Kubernetes, not two.
+            let mut held_units: BTreeSet<u32> = plugin_held
+                .iter()
+                .flatten()
+                .filter(|id| id.uuid == gpu.uuid)
+                .map(|id| id.n)
+                .collect();
+            held_units.retain(|n| *n < units);
+            let plugin_bytes = u64::from(held_units.len() as u32).saturating_mul(unit.bytes());
+            let mut in_use = held_units;
             in_use.extend(facts.granted.iter().filter(|id| id.uuid == gpu.uuid).map(|id| id.n));
             in_use.retain(|n| *n < units);
             // What Kubernetes may use on this GPU: what a new reservation could take now, plus
@@ -321,6 +319,18 @@ mod tests {
         assert_eq!(health(&v, "GPU-0/61"), UNHEALTHY);
         assert_eq!(health(&v, "GPU-0/79"), UNHEALTHY);
         assert_eq!(v.healthy_units(), 65);
+    }
+
+    #[test]
+    fn two_containers_naming_the_same_units_are_counted_once() {
+        // Both markers name GPU-0/70..74 (the second copied the first's env): Kubernetes
+        // granted 4 units, so only 4 GiB of the 8 reserved is its own.
+        let v = view(
+            vec![gpu(0, 80, 0)],
+            vec![reservation("k8s-1", "GPU-0", 4), reservation("k8s-copy", "GPU-0", 4)],
+            0,
+        );
+        assert_eq!((v.gpus[0].healthy, v.gpus[0].in_use.len()), (76, 4));
     }
 
     #[test]

@@ -73,12 +73,41 @@ impl Kubelet {
             .unwrap_or_else(|e| panic!("no registration within {limit:?}: {e}"))
     }
 
+    /// What kubelet's device manager does after a successful Allocate: records the
+    /// container's devices in its checkpoint, `kubelet_internal_checkpoint` (the layout of
+    /// Kubernetes 1.20 and later, NUMA node -1), replacing the file by a rename.
+    pub fn checkpoint_allocation(&self, pod_uid: &str, container: &str, resource: &str, ids: &[String]) {
+        use crate::deviceplugin::checkpoint::KUBELET_CHECKPOINT;
+        let path = self.dir.join(KUBELET_CHECKPOINT);
+        let mut checkpoint: serde_json::Value = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_else(
+                || serde_json::json!({"Data": {"PodDeviceEntries": [], "RegisteredDevices": {}}, "Checksum": 0}),
+            );
+        checkpoint["Data"]["PodDeviceEntries"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "PodUID": pod_uid,
+                "ContainerName": container,
+                "ResourceName": resource,
+                "DeviceIDs": {"-1": ids},
+                "AllocResp": "",
+            }));
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, checkpoint.to_string()).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
     /// What a restarting kubelet does: stops serving, and removes every socket in its
-    /// directory (the plugins' too) before it creates its own again.
+    /// directory (the plugins' too) before it creates its own again. Its checkpoint stays.
     pub fn stop_and_clear(mut self) {
         self.shut_down();
         for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
-            let _ = std::fs::remove_file(entry.path());
+            if entry.file_name() != crate::deviceplugin::checkpoint::KUBELET_CHECKPOINT {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 
