@@ -359,6 +359,37 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
         seen.saturating_duration_since(changed)
     );
 
+    // A refresh that never returns (here: the config replaced by a FIFO nobody writes, so
+    // reading it blocks, as NVML can on a GPU that fell off the bus): within the watchdog's
+    // limit every unit is unhealthy, and the next view that completes brings them back.
+    let text = std::fs::read_to_string(&bed.config_path).unwrap();
+    let fifo = bed.dir.join("config.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // A second name for the FIFO, to reach the blocked reader once the config is a file again.
+    let reader_end = bed.dir.join("config.fifo.writer");
+    std::fs::hard_link(&fifo, &reader_end).unwrap();
+    let hung = Instant::now();
+    std::fs::rename(&fifo, &bed.config_path).unwrap();
+    let limit = vramgate::deviceplugin::server::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
+    let seen = watch.until("every unit unhealthy while the view hangs", limit + SEEN_WITHIN, |l| {
+        healthy(l, GPU0) + healthy(l, GPU1) == 0
+    });
+    eprintln!("view hung -> all unhealthy: {:?}", seen.saturating_duration_since(hung));
+    assert!(plugin.log().contains("no new view for"), "{}", plugin.log());
+    // Put the file back first (a read after the blocked one must not find the FIFO), then
+    // unblock the reader waiting on the FIFO.
+    let restored = bed.dir.join("config.restored");
+    std::fs::write(&restored, &text).unwrap();
+    std::fs::rename(&restored, &bed.config_path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&reader_end)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .unwrap();
+    watch.until("every unit healthy once the view returns", SEEN_WITHIN, |l| {
+        healthy(l, GPU0) + healthy(l, GPU1) == 40
+    });
+
     // A reservation made outside Kubernetes: a plain runc container with the hooks, 3 GiB on
     // GPU 1 (GPU 0 still has 4 units granted to a pod that has not started: no effect). It
     // sets the plugin's marker env itself, naming units nobody granted: still someone else's.

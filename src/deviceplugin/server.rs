@@ -23,6 +23,14 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The deadline on one registration call.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the view may go without being recomputed before every unit is reported
+/// unhealthy: a refresh that never returns (NVML stuck on a GPU that fell off the bus, a hung
+/// file system) must not leave kubelet with the last list, healthy units and all. A refresh
+/// takes milliseconds, so ten poll intervals (at least 2 s) is far beyond a slow one.
+pub fn stale_after(poll_interval: Duration) -> Duration {
+    poll_interval.saturating_mul(10).max(Duration::from_secs(2))
+}
+
 /// The `DevicePlugin` service: answers from the latest view.
 #[derive(Clone)]
 pub struct Plugin {
@@ -177,10 +185,17 @@ fn start_refresher(
             let first = refresher.view();
             log_view(&first);
             let (tx, rx) = watch::channel(Arc::new(first));
+            let tx = Arc::new(tx);
+            let beat = Arc::new(Mutex::new(Instant::now()));
+            if let Err(e) = start_watchdog(tx.clone(), beat.clone(), options.poll_interval) {
+                let _ = started_tx.send(Err(e));
+                return;
+            }
             if started_tx.send(Ok((rx, refresher.state_dir().clone()))).is_err() {
                 return;
             }
             refresher.run(|view| {
+                *beat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
                 // Only a change of what kubelet sees wakes the ListAndWatch streams; the rest
                 // (the inventory's numbers for placement) is replaced silently.
                 tx.send_if_modified(|current| {
@@ -200,6 +215,47 @@ fn start_refresher(
             "the view thread ended before its first view",
         )))
     })
+}
+
+/// Watches the view thread's heartbeat (`beat`, set at each view it publishes): when no view
+/// came for [`stale_after`] the poll interval, publishes one with every unit unhealthy, which
+/// the view thread's next view replaces.
+fn start_watchdog(
+    views: Arc<watch::Sender<Arc<NodeView>>>,
+    beat: Arc<Mutex<Instant>>,
+    poll_interval: Duration,
+) -> Result<()> {
+    let limit = stale_after(poll_interval);
+    std::thread::Builder::new()
+        .name("view-watchdog".into())
+        .spawn(move || loop {
+            std::thread::sleep(poll_interval.min(limit));
+            if views.is_closed() {
+                return;
+            }
+            let since = beat.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+            if since < limit {
+                continue;
+            }
+            views.send_if_modified(|current| {
+                if current.error.is_some() {
+                    return false;
+                }
+                let stale = NodeView::failed(
+                    &current.gpus,
+                    current.rules,
+                    format!(
+                        "no new view for {}s: reading the inventory, the config or the ledger has not returned",
+                        since.as_secs()
+                    ),
+                );
+                log_view(&stale);
+                *current = Arc::new(stale);
+                true
+            });
+        })
+        .map(drop)
+        .map_err(DevicePluginError::Runtime)
 }
 
 fn log_view(view: &NodeView) {
