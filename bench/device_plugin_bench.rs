@@ -11,7 +11,6 @@
 //! which GPU 0's healthy units moved. The reservations belong to pid 1, which outlives the run.
 
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use vramgate::deviceplugin::api;
@@ -19,7 +18,7 @@ use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use vramgate::ledger::{GpuShare, Reservation, StateDir};
 use vramgate::procfs::ProcessIdentity;
 use vramgate::testbed::bench::{arg, built_binary, report};
-use vramgate::testbed::kubelet::Kubelet;
+use vramgate::testbed::kubelet::{list_and_watch, Kubelet};
 
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;
@@ -100,27 +99,7 @@ fn main() {
     let registration = kubelet.registration(Duration::from_secs(30));
     let socket = plugin_dir.join(&registration.endpoint);
 
-    let (lists_tx, lists) = mpsc::channel::<(Instant, Vec<api::Device>)>();
-    let watched = socket.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let channel = vramgate::deviceplugin::server::connect(watched).await.unwrap();
-            let mut stream = DevicePluginClient::new(channel)
-                .list_and_watch(api::Empty {})
-                .await
-                .unwrap()
-                .into_inner();
-            while let Ok(Some(list)) = stream.message().await {
-                if lists_tx.send((Instant::now(), list.devices)).is_err() {
-                    return;
-                }
-            }
-        });
-    });
+    let lists = list_and_watch(&socket);
     let (_, first) = lists.recv_timeout(Duration::from_secs(10)).expect("a first list");
     let all_ids: Vec<String> = first.iter().map(|d| d.id.clone()).collect();
     let mut gpu0 = healthy_on_gpu0(&first);

@@ -25,7 +25,7 @@ use cri_support::*;
 use support::*;
 use vramgate::deviceplugin::api;
 use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
-use vramgate::testbed::kubelet::Kubelet;
+use vramgate::testbed::kubelet::{list_and_watch, Kubelet};
 use vramgate::testbed::Testbed;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_vramgate-device-plugin");
@@ -166,28 +166,7 @@ struct Watch {
 
 impl Watch {
     fn open(socket: &Path) -> Watch {
-        let socket = socket.to_path_buf();
-        let (tx, lists) = mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let channel = vramgate::deviceplugin::server::connect(socket).await.unwrap();
-                let mut stream = DevicePluginClient::new(channel)
-                    .list_and_watch(api::Empty {})
-                    .await
-                    .unwrap()
-                    .into_inner();
-                // Ends when the plugin goes (kubelet then waits for a new registration).
-                while let Ok(Some(list)) = stream.message().await {
-                    if tx.send((Instant::now(), list.devices)).is_err() {
-                        return;
-                    }
-                }
-            });
-        });
+        let lists = list_and_watch(socket);
         Watch {
             lists,
             latest: Vec::new(),

@@ -1,16 +1,45 @@
 //! A kubelet as far as device plugins see one, for the device plugin's tests and bench: the
 //! Registration service on `<dir>/kubelet.sock`, served from a thread of its own, each
-//! registration handed to the caller; and kubelet's restart (every socket in the directory
-//! removed, then its own created again).
+//! registration handed to the caller; its ListAndWatch stream; its checkpoint; and kubelet's
+//! restart (every socket in the directory removed, then its own created again).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
 use crate::deviceplugin::api;
+use crate::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use crate::deviceplugin::api::registration_server::{Registration, RegistrationServer};
+
+/// kubelet's side of ListAndWatch on the plugin's `socket`, kept open on a thread of its own
+/// as kubelet keeps it: each list the plugin sends, with when it arrived. The channel ends
+/// when the plugin goes.
+pub fn list_and_watch(socket: &Path) -> mpsc::Receiver<(Instant, Vec<api::Device>)> {
+    let socket = socket.to_path_buf();
+    let (tx, lists) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let channel = crate::deviceplugin::server::connect(socket).await.unwrap();
+            let mut stream = DevicePluginClient::new(channel)
+                .list_and_watch(api::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
+            while let Ok(Some(list)) = stream.message().await {
+                if tx.send((Instant::now(), list.devices)).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    lists
+}
 
 /// kubelet's Registration service: each request it gets goes to the caller.
 pub struct Registrar(std::sync::Mutex<mpsc::Sender<api::RegisterRequest>>);
