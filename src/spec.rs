@@ -179,6 +179,36 @@ pub fn read_limited(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>>
     Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
+/// The object at `key` in a spec's JSON map, created when missing or null (both mean "none
+/// yet" in an OCI spec); `None` when it is something else.
+pub fn object_at<'a>(
+    map: &'a mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'a mut serde_json::Map<String, serde_json::Value>> {
+    slot(map, key, || serde_json::Value::Object(serde_json::Map::new())).as_object_mut()
+}
+
+/// The array at `key` in a spec's JSON map, created when missing or null; `None` when it is
+/// something else.
+pub fn array_at<'a>(
+    map: &'a mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'a mut Vec<serde_json::Value>> {
+    slot(map, key, || serde_json::Value::Array(Vec::new())).as_array_mut()
+}
+
+fn slot<'a>(
+    map: &'a mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    empty: fn() -> serde_json::Value,
+) -> &'a mut serde_json::Value {
+    let slot = map.entry(key).or_insert(serde_json::Value::Null);
+    if slot.is_null() {
+        *slot = empty();
+    }
+    slot
+}
+
 /// JSON's name for a value's type, for errors about a spec's shape.
 pub fn json_type(v: &serde_json::Value) -> &'static str {
     use serde_json::Value;

@@ -3,9 +3,10 @@
 //! kept where it was. A spec of the wrong shape is an error naming the field, and is left
 //! exactly as it was: every shape is checked before anything changes.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::{env_name, json_type, EnforceError, SpecEdits};
+use crate::spec::array_at;
 
 fn shape(field: impl Into<String>, found: Option<&Value>, expected: &'static str) -> EnforceError {
     EnforceError::SpecShape {
@@ -70,16 +71,6 @@ pub fn apply_spec_edits(spec: &mut Value, edits: &SpecEdits) -> Result<bool, Enf
         }
     }
     Ok(changed)
-}
-
-/// The array at `key`, created when missing or null; `None` for anything else (the shapes
-/// were checked before, so that does not happen).
-fn array_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut Vec<Value>> {
-    let slot = map.entry(key).or_insert(Value::Null);
-    if slot.is_null() {
-        *slot = Value::Array(Vec::new());
-    }
-    slot.as_array_mut()
 }
 
 /// Sets `name=value` in an env list of strings; returns whether the list changed.

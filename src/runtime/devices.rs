@@ -21,6 +21,7 @@ use serde_json::{Map, Value};
 use super::{Result, RuntimeError};
 use crate::inventory::GpuMemory;
 use crate::request::{CDI_ANNOTATION_PREFIX, CDI_GPU_PREFIX, GPUS_ANNOTATION, GPUS_ENV, VISIBLE_DEVICES_ENV};
+use crate::spec::{array_at, object_at};
 
 /// The major number of NVIDIA's GPU device nodes (`/dev/nvidiaN`, `/dev/nvidiactl`).
 const NVIDIA_MAJOR: u64 = 195;
@@ -120,15 +121,7 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
     }
 
     // The environment.
-    let process = root.entry("process").or_insert_with(|| Value::Object(Map::new()));
-    let Value::Object(process) = process else {
-        unreachable!("checked in check_shapes")
-    };
-    let env = process.entry("env").or_insert_with(|| Value::Array(Vec::new()));
-    if env.is_null() {
-        *env = Value::Array(Vec::new());
-    }
-    let Value::Array(env) = env else {
+    let Some(env) = object_at(root, "process").and_then(|process| array_at(process, "env")) else {
         unreachable!("checked in check_shapes")
     };
     let mut saw_visible = false;
@@ -261,6 +254,15 @@ mod tests {
             spec["annotations"]["cdi.k8s.io/plugin_x"],
             "vendor.com/nic=0,nvidia.com/gpu=2"
         );
+    }
+
+    #[test]
+    fn a_null_process_or_env_is_taken_as_missing() {
+        for spec in [json!({"process": null}), json!({"process": {"env": null}})] {
+            let mut spec = spec;
+            narrow_to(&mut spec, Path::new("/b/config.json"), &[gpu(0, None, "GPU-a")]).unwrap();
+            assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-a"]));
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::atomic_file;
 use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV, DEFAULT_CONFIG_PATH};
 use crate::hook::HOOK_TIMEOUT_MARGIN;
 use crate::request;
-use crate::spec::{self, json_type, SpecError, SpecView, MAX_SPEC_BYTES};
+use crate::spec::{self, array_at, json_type, object_at, SpecError, SpecView, MAX_SPEC_BYTES};
 
 pub const HOOK_BINARY: &str = "vramgate-hook";
 pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/vramgate-hook";
@@ -97,13 +97,9 @@ pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value
         Value::Object(map) => map,
         other => return Err(shape("(top level)", other, "object")),
     };
-    let hooks = root.entry("hooks").or_insert_with(|| Value::Object(Map::new()));
-    if hooks.is_null() {
-        *hooks = Value::Object(Map::new());
-    }
-    let hooks = match hooks {
-        Value::Object(map) => map,
-        other => return Err(shape("hooks", other, "object")),
+    let hooks = match object_at(root, "hooks") {
+        Some(hooks) => hooks,
+        None => return Err(shape("hooks", &root["hooks"], "object")),
     };
     for stage in ADMISSION_STAGES.iter().chain([&RELEASE_STAGE]) {
         match hooks.get(*stage) {
@@ -119,11 +115,7 @@ pub fn add_hooks(spec: &mut Value, path: &Path, admission: Value, release: Value
     };
     let mut changed = false;
     let mut add = |hooks: &mut Map<String, Value>, stage: &str, entry: Value, first: bool| {
-        let list = hooks.entry(stage).or_insert_with(|| Value::Array(Vec::new()));
-        if list.is_null() {
-            *list = Value::Array(Vec::new());
-        }
-        if let Value::Array(entries) = list {
+        if let Some(entries) = array_at(hooks, stage) {
             entries.insert(if first { 0 } else { entries.len() }, entry);
             changed = true;
         }
@@ -267,11 +259,7 @@ fn enforce(
         source: e,
     })?;
     if let Value::Object(root) = spec {
-        let annotations = root.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
-        if annotations.is_null() {
-            *annotations = Value::Object(Map::new());
-        }
-        if let Value::Object(annotations) = annotations {
+        if let Some(annotations) = object_at(root, "annotations") {
             annotations.insert(
                 crate::hook::ENFORCEMENT_ANNOTATION.to_string(),
                 Value::String(edits.tier.as_str().to_string()),
