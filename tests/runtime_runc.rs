@@ -116,3 +116,32 @@ fn a_create_that_no_runtime_will_run_reserves_nothing() {
     let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap_or_default();
     assert!(!events.contains("\"admit\""), "{events}");
 }
+
+#[test]
+fn a_create_whose_runtime_cannot_be_executed_gives_back_what_it_reserved() {
+    let dir = tempfile::Builder::new().prefix("vg-rt-noexec").tempdir().unwrap();
+    // Found and executable, but exec fails: its interpreter does not exist.
+    let broken = dir.path().join("broken-runc");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = Testbed::default_config(
+        dir.path(),
+        &format!("[runtime]\nruntimes = [{:?}]", broken.display().to_string()),
+    );
+    let bed = Testbed::create(
+        dir.path(),
+        support::RUNTIME,
+        std::path::Path::new(support::HOOK),
+        &config,
+    )
+    .unwrap();
+    let bundle = bed.bundle("x1", &["true"], &request(), &[], false).unwrap();
+    let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "x1"]);
+    assert!(!ok, "{stderr}");
+    assert!(reserved_ids(&bed).is_empty(), "{stderr}");
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("\"admit\"") && events.contains("create failed"),
+        "{events}"
+    );
+}

@@ -108,7 +108,8 @@ fn fail_open_or(config: &Config, container: &str, e: ServiceError) -> Result<Opt
 /// gone anyway.
 pub fn undo(container: &str, bundle: &Path, config: &Config) {
     let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
-    if let Ok(dir) = StateDir::open_or_create(&config.state_dir) {
+    // The reservation is in it, so it exists: never created here.
+    if let Ok(Some(dir)) = StateDir::open_existing(&config.state_dir) {
         let inventory = inventory::NotNeeded;
         let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
         let _ = service.release(container, Some(&bundle), "create failed");

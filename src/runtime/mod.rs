@@ -137,10 +137,14 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
         report_error(&inv, &format!("vramgate: {e}"));
         return e;
     };
+    let mut reserved = false;
     if let Some(bundle) = &inv.bundle {
-        if let Err(e) = prepare_bundle(bundle, &inv, &mut config) {
-            report_error(&inv, &e.user_line());
-            return e;
+        match prepare_bundle(bundle, &inv, &mut config) {
+            Ok(r) => reserved = r,
+            Err(e) => {
+                report_error(&inv, &e.user_line());
+                return e;
+            }
         }
     }
     if let Some(e) = config_error {
@@ -148,8 +152,8 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     }
     let e = exec_runtime(&next, args);
     report_error(&inv, &format!("vramgate: {e}"));
-    // Whatever the create reserved is given back: no runtime runs this container.
-    if let (Some(bundle), Some(container), Ok(config)) = (&inv.bundle, &inv.container, config.get()) {
+    // What the create reserved is given back: no runtime runs this container.
+    if let (true, Some(bundle), Some(container), Ok(config)) = (reserved, &inv.bundle, &inv.container, config.get()) {
         admit::undo(&container.to_string_lossy(), bundle, config);
     }
     e

@@ -164,9 +164,9 @@ impl LazyConfig {
 
 /// For a spec that requests VRAM: admits the container ([`super::admit`]: reserves, and places
 /// it when it leaves the choice to vramgate), narrows the spec to the GPUs chosen, and adds the
-/// hooks (createRuntime confirms, poststop releases). Returns whether `<bundle>/config.json`
-/// was rewritten. The config is read only when there is a request; a refusal is an error and
-/// the next runtime never runs.
+/// hooks (createRuntime confirms, poststop releases). Returns whether it reserved memory
+/// (which a failed exec of the next runtime must give back). The config is read only when
+/// there is a request; a refusal is an error and the next runtime never runs.
 pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyConfig) -> Result<bool> {
     let path = bundle.join("config.json");
     let read_err = |source| SpecError::ReadSpec {
@@ -215,17 +215,19 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
             super::devices::narrow_to(&mut spec, &path, &reserved.gpus).map_err(undo)?;
             edited = true;
         }
-        edited |= enforce(&mut spec, &path, reserved, config, inv).map_err(undo)?;
+        // The env as the container set it: placement changes only the GPU variables, which
+        // the enforcement edits do not read.
+        let env = view.process.as_ref().map_or(&[][..], |p| &p.env);
+        edited |= enforce(&mut spec, &path, env, reserved, config, inv).map_err(undo)?;
     }
     let hook = hook_path(&config.runtime);
     let timeout = hook_timeout_secs(config);
     let entry = |stage| hook_entry(&hook, stage, timeout, config_env.as_deref());
     let hooks_added = add_hooks(&mut spec, &path, entry(ADMISSION_STAGE), entry(RELEASE_STAGE), &hook).map_err(undo)?;
-    if !hooks_added && !edited {
-        return Ok(false);
+    if hooks_added || edited {
+        write_spec(bundle, &path, &bytes, &spec).map_err(undo)?;
     }
-    write_spec(bundle, &path, &bytes, &spec).map_err(undo)?;
-    Ok(true)
+    Ok(reserved.is_some())
 }
 
 /// What holds the container to its reservation once it runs ([`crate::enforce`]): the
@@ -234,6 +236,7 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
 fn enforce(
     spec: &mut Value,
     path: &Path,
+    env: &[String],
     reserved: &super::admit::Reserved,
     config: &Config,
     inv: &super::Invocation,
@@ -243,14 +246,9 @@ fn enforce(
     if placed.is_empty() {
         return Ok(false);
     }
-    let env: Vec<String> = spec
-        .pointer("/process/env")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-        .unwrap_or_default();
     let mps_running = config.enforce.limit == crate::config::LimitMechanism::Mps
         && enforce::mps_control_running(&config.enforce.mps_pipe_directory, Path::new("/proc"));
-    let edits = enforce::spec_edits(&config.enforce, &env, &placed, mps_running);
+    let edits = enforce::spec_edits(&config.enforce, env, &placed, mps_running);
     for note in &edits.notes {
         super::warn(inv, &format!("vramgate: {note}"));
     }
