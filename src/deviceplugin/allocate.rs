@@ -216,8 +216,9 @@ mod tests {
             rules: &rules(),
             unit: &Unit::gib(),
             granted: &BTreeSet::new(),
+            plugin_held: &[],
         };
-        (NodeView::compute(&facts, &mut |_| None, &[]), ledger)
+        (NodeView::compute(&facts, &[]), ledger)
     }
 
     fn healthy_ids(view: &NodeView) -> Vec<String> {

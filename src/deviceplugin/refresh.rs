@@ -93,12 +93,12 @@ impl Refresher {
         let mut vouched = checkpoint::allocated_ids(&self.options.plugin_dir, unit.resource_name());
         vouched.extend(self.grants.lock().unwrap_or_else(|e| e.into_inner()).ids().cloned());
         let vouched = |id: &DeviceId| vouched.contains(id);
-        let reserved: BTreeSet<DeviceId> = ledger
+        let plugin_held: Vec<Vec<DeviceId>> = ledger
             .reservations
             .iter()
             .filter_map(|r| self.origins.held(r, &unit, &vouched))
-            .flatten()
             .collect();
+        let reserved: BTreeSet<DeviceId> = plugin_held.iter().flatten().cloned().collect();
         let granted =
             self.grants
                 .lock()
@@ -111,13 +111,9 @@ impl Refresher {
             rules: &self.rules,
             unit: &unit,
             granted: &granted,
+            plugin_held: &plugin_held,
         };
-        let origins = &mut self.origins;
-        Ok(NodeView::compute(
-            &facts,
-            &mut |r| origins.held(r, &unit, &vouched),
-            &self.earlier,
-        ))
+        Ok(NodeView::compute(&facts, &self.earlier))
     }
 
     /// Recomputes the view after every change of the ledger or the config file, and at least

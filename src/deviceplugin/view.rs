@@ -4,12 +4,11 @@
 use std::collections::BTreeSet;
 
 use super::api;
-use super::origin::Held;
 use super::unit::MAX_DEVICE_ID_LEN;
 use super::{DeviceId, Unit, HEALTHY, UNHEALTHY};
 use crate::admission::{self, Allocated, Rules};
 use crate::inventory::Snapshot;
-use crate::ledger::{Ledger, Reservation};
+use crate::ledger::Ledger;
 
 /// One GPU (memory domain) as the plugin advertises it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,14 +54,14 @@ pub struct Facts<'a> {
     pub unit: &'a Unit,
     /// Units granted by Allocate whose containers have not reserved yet.
     pub granted: &'a BTreeSet<DeviceId>,
+    /// The units each of the plugin's own reservations holds (see [`super::origin`]).
+    pub plugin_held: &'a [Vec<DeviceId>],
 }
 
 impl NodeView {
-    /// The view of `facts`; `held` says which reservations are this plugin's (see
-    /// [`super::origin`]), `earlier` is the last view's GPUs (those gone since stay listed).
-    pub fn compute(facts: &Facts, held: &mut dyn FnMut(&Reservation) -> Held, earlier: &[GpuUnits]) -> NodeView {
+    /// The view of `facts`; `earlier` is the last view's GPUs (those gone since stay listed).
+    pub fn compute(facts: &Facts, earlier: &[GpuUnits]) -> NodeView {
         let unit = facts.unit;
-        let plugin_held: Vec<Vec<DeviceId>> = facts.ledger.reservations.iter().filter_map(&mut *held).collect();
         let mut gpus = Vec::new();
         let mut left_out = Vec::new();
         for gpu in &facts.snapshot.gpus {
@@ -77,7 +76,8 @@ impl NodeView {
             let account = admission::account(facts.ledger, gpu, facts.allocated, facts.rules);
             // The plugin's containers' units on this GPU, each counted once: two containers
             // that name the same unit hold one unit's worth for Kubernetes, not two.
-            let mut held_units: BTreeSet<u32> = plugin_held
+            let mut held_units: BTreeSet<u32> = facts
+                .plugin_held
                 .iter()
                 .flatten()
                 .filter(|id| id.uuid == gpu.uuid)
@@ -227,6 +227,7 @@ fn devices(gpus: &[GpuUnits]) -> Vec<api::Device> {
 mod tests {
     use super::*;
     use crate::inventory::GpuMemory;
+    use crate::ledger::Reservation;
     use crate::placement::Strategy;
     use crate::quantity::Quantity;
     use std::time::Duration;
@@ -255,12 +256,25 @@ mod tests {
     }
 
     /// The view of `gpus` and `reservations`, where containers named `k8s-…` hold the units
-    /// `GPU-x/0..` of their size through the plugin.
+    /// `GPU-x/70..` of their size through the plugin.
     fn view(gpus: Vec<GpuMemory>, reservations: Vec<Reservation>, headroom_gib: u64) -> NodeView {
         let snapshot = Snapshot {
             gpus,
             ..Default::default()
         };
+        let plugin_held: Vec<Vec<DeviceId>> = reservations
+            .iter()
+            .filter(|r| r.container_id.starts_with("k8s-"))
+            .map(|r| {
+                let share = &r.gpus[0];
+                (0..(share.bytes / GIB) as u32)
+                    .map(|n| DeviceId {
+                        uuid: share.uuid.clone(),
+                        n: 70 + n,
+                    })
+                    .collect()
+            })
+            .collect();
         let ledger = Ledger {
             reservations,
             ..Default::default()
@@ -272,19 +286,9 @@ mod tests {
             rules: &rules(headroom_gib),
             unit: &Unit::gib(),
             granted: &BTreeSet::new(),
+            plugin_held: &plugin_held,
         };
-        let mut held = |r: &Reservation| {
-            r.container_id.starts_with("k8s-").then(|| {
-                let share = &r.gpus[0];
-                (0..(share.bytes / GIB) as u32)
-                    .map(|n| DeviceId {
-                        uuid: share.uuid.clone(),
-                        n: 70 + n,
-                    })
-                    .collect()
-            })
-        };
-        NodeView::compute(&facts, &mut held, &[])
+        NodeView::compute(&facts, &[])
     }
 
     fn health(v: &NodeView, id: &str) -> String {
@@ -356,8 +360,9 @@ mod tests {
             rules: &rules(0),
             unit: &Unit::gib(),
             granted: &BTreeSet::new(),
+            plugin_held: &[],
         };
-        let after = NodeView::compute(&facts, &mut |_| None, &before.gpus);
+        let after = NodeView::compute(&facts, &before.gpus);
         assert_eq!(after.devices.len(), 16);
         assert!(!after.gpus[1].present);
         assert_eq!(after.healthy_units(), 8);
@@ -390,8 +395,9 @@ mod tests {
             rules: &rules(0),
             unit: &Unit::gib(),
             granted: &granted,
+            plugin_held: &[],
         };
-        let v = NodeView::compute(&facts, &mut |_| None, &[]);
+        let v = NodeView::compute(&facts, &[]);
         assert_eq!(v.gpus[0].healthy, 4);
         assert_eq!(health(&v, "GPU-0/7"), HEALTHY);
         assert_eq!(health(&v, "GPU-0/3"), UNHEALTHY);
