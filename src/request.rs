@@ -595,16 +595,17 @@ fn parse_device(item: &str) -> Option<DeviceRef> {
 
 /// `/dev/nvidia-caps/nvidia-cap12` is MIG capability 12.
 fn mig_cap_minor(path: &str) -> Option<u32> {
-    let digits = path.strip_prefix("/dev/nvidia-caps/nvidia-cap")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    device_number(path, "/dev/nvidia-caps/nvidia-cap")
 }
 
 /// `/dev/nvidia3` is GPU minor 3; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not GPUs.
-fn nvidia_minor(path: &str) -> Option<u32> {
-    let digits = path.strip_prefix("/dev/nvidia")?;
+pub(crate) fn nvidia_minor(path: &str) -> Option<u32> {
+    device_number(path, "/dev/nvidia")
+}
+
+/// The number that follows `prefix` in a device node's path, when only digits follow.
+fn device_number(path: &str, prefix: &str) -> Option<u32> {
+    let digits = path.strip_prefix(prefix)?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -7,7 +7,6 @@
 //! that named units it was never granted would otherwise hide its memory from the scheduler.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::path::Path;
 
 use serde_json::Value;
@@ -23,13 +22,10 @@ const MAX_CHECKPOINT_BYTES: u64 = 16 << 20;
 /// containers. No file, or one that cannot be read or parsed, vouches for nothing: the
 /// containers it would have named then count as others' (fewer healthy units, never more).
 pub fn allocated_ids(plugin_dir: &Path, resource: &str) -> BTreeSet<DeviceId> {
-    let path = plugin_dir.join(KUBELET_CHECKPOINT);
-    let mut bytes = Vec::new();
-    let read = std::fs::File::open(&path).and_then(|f| f.take(MAX_CHECKPOINT_BYTES).read_to_end(&mut bytes));
-    if read.is_err() {
-        return BTreeSet::new();
+    match crate::spec::read_limited(&plugin_dir.join(KUBELET_CHECKPOINT), MAX_CHECKPOINT_BYTES) {
+        Ok(Some(bytes)) => parse(&bytes, resource),
+        _ => BTreeSet::new(),
     }
-    parse(&bytes, resource)
 }
 
 /// The IDs of `resource` in a checkpoint's JSON. `DeviceIDs` is a map from NUMA node to IDs

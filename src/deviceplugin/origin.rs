@@ -2,7 +2,6 @@
 //! container's spec carries [`super::DEVICE_IDS_ENV`], checked against what they reserved.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::Path;
 
 use super::{DeviceId, Unit, DEVICE_IDS_ENV};
@@ -58,10 +57,10 @@ impl Origins {
 /// `Err` when it cannot be read (yet).
 fn read_marker(bundle: &Path) -> std::io::Result<Option<Vec<DeviceId>>> {
     let path = bundle.join("config.json");
-    let mut bytes = Vec::new();
-    std::fs::File::open(&path)?
-        .take(MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)?;
+    // A spec too large to be one vramgate-runtime passed is no marker.
+    let Some(bytes) = crate::spec::read_limited(&path, MAX_SPEC_BYTES)? else {
+        return Ok(None);
+    };
     let Ok(spec) = SpecView::parse(&bytes, &path) else {
         return Ok(None);
     };

@@ -43,14 +43,6 @@ fn cdi_name(gpu: &GpuMemory) -> String {
     }
 }
 
-/// `/dev/nvidia3` → 3; not `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-caps/…`.
-fn gpu_node_minor(path: &str) -> Option<u32> {
-    let digits = path.strip_prefix("/dev/nvidia")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
-
 /// Rewrites `spec` (the bundle's `config.json`, at `path` for messages) so the container gets
 /// exactly `chosen`. Checks every shape before changing anything, so an error leaves the spec
 /// as it was.
@@ -69,7 +61,11 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
     let mut had_nodes = false;
     if let Some(Value::Array(devices)) = root.get_mut("linux").and_then(|l| l.get_mut("devices")) {
         devices.retain(|d| {
-            let Some(minor) = d.get("path").and_then(Value::as_str).and_then(gpu_node_minor) else {
+            let Some(minor) = d
+                .get("path")
+                .and_then(Value::as_str)
+                .and_then(crate::request::nvidia_minor)
+            else {
                 return true;
             };
             had_nodes = true;
