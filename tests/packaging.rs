@@ -284,6 +284,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
         "/usr/lib/tmpfiles.d/vramgate.conf",
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
+        "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
         "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
         "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
         "/usr/share/man/man8/vramgate.8.gz",
@@ -311,11 +312,19 @@ fn packages_install_gate_a_container_and_purge_clean() {
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
     // The exporter's and the device plugin's units: valid for this systemd, installed but
     // not enabled.
+    let can_verify = Path::new("/usr/bin/systemd-analyze").exists();
+    assert!(
+        can_verify || std::env::var_os("VRAMGATE_REQUIRE_PACKAGING").is_none(),
+        "VRAMGATE_REQUIRE_PACKAGING is set but systemd-analyze is missing (scripts/install-deps installs systemd)"
+    );
+    if !can_verify {
+        eprintln!("packaging: systemd-analyze is missing: the units are not verified");
+    }
     for unit in [
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
     ] {
-        if Path::new("/usr/bin/systemd-analyze").exists() {
+        if can_verify {
             run_ok(Command::new("systemd-analyze").args(["verify", unit]));
         }
     }
@@ -332,17 +341,12 @@ fn packages_install_gate_a_container_and_purge_clean() {
         .collect();
     assert!(enabled.is_empty(), "the package enabled a service: {enabled:?}");
 
-    // 5. The installed tool works with the installed config: doctor where it exists.
-    let has_doctor = run(Command::new("/usr/bin/vramgate").args(["doctor", "--help"]))
-        .status
-        .success();
-    if has_doctor {
-        run_ok(
-            Command::new("/usr/bin/vramgate")
-                .arg("doctor")
-                .env_remove("VRAMGATE_CONFIG"),
-        );
-    }
+    // 5. The installed tool works with the installed config.
+    run_ok(
+        Command::new("/usr/bin/vramgate")
+            .arg("doctor")
+            .env_remove("VRAMGATE_CONFIG"),
+    );
     let status = installed_status();
     assert_eq!(status["state_dir"], "/run/vramgate");
     assert!(!status["gpus"].as_array().unwrap().is_empty(), "{status}");
