@@ -617,9 +617,7 @@ pub fn cri_host_with(name: &str, config_extra: &str) -> Cri {
     require("containerd");
     require("ctr");
     require("runc");
-    let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
-    let config = Testbed::default_config(dir.path(), config_extra);
-    let tb = Testbed::create(dir.path(), "runc", std::path::Path::new(HOOK), &config).expect("testbed");
+    let (dir, tb) = runc_testbed(name, config_extra);
     let mut cri = Cri::launch(tb);
     cri.dir = Some(dir);
     cri
