@@ -174,10 +174,13 @@ impl LimitMechanism {
 /// How an MPS client's pinned memory limit names a GPU (`[enforce] mps_device_key`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MpsDeviceKey {
-    /// The GPU's ordinal as the container enumerates it (`0=4096M`): the container sees only
-    /// the GPUs it was given, renumbered from 0 in host order.
+    /// The GPU's ordinal as the container enumerates it (`0=4096M`): the wrapper narrows the
+    /// container to the GPUs it reserved, renumbered from 0 in host order, and sets
+    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA counts them that way too. A program that
+    /// reorders its devices itself (`CUDA_VISIBLE_DEVICES=1,0`) still misnames them.
     Ordinal,
-    /// The GPU's UUID (`GPU-...=4096M`).
+    /// The GPU's UUID (`GPU-...=4096M`), the default: names the GPU whatever the container's
+    /// numbering (honoured by MPS on driver 580, `bench/gpu-enforce.sh`).
     Uuid,
 }
 
@@ -238,7 +241,7 @@ impl Default for EnforceConfig {
             mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             mps_log_directory: PathBuf::from("/tmp/nvidia-log"),
             mps_shm_directory: PathBuf::from("/dev/shm"),
-            mps_device_key: MpsDeviceKey::Ordinal,
+            mps_device_key: MpsDeviceKey::Uuid,
             tensorflow_allow_growth: true,
             jax_disable_preallocation: true,
             jax_memory_fraction: true,

@@ -594,7 +594,7 @@ fn parse_device(item: &str) -> Option<DeviceRef> {
 }
 
 /// `/dev/nvidia-caps/nvidia-cap12` is MIG capability 12.
-fn mig_cap_minor(path: &str) -> Option<u32> {
+pub(crate) fn mig_cap_minor(path: &str) -> Option<u32> {
     device_number(path, "/dev/nvidia-caps/nvidia-cap")
 }
 

@@ -25,6 +25,9 @@ use super::{PlacedShare, SpecEdits, Tier, MIB};
 use crate::config::{EnforceConfig, MpsDeviceKey};
 
 pub const PINNED_LIMIT_VAR: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+/// CUDA numbers devices fastest first unless told `PCI_BUS_ID`: with ordinal keys and more than
+/// one GPU, the numbering the limit uses (host order, which is PCI order) must be CUDA's too.
+pub const DEVICE_ORDER_VAR: &str = "CUDA_DEVICE_ORDER";
 pub const PIPE_DIRECTORY_VAR: &str = "CUDA_MPS_PIPE_DIRECTORY";
 pub const LOG_DIRECTORY_VAR: &str = "CUDA_MPS_LOG_DIRECTORY";
 /// The control daemon's socket in the pipe directory.
@@ -121,6 +124,9 @@ pub fn edits(config: &EnforceConfig, placed: &[PlacedShare], mps_running: bool, 
         return None;
     }
     edits.env.push((PINNED_LIMIT_VAR.to_string(), limit));
+    if config.mps_device_key == MpsDeviceKey::Ordinal && placed.len() > 1 {
+        edits.env.push((DEVICE_ORDER_VAR.to_string(), "PCI_BUS_ID".to_string()));
+    }
     edits.env.push((
         PIPE_DIRECTORY_VAR.to_string(),
         config.mps_pipe_directory.to_string_lossy().into_owned(),
@@ -160,8 +166,39 @@ mod tests {
     fn mps() -> EnforceConfig {
         EnforceConfig {
             limit: LimitMechanism::Mps,
+            mps_device_key: MpsDeviceKey::Ordinal,
             ..EnforceConfig::default()
         }
+    }
+
+    #[test]
+    fn the_default_key_is_the_uuid_and_ordinals_come_with_pci_order() {
+        assert_eq!(EnforceConfig::default().mps_device_key, MpsDeviceKey::Uuid);
+        let uuid = EnforceConfig {
+            limit: LimitMechanism::Mps,
+            ..EnforceConfig::default()
+        };
+        let two = [share(3, 6 << 30), share(1, 4 << 30)];
+        let get = |edits: &SpecEdits, k: &str| edits.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let edits = spec_edits(&uuid, &[], &two, true);
+        assert_eq!(
+            get(&edits, PINNED_LIMIT_VAR).as_deref(),
+            Some("GPU-1aaa=4096M,GPU-3aaa=6144M")
+        );
+        assert_eq!(
+            get(&edits, DEVICE_ORDER_VAR),
+            None,
+            "a UUID names the GPU whatever the order"
+        );
+        // Ordinals with two GPUs: CUDA must count them as the limit does; the container's own
+        // order is replaced (vramgate's hard-limit values win).
+        let existing = ["CUDA_DEVICE_ORDER=FASTEST_FIRST".to_string()];
+        let edits = spec_edits(&mps(), &existing, &two, true);
+        assert_eq!(get(&edits, PINNED_LIMIT_VAR).as_deref(), Some("0=4096M,1=6144M"));
+        assert_eq!(get(&edits, DEVICE_ORDER_VAR).as_deref(), Some("PCI_BUS_ID"));
+        // One GPU is ordinal 0 in any order.
+        let edits = spec_edits(&mps(), &[], &two[..1], true);
+        assert_eq!(get(&edits, DEVICE_ORDER_VAR), None);
     }
 
     #[test]

@@ -13,21 +13,25 @@
 //! where `gpu0` is the parent's minor number. With each MIG device's GPU and compute instance
 //! ids (from NVML), these say which MIG device a spec's capability nodes name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
 
 /// The capability minors, by (parent minor, GPU instance id, compute instance id): `None`
 /// for the GPU instance's own access capability.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct MigMinors(HashMap<(u32, u32, Option<u32>), u32>);
+pub struct MigMinors {
+    access: HashMap<(u32, u32, Option<u32>), u32>,
+    /// The host-wide capabilities (`config`, `monitor`), which grant no MIG device.
+    host_wide: HashSet<u32>,
+}
 
 impl MigMinors {
-    /// Parses the file's text; lines that are not access capabilities (`config`, `monitor`)
-    /// or do not parse are skipped: the file is the driver's, and a line we do not know must
-    /// not stop admission.
+    /// Parses the file's text; lines that do not parse are skipped: the file is the driver's,
+    /// and a line we do not know must not stop admission.
     pub fn parse(text: &str) -> MigMinors {
         let mut map = HashMap::new();
+        let mut host_wide = HashSet::new();
         for line in text.lines() {
             let Some((name, minor)) = line.trim().split_once(char::is_whitespace) else {
                 continue;
@@ -35,6 +39,10 @@ impl MigMinors {
             let Ok(minor) = minor.trim().parse::<u32>() else {
                 continue;
             };
+            if matches!(name, "config" | "monitor") {
+                host_wide.insert(minor);
+                continue;
+            }
             let parts: Vec<&str> = name.split('/').collect();
             let number = |part: &str, prefix: &str| part.strip_prefix(prefix)?.parse::<u32>().ok();
             let key = match parts.as_slice() {
@@ -48,7 +56,13 @@ impl MigMinors {
                 map.insert(key, minor);
             }
         }
-        MigMinors(map)
+        MigMinors { access: map, host_wide }
+    }
+
+    /// Whether capability `minor` is host-wide (`config`, `monitor`), granting no MIG device:
+    /// narrowing a container to its MIG devices keeps such a node.
+    pub fn is_host_wide(&self, minor: u32) -> bool {
+        self.host_wide.contains(&minor)
     }
 
     /// Reads the driver's file; empty when it cannot (no MIG, no driver).
@@ -63,8 +77,8 @@ impl MigMinors {
     /// Empty unless both are known.
     pub fn of(&self, parent_minor: u32, gpu_instance: u32, compute_instance: u32) -> Vec<u32> {
         match (
-            self.0.get(&(parent_minor, gpu_instance, None)),
-            self.0.get(&(parent_minor, gpu_instance, Some(compute_instance))),
+            self.access.get(&(parent_minor, gpu_instance, None)),
+            self.access.get(&(parent_minor, gpu_instance, Some(compute_instance))),
         ) {
             (Some(gi), Some(ci)) => vec![*gi, *ci],
             _ => Vec::new(),
@@ -84,5 +98,6 @@ mod tests {
         assert_eq!(m.of(0, 2, 0), [21, 22]);
         assert_eq!(m.of(1, 1, 0), Vec::<u32>::new(), "no compute instance listed");
         assert_eq!(m.of(3, 1, 0), Vec::<u32>::new());
+        assert!(m.is_host_wide(1) && m.is_host_wide(2) && !m.is_host_wide(12));
     }
 }

@@ -11,6 +11,10 @@
 //! - the `/dev/nvidiaN` nodes already in `linux.devices` (CDI injected upstream, as with
 //!   `podman --device nvidia.com/gpu=all`), and their device-cgroup rules: nodes of GPUs that
 //!   were not chosen are removed, along with the rules that allow them;
+//! - the MIG capability nodes `/dev/nvidia-caps/nvidia-capN` (CDI's MIG injection gives the
+//!   parent's `/dev/nvidiaN` and two of these per MIG device, which are what grant access to
+//!   that MIG device): those of MIG devices not chosen go, with their rules; the host-wide
+//!   `config` and `monitor` capabilities stay (see [`MigMinors::is_host_wide`]);
 //! - vramgate's own `vramgate.dev/gpus` / `VRAMGATE_GPUS`, so the hook and `vramgate status`
 //!   read what was chosen.
 
@@ -19,6 +23,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::{Result, RuntimeError};
+use crate::inventory::mig_caps::MigMinors;
 use crate::inventory::GpuMemory;
 use crate::request::{CDI_ANNOTATION_PREFIX, CDI_GPU_PREFIX, GPUS_ANNOTATION, GPUS_ENV, VISIBLE_DEVICES_ENV};
 use crate::spec::{array_at, object_at};
@@ -43,10 +48,27 @@ fn cdi_name(gpu: &GpuMemory) -> String {
     }
 }
 
+/// How [`narrow_to`] treats a spec that gives the container no GPU at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenNoneGiven {
+    /// vramgate chose the GPUs (placement): tell the toolkit which, through
+    /// `NVIDIA_VISIBLE_DEVICES`.
+    Give,
+    /// The container named its GPUs: narrowing only takes away what it was given beyond its
+    /// reservation, never gives it a GPU its engine did not.
+    Leave,
+}
+
 /// Rewrites `spec` (the bundle's `config.json`, at `path` for messages) so the container gets
-/// exactly `chosen`. Checks every shape before changing anything, so an error leaves the spec
-/// as it was.
-pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<()> {
+/// exactly `chosen`. `mig_minors` says which MIG capability nodes are host-wide (kept).
+/// Checks every shape before changing anything, so an error leaves the spec as it was.
+pub fn narrow_to(
+    spec: &mut Value,
+    path: &Path,
+    chosen: &[GpuMemory],
+    none_given: WhenNoneGiven,
+    mig_minors: &MigMinors,
+) -> Result<()> {
     let root = match spec {
         Value::Object(map) => map,
         other => return Err(shape(path, "(top level)", other, "object")),
@@ -55,25 +77,36 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
     let uuids = chosen.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",");
     let cdi = chosen.iter().map(cdi_name).collect::<Vec<_>>().join(",");
     let keep_minors: Vec<u32> = chosen.iter().filter_map(|g| g.minor).collect();
+    let keep_caps: Vec<u32> = chosen.iter().flat_map(|g| g.mig_caps.iter().copied()).collect();
 
-    // Device nodes and their cgroup rules.
-    let mut removed = Vec::new();
+    // Device nodes and their cgroup rules: a removed node's rule is matched by the node's own
+    // type, major and minor (the MIG capabilities' major is assigned at load, not fixed).
+    let mut removed: Vec<(u64, u64)> = Vec::new();
     let mut had_nodes = false;
     if let Some(Value::Array(devices)) = root.get_mut("linux").and_then(|l| l.get_mut("devices")) {
         devices.retain(|d| {
-            let Some(minor) = d
-                .get("path")
-                .and_then(Value::as_str)
-                .and_then(crate::request::nvidia_minor)
-            else {
-                return true;
-            };
-            had_nodes = true;
-            if keep_minors.contains(&minor) {
-                return true;
+            let node_path = d.get("path").and_then(Value::as_str).unwrap_or_default();
+            let number = |key: &str| d.get(key).and_then(Value::as_u64);
+            if let Some(minor) = crate::request::nvidia_minor(node_path) {
+                had_nodes = true;
+                if keep_minors.contains(&minor) {
+                    return true;
+                }
+                removed.push((number("major").unwrap_or(NVIDIA_MAJOR), u64::from(minor)));
+                return false;
             }
-            removed.push(minor);
-            false
+            if let Some(cap) = crate::request::mig_cap_minor(node_path) {
+                if keep_caps.contains(&cap) || mig_minors.is_host_wide(cap) {
+                    return true;
+                }
+                // A node without its numbers cannot be matched to a rule; runc takes the
+                // numbers from the host's node then, and no rule of the spec allows it.
+                if let (Some(major), Some(minor)) = (number("major"), number("minor")) {
+                    removed.push((major, minor));
+                }
+                return false;
+            }
+            true
         });
     }
     if !removed.is_empty() {
@@ -86,8 +119,9 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
                 let is = |key: &str, want: u64| rule.get(key).and_then(Value::as_u64) == Some(want);
                 let allows_removed = rule.get("allow").and_then(Value::as_bool) == Some(true)
                     && rule.get("type").and_then(Value::as_str) == Some("c")
-                    && is("major", NVIDIA_MAJOR)
-                    && removed.iter().any(|m| is("minor", u64::from(*m)));
+                    && removed
+                        .iter()
+                        .any(|(major, minor)| is("major", *major) && is("minor", *minor));
                 !allows_removed
             });
         }
@@ -126,6 +160,8 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
             continue;
         };
         let new = match name {
+            // `none` and `void` give no GPU: there is nothing to narrow.
+            VISIBLE_DEVICES_ENV if gives_no_gpu(value) && none_given == WhenNoneGiven::Leave => continue,
             VISIBLE_DEVICES_ENV => {
                 saw_visible = true;
                 let as_cdi = value.split(',').any(|v| v.trim().starts_with(CDI_GPU_PREFIX));
@@ -140,10 +176,15 @@ pub fn narrow_to(spec: &mut Value, path: &Path, chosen: &[GpuMemory]) -> Result<
         };
         *entry = Value::String(format!("{name}={new}"));
     }
-    if !saw_visible && !had_nodes {
+    if !saw_visible && !had_nodes && none_given == WhenNoneGiven::Give {
         env.push(Value::String(format!("{VISIBLE_DEVICES_ENV}={uuids}")));
     }
     Ok(())
+}
+
+/// `NVIDIA_VISIBLE_DEVICES` values under which the toolkit gives no GPU.
+fn gives_no_gpu(value: &str) -> bool {
+    matches!(value.trim(), "" | "none" | "void")
 }
 
 /// The fields [`narrow_to`] edits must have the types the OCI spec gives them.
@@ -205,20 +246,41 @@ mod tests {
     fn env_forms_are_kept() {
         let chosen = [gpu(1, None, "GPU-b")];
         let mut spec = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "VRAMGATE_GPUS=auto"]}});
-        narrow_to(&mut spec, Path::new("c"), &chosen).unwrap();
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &chosen,
+            WhenNoneGiven::Give,
+            &MigMinors::default(),
+        )
+        .unwrap();
         assert_eq!(
             spec["process"]["env"],
             json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-b", "VRAMGATE_GPUS=GPU-b"])
         );
         let mut spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"]}});
-        narrow_to(&mut spec, Path::new("c"), &[gpu(0, Some(2), "MIG-x")]).unwrap();
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &[gpu(0, Some(2), "MIG-x")],
+            WhenNoneGiven::Give,
+            &MigMinors::default(),
+        )
+        .unwrap();
         assert_eq!(
             spec["process"]["env"],
             json!(["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0:2"])
         );
         // Nothing named a GPU: the toolkit is told which one.
         let mut spec = json!({"annotations": {"vramgate.dev/gpus": "auto"}});
-        narrow_to(&mut spec, Path::new("c"), &chosen).unwrap();
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &chosen,
+            WhenNoneGiven::Give,
+            &MigMinors::default(),
+        )
+        .unwrap();
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]));
         assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "GPU-b");
     }
@@ -233,7 +295,14 @@ mod tests {
                 "resources": {"devices": [{"allow": false, "access": "rwm"}, rule(255), rule(0), rule(1), rule(2)]}
             }
         });
-        narrow_to(&mut spec, Path::new("c"), &[gpu(2, None, "GPU-c")]).unwrap();
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &[gpu(2, None, "GPU-c")],
+            WhenNoneGiven::Give,
+            &MigMinors::default(),
+        )
+        .unwrap();
         let paths: Vec<&str> = spec["linux"]["devices"]
             .as_array()
             .unwrap()
@@ -252,11 +321,100 @@ mod tests {
         );
     }
 
+    /// What `nvidia-ctk cdi generate` injects for `nvidia.com/gpu=all` on a GPU in MIG mode with
+    /// two MIG devices (0:0 and 0:1): the parent's node, each MIG device's GPU-instance and
+    /// compute-instance capability nodes (major of nvidia-caps, 511 here), the host-wide
+    /// monitor capability, and a device-cgroup rule for each.
+    fn cdi_mig_spec() -> Value {
+        let cap = |minor: u64| json!({"path": format!("/dev/nvidia-caps/nvidia-cap{minor}"), "type": "c", "major": 511, "minor": minor});
+        let cap_rule = |minor: u64| json!({"allow": true, "type": "c", "major": 511, "minor": minor, "access": "rw"});
+        json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            "linux": {
+                "devices": [node("/dev/nvidiactl", 255), node("/dev/nvidia0", 0), cap(2), cap(12), cap(13), cap(21), cap(22)],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}, rule(255), rule(0), cap_rule(2), cap_rule(12), cap_rule(13), cap_rule(21), cap_rule(22)]}
+            }
+        })
+    }
+
+    #[test]
+    fn mig_capabilities_of_unchosen_mig_devices_go_with_their_rules() {
+        let minors = MigMinors::parse("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n");
+        let mut chosen = gpu(0, Some(1), "MIG-b");
+        chosen.mig_caps = vec![21, 22];
+        let mut spec = cdi_mig_spec();
+        narrow_to(&mut spec, Path::new("c"), &[chosen], WhenNoneGiven::Leave, &minors).unwrap();
+        let paths: Vec<&str> = spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/dev/nvidiactl",
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap2",
+                "/dev/nvidia-caps/nvidia-cap21",
+                "/dev/nvidia-caps/nvidia-cap22"
+            ]
+        );
+        let allowed: Vec<(u64, u64)> = spec["linux"]["resources"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["allow"] == true)
+            .map(|r| (r["major"].as_u64().unwrap(), r["minor"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(allowed, [(195, 255), (195, 0), (511, 2), (511, 21), (511, 22)]);
+        // `void` gave no GPU through the toolkit, and still gives none.
+        assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=void"]));
+    }
+
+    #[test]
+    fn a_container_that_named_its_gpus_is_only_ever_narrowed() {
+        let chosen = [gpu(1, None, "GPU-b")];
+        // Reserved on GPU 1 but given every GPU: it sees GPU 1 alone.
+        let mut spec =
+            json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "annotations": {"vramgate.dev/gpus": "1"}});
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &chosen,
+            WhenNoneGiven::Leave,
+            &MigMinors::default(),
+        )
+        .unwrap();
+        assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]));
+        assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "GPU-b");
+        // Given no GPU at all: none is added.
+        for env in [json!([]), json!(["NVIDIA_VISIBLE_DEVICES=none"])] {
+            let mut spec = json!({"process": {"env": env.clone()}});
+            narrow_to(
+                &mut spec,
+                Path::new("c"),
+                &chosen,
+                WhenNoneGiven::Leave,
+                &MigMinors::default(),
+            )
+            .unwrap();
+            assert_eq!(spec["process"]["env"], env);
+        }
+    }
+
     #[test]
     fn a_null_process_or_env_is_taken_as_missing() {
         for spec in [json!({"process": null}), json!({"process": {"env": null}})] {
             let mut spec = spec;
-            narrow_to(&mut spec, Path::new("/b/config.json"), &[gpu(0, None, "GPU-a")]).unwrap();
+            narrow_to(
+                &mut spec,
+                Path::new("/b/config.json"),
+                &[gpu(0, None, "GPU-a")],
+                WhenNoneGiven::Give,
+                &MigMinors::default(),
+            )
+            .unwrap();
             assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-a"]));
         }
     }
@@ -270,7 +428,14 @@ mod tests {
             json!({"linux": {"resources": {"devices": 1}}}),
         ] {
             let mut spec = bad.clone();
-            let err = narrow_to(&mut spec, Path::new("/b/config.json"), &[gpu(0, None, "GPU-a")]).unwrap_err();
+            let err = narrow_to(
+                &mut spec,
+                Path::new("/b/config.json"),
+                &[gpu(0, None, "GPU-a")],
+                WhenNoneGiven::Give,
+                &MigMinors::default(),
+            )
+            .unwrap_err();
             assert!(err.to_string().contains("/b/config.json"), "{err}");
             assert_eq!(spec, bad);
         }

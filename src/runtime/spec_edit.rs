@@ -201,6 +201,8 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         path: path.clone(),
         source,
     })?;
+    // `vramgate.dev/gpus=all` is the one request that keeps every GPU in sight.
+    let sees_all = request.gpus.selection == request::GpuSelection::All;
     let reserved = super::admit::admit_at_create(&container, bundle, request, config)?;
     // From here on, a failure gives back what was just reserved: nothing is left half-done.
     let undo = |e: RuntimeError| {
@@ -211,8 +213,18 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
     };
     let mut edited = false;
     if let Some(reserved) = &reserved {
-        if reserved.placement.is_some() {
-            super::devices::narrow_to(&mut spec, &path, &reserved.gpus).map_err(undo)?;
+        // The container sees exactly the GPUs it reserved on: those vramgate chose, or those
+        // it named, out of whatever else its engine gave it (`NVIDIA_VISIBLE_DEVICES=all`
+        // with `vramgate.dev/gpus=1`). A limit keyed by ordinal (MPS) then names the right
+        // GPU, and no GPU is reachable without a reservation on it.
+        if !reserved.gpus.is_empty() && (reserved.placement.is_some() || !sees_all) {
+            use super::devices::{narrow_to, WhenNoneGiven};
+            let none_given = match reserved.placement {
+                Some(_) => WhenNoneGiven::Give,
+                None => WhenNoneGiven::Leave,
+            };
+            let mig_minors = crate::inventory::mig_caps::MigMinors::read();
+            narrow_to(&mut spec, &path, &reserved.gpus, none_given, &mig_minors).map_err(undo)?;
             edited = true;
         }
         // The env as the container set it: placement changes only the GPU variables, which
