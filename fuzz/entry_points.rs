@@ -280,6 +280,7 @@ fn metrics_of(ledger: &Ledger) {
         clock: &vramgate::clock::SystemClock,
         liveness: &vramgate::procfs::NotChecked,
         pid_namespace: &|_| None,
+        cgroup_usage: &vramgate::attribution::NoCgroupUsage,
     };
     let rules = vramgate::admission::Rules::from_config(&Config::default());
     let report = status::build_report(&sources, &rules, std::path::Path::new("/run/vramgate"), ledger)

@@ -31,6 +31,8 @@ pub enum Kind {
     Reclaim,
     AbandonTicket,
     FailOpen,
+    /// What holds an admitted container to its reservation was set (the driver limit).
+    Enforce,
     Note,
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::clock::SystemClock;
-use crate::config::{Config, ConfigError, OnStateError};
+use crate::config::{Config, ConfigError, LimitMechanism, OnStateError};
 use crate::inventory::{self, InventoryError};
 use crate::ledger::{LedgerError, StateDir};
 use crate::procfs::{ProcLiveness, ProcessIdentity};
@@ -69,6 +69,8 @@ pub enum HookError {
         container: String,
         source: crate::enforce::EnforceError,
     },
+    #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); remove them, or start the container through vramgate-runtime, which removes them")]
+    ToolkitConflict { container: String, variables: String },
 }
 
 impl From<ServiceError> for HookError {
@@ -117,10 +119,14 @@ pub struct HookOptions {
 pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) -> Result<Outcome, HookError> {
     let state = ContainerState::read_from(state_json)?;
     match stage {
-        Stage::Poststop => release(&state, &options.config_path),
+        Stage::Poststop => {
+            forgo_driver_limit();
+            release(&state, &options.config_path)
+        }
         _ => {
             let spec = SpecView::read_bundle(&state.bundle)?;
             if !request::has_request(&spec) {
+                forgo_driver_limit();
                 return Ok(Outcome::NoRequest);
             }
             let request = Request::from_spec(&spec).map_err(|source| HookError::Request {
@@ -128,25 +134,39 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
                 source,
             })?;
             let Some(request) = request else {
+                forgo_driver_limit();
                 return Ok(Outcome::NoRequest);
             };
             let config = Config::load_from(&options.config_path)?;
+            if config.enforce.limit != LimitMechanism::Driver {
+                forgo_driver_limit();
+            }
             // What vramgate-runtime wrote into the spec about holding the container to its
             // reservation (absent when only the hook runs).
             let enforcement = spec
                 .annotations
                 .get(ENFORCEMENT_ANNOTATION)
                 .and_then(|t| serde_json::from_value(serde_json::Value::String(t.clone())).ok());
-            match admit(&state, &request, enforcement, &config, options) {
+            let outcome = match admit(&state, &spec, &request, enforcement, &config, options) {
                 Err(e) if e.is_state_error() && config.on_state_error == OnStateError::FailOpen => {
                     let message = e.to_string();
                     service::log_fail_open(&config, &SystemClock, &state.id, &message);
                     Ok(Outcome::FailedOpen(message))
                 }
                 other => other,
-            }
+            };
+            forgo_driver_limit();
+            outcome
         }
     }
+}
+
+/// Gives up the capability the driver limit needs, once the hook knows it sets none (or has
+/// set it): see [`crate::privilege`]. Dropping a capability cannot fail for a lack of one,
+/// and a process that never held it has nothing to drop, so the result says nothing worth
+/// stopping a container for.
+fn forgo_driver_limit() {
+    let _ = crate::privilege::forgo_driver_limit();
 }
 
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
@@ -172,6 +192,7 @@ pub const ENFORCEMENT_ANNOTATION: &str = "vramgate.dev/enforcement";
 
 fn admit(
     state: &ContainerState,
+    spec: &SpecView,
     request: &Request,
     enforcement: Option<crate::enforce::Tier>,
     config: &Config,
@@ -197,6 +218,18 @@ fn admit(
     // message, is what the margin is for. Every wait (queue and lock) counts against it.
     let budget = options.hook_timeout.map(|t| t.saturating_sub(HOOK_TIMEOUT_MARGIN));
     let wait_for = service::wait_for(request, config, budget);
+    let driver = config.enforce.limit == LimitMechanism::Driver;
+    if driver {
+        // Refused before anything is reserved: NVIDIA's hook would set its own limit later.
+        if let Some(conflict) =
+            crate::enforce::toolkit::conflicting_request(spec.process.as_ref().map_or(&[][..], |p| &p.env))
+        {
+            return Err(HookError::ToolkitConflict {
+                container: container.to_string(),
+                variables: conflict,
+            });
+        }
+    }
     let dir = StateDir::open_or_create(&config.state_dir)?;
     let inventory = inventory::OpenOnUse::new(config);
     let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
@@ -214,21 +247,30 @@ fn admit(
         enforcement,
     })?;
     match admission {
-        Admission::Admitted { waited, .. } => Ok(Outcome::Admitted { waited }),
-        Admission::AlreadyAdmitted => Ok(Outcome::AlreadyAdmitted),
+        // Admitted here (the hook alone, podman's and CRI-O's hooks.d) or by vramgate-runtime at
+        // create and now bound to the init: either way the driver limit is set now, when the
+        // init exists in its cgroup and has run nothing yet.
+        Admission::Admitted { waited, shares, .. } => {
+            if driver {
+                driver_limit(&service, state, init.pid, &shares, config)?;
+            }
+            Ok(Outcome::Admitted { waited })
+        }
         Admission::Confirmed { shares } => {
-            if config.enforce.limit == crate::config::LimitMechanism::Driver {
+            if driver {
                 driver_limit(&service, state, init.pid, &shares, config)?;
             }
             Ok(Outcome::Confirmed)
         }
+        Admission::AlreadyAdmitted => Ok(Outcome::AlreadyAdmitted),
         Admission::Refused(refusal) => Err(HookError::Refused(refusal)),
     }
 }
 
 /// `[enforce] limit = "driver"`: the container's cgroup gets its reservation as the driver's
-/// limit on each GPU, now that its init exists. A failure refuses the container, unless the
-/// config says fail-open (then it starts without the limit, and the event log says so).
+/// limit on each GPU, now that its init exists, and the ledger records the tier (an `enforce`
+/// event says where). A failure refuses the container and gives its reservation back, unless
+/// the config says fail-open (then it starts without the limit, and the event log says why).
 fn driver_limit(
     service: &Service,
     state: &ContainerState,
@@ -250,8 +292,25 @@ fn driver_limit(
     let library = Path::new(&config.inventory.nvml_library);
     match crate::enforce::apply_driver_limit(library, init_pid, &placed, Path::new("/proc")) {
         Ok(applied) if applied.is_empty() => Ok(()),
-        Ok(_) => {
-            service.set_enforcement(&state.id, Some(&state.bundle), crate::enforce::Tier::DriverLimit)?;
+        Ok(applied) => {
+            let detail = applied
+                .iter()
+                .map(|a| {
+                    format!(
+                        "driver limit {} bytes on {} for cgroup {}",
+                        a.hard,
+                        a.uuid,
+                        a.cgroup.display()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            service.set_enforcement(
+                &state.id,
+                Some(&state.bundle),
+                crate::enforce::Tier::DriverLimit,
+                &detail,
+            )?;
             Ok(())
         }
         Err(source) => {
@@ -263,6 +322,9 @@ fn driver_limit(
                 service::log_fail_open(config, &SystemClock, &state.id, &e.to_string());
                 return Ok(());
             }
+            // Refused: the memory it reserved goes back now, not when a reclaim finds its
+            // init gone.
+            let _ = service.release(&state.id, Some(&state.bundle), "driver limit not set");
             Err(e)
         }
     }

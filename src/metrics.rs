@@ -55,11 +55,13 @@ pub fn snapshot(config: &Config, inventory: &dyn Inventory) -> Result<String, Me
         None => Ledger::default(),
     };
     // The report `vramgate status` and the service's snapshot build, with liveness unchecked.
+    let cgroup_usage = crate::enforce::cgroup_usage(&ledger, Path::new(&config.inventory.nvml_library));
     let sources = crate::status::Sources {
         inventory,
         clock: &crate::clock::SystemClock,
         liveness: &crate::procfs::NotChecked,
         pid_namespace: &crate::procfs::pid_namespace,
+        cgroup_usage: cgroup_usage.as_ref(),
     };
     let rules = crate::admission::Rules::from_config(config);
     let report = crate::status::build_report(&sources, &rules, &config.state_dir, &ledger)?;

@@ -34,6 +34,18 @@
 //! container at create (the hook's work, moved before runc so that a GPU can be placed), its
 //! effective set is the hook's, `CAP_SYS_PTRACE`, and nothing else.
 //!
+//! One tier needs more: with `[enforce] limit = "driver"` the hook sets the driver's memory
+//! limit (`nvmlDeviceSetMemoryLimits_v1`), which NVML documents as needing root, and which
+//! NVIDIA's kernel module grants by `capable(CAP_SYS_ADMIN)` on the calling thread. The hook
+//! cannot know the tier before it reads the config, and reads no config at all for a
+//! container without a request, so its first drop ([`drop_for_hook_stage`]) leaves
+//! `CAP_SYS_ADMIN` in the *permitted* set only, never the effective one. The hook then gives
+//! it up for good ([`forgo_driver_limit`]) as soon as it knows it will not set a limit (a
+//! stop, a container without a request, another tier, the limit set). Only around the set
+//! calls themselves is it raised into the effective set ([`raise_for_driver_limit`], a guard
+//! that lowers it again). The exporter and the device plugin never set limits and drop it at
+//! once ([`drop_for_hook`]).
+//!
 //! Capabilities are per thread: call these before starting any thread (both binaries are
 //! single-threaded at that point).
 
@@ -41,6 +53,9 @@ use caps::{CapSet, Capability, CapsHashSet};
 
 /// What the hook keeps (see the module docs for the reason).
 pub const HOOK_KEEPS: &[Capability] = &[Capability::CAP_SYS_PTRACE];
+/// What setting the driver's memory limit needs, held in the permitted set only until the
+/// hook knows whether it sets one (see the module docs).
+pub const DRIVER_LIMIT_NEEDS: Capability = Capability::CAP_SYS_ADMIN;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
@@ -59,19 +74,65 @@ fn caps_step(step: &'static str) -> impl FnOnce(caps::errors::CapsError) -> Priv
     move |source| PrivilegeError::Caps { step, source }
 }
 
-/// Drops every capability the hook does not need, for good. A process without capabilities
-/// (a rootless runtime) loses nothing and gets no error.
+/// Drops every capability the hook's snapshot work does not need, for good: what the exporter
+/// and the device plugin keep. A process without capabilities (a rootless runtime) loses
+/// nothing and gets no error.
 pub fn drop_for_hook() -> Result<()> {
-    let keep: CapsHashSet = HOOK_KEEPS.iter().copied().collect();
+    drop_keeping(HOOK_KEEPS, &[])
+}
+
+/// For `vramgate-hook`, first thing in `main`: [`drop_for_hook`], except that
+/// [`DRIVER_LIMIT_NEEDS`] stays in the permitted set (never the effective one) until the hook
+/// knows whether it sets a driver limit; [`forgo_driver_limit`] then drops it for good.
+pub fn drop_for_hook_stage() -> Result<()> {
+    drop_keeping(HOOK_KEEPS, &[DRIVER_LIMIT_NEEDS])
+}
+
+/// Effective set: `effective` (those of them permitted now); permitted set: those plus
+/// `permitted_only`; inheritable and ambient sets empty; `no_new_privs` set.
+fn drop_keeping(effective: &[Capability], permitted_only: &[Capability]) -> Result<()> {
     nix::sys::prctl::set_no_new_privs().map_err(PrivilegeError::NoNewPrivs)?;
     caps::clear(None, CapSet::Ambient).map_err(caps_step("clear the ambient capabilities"))?;
     caps::clear(None, CapSet::Inheritable).map_err(caps_step("clear the inheritable capabilities"))?;
     let permitted = caps::read(None, CapSet::Permitted).map_err(caps_step("read the permitted capabilities"))?;
-    let kept: CapsHashSet = permitted.intersection(&keep).copied().collect();
+    let effective: CapsHashSet = effective.iter().copied().filter(|c| permitted.contains(c)).collect();
+    let mut kept = effective.clone();
+    kept.extend(permitted_only.iter().copied().filter(|c| permitted.contains(c)));
     // The effective set must stay a subset of the permitted one at every step.
-    caps::set(None, CapSet::Effective, &kept).map_err(caps_step("lower the effective capabilities"))?;
+    caps::set(None, CapSet::Effective, &effective).map_err(caps_step("lower the effective capabilities"))?;
     caps::set(None, CapSet::Permitted, &kept).map_err(caps_step("lower the permitted capabilities"))?;
     Ok(())
+}
+
+/// Gives up [`DRIVER_LIMIT_NEEDS`] for good (effective and permitted). Idempotent, and no
+/// error where it was never held.
+pub fn forgo_driver_limit() -> Result<()> {
+    caps::drop(None, CapSet::Effective, DRIVER_LIMIT_NEEDS).map_err(caps_step("drop CAP_SYS_ADMIN"))?;
+    caps::drop(None, CapSet::Permitted, DRIVER_LIMIT_NEEDS).map_err(caps_step("drop CAP_SYS_ADMIN"))?;
+    Ok(())
+}
+
+/// Raises [`DRIVER_LIMIT_NEEDS`] into the effective set for the driver call that needs it;
+/// the guard lowers it again. `Ok(None)` where it is not permitted (rootless, or already
+/// forgone): the call goes ahead and the driver says no, with the reason in the error.
+pub fn raise_for_driver_limit() -> Result<Option<AdminGuard>> {
+    let permitted = caps::has_cap(None, CapSet::Permitted, DRIVER_LIMIT_NEEDS)
+        .map_err(caps_step("read the permitted capabilities"))?;
+    if !permitted {
+        return Ok(None);
+    }
+    caps::raise(None, CapSet::Effective, DRIVER_LIMIT_NEEDS).map_err(caps_step("raise CAP_SYS_ADMIN"))?;
+    Ok(Some(AdminGuard))
+}
+
+/// Lowers [`DRIVER_LIMIT_NEEDS`] from the effective set when dropped (see
+/// [`raise_for_driver_limit`]).
+pub struct AdminGuard;
+
+impl Drop for AdminGuard {
+    fn drop(&mut self) {
+        let _ = caps::drop(None, CapSet::Effective, DRIVER_LIMIT_NEEDS);
+    }
 }
 
 /// For `vramgate-runtime` while it admits a container at create (the hook's work, done before
@@ -193,6 +254,46 @@ mod tests {
         assert!(stat_readable);
         other.kill().unwrap();
         other.wait().unwrap();
+    }
+
+    #[test]
+    fn the_hook_holds_sys_admin_permitted_only_raised_around_the_driver_call() {
+        assert!(
+            is_root(),
+            "this test needs root's capabilities: run scripts/test as root"
+        );
+        let ptrace = 1u64 << 19;
+        let admin = 1u64 << 21;
+        let steps = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let look = || (status_field("CapEff"), status_field("CapPrm"));
+            drop_for_hook_stage().unwrap();
+            seen.push(look());
+            {
+                let guard = raise_for_driver_limit().unwrap();
+                assert!(guard.is_some());
+                seen.push(look());
+            }
+            seen.push(look());
+            forgo_driver_limit().unwrap();
+            seen.push(look());
+            // Forgone: nothing left to raise, and forgoing again is no error.
+            assert!(raise_for_driver_limit().unwrap().is_none());
+            forgo_driver_limit().unwrap();
+            seen
+        })
+        .join()
+        .unwrap();
+        let hex = |v: u64| format!("{v:016x}");
+        assert_eq!(
+            steps,
+            [
+                (hex(ptrace), hex(ptrace | admin)),
+                (hex(ptrace | admin), hex(ptrace | admin)),
+                (hex(ptrace), hex(ptrace | admin)),
+                (hex(ptrace), hex(ptrace)),
+            ]
+        );
     }
 
     #[test]

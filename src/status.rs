@@ -91,6 +91,8 @@ pub struct Sources<'a> {
     pub liveness: &'a dyn Liveness,
     /// The pid namespace of a process (recorded hosts replay theirs).
     pub pid_namespace: &'a dyn Fn(u32) -> Option<u64>,
+    /// What the driver counts per limited container ([`crate::enforce::cgroup_usage`]).
+    pub cgroup_usage: &'a dyn crate::attribution::CgroupUsage,
 }
 
 /// The report for `ledger` on this host's live sources (see [`crate::service::Service::snapshot`]).
@@ -109,11 +111,13 @@ pub fn build_with(
     ledger: &Ledger,
     pid_namespace: impl Fn(u32) -> Option<u64>,
 ) -> Result<StatusReport, crate::inventory::InventoryError> {
+    let cgroup_usage = crate::enforce::cgroup_usage(ledger, Path::new(&config.inventory.nvml_library));
     let sources = Sources {
         inventory,
         clock: &SystemClock,
         liveness: &ProcLiveness,
         pid_namespace: &pid_namespace,
+        cgroup_usage: cgroup_usage.as_ref(),
     };
     build_report(&sources, &Rules::from_config(config), &config.state_dir, ledger)
 }
@@ -125,7 +129,8 @@ pub fn build_report(
     ledger: &Ledger,
 ) -> Result<StatusReport, crate::inventory::InventoryError> {
     let snapshot = sources.inventory.snapshot()?;
-    let attribution = attribution::attribute(ledger, &snapshot.processes, sources.pid_namespace);
+    let attribution =
+        attribution::attribute_measured(ledger, &snapshot.processes, sources.pid_namespace, sources.cgroup_usage);
     let now = sources.clock.now_unix_ms();
     let can_see_processes = sources.inventory.sees_processes();
     let alive = |p: &ProcessIdentity| match sources.liveness.life(p) {
@@ -143,13 +148,9 @@ pub fn build_report(
                 .iter()
                 .filter_map(|r| {
                     let share = r.gpus.iter().find(|s| s.uuid == gpu.uuid)?;
-                    let used = can_see_processes.then(|| {
-                        attribution
-                            .allocated
-                            .get(&(r.container_id.clone(), gpu.uuid.clone()))
-                            .copied()
-                            .unwrap_or(0)
-                    });
+                    let key = (r.container_id.clone(), gpu.uuid.clone());
+                    let used = (can_see_processes || attribution.measured.contains(&key))
+                        .then(|| attribution.allocated.get(&key).copied().unwrap_or(0));
                     Some(ReservationStatus {
                         container_id: r.container_id.clone(),
                         bytes: share.bytes,

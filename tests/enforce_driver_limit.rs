@@ -5,40 +5,17 @@
 //! C side, and a real process in a real cgroup v2 (created here, as root: scripts/test runs as
 //! root). What it cannot show is that a real driver takes the call and enforces the limit.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use vramgate::enforce::driver_limit::{apply_driver_limit_at, SET_LIMITS_SYMBOL};
 use vramgate::enforce::{driver_limit_available, AppliedLimit, Availability, EnforceError, PlacedShare};
 
-/// Compiles the stub into `dir`; `with_limits: false` leaves the symbol out (a 580 driver).
-/// Returns the library and the log it appends to.
+/// The stub NVML library (tests/fixtures/nvml_limit_stub.c), compiled into `dir`.
 fn stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
-    let lib = dir.join(if with_limits {
-        "libnvml-limits.so"
-    } else {
-        "libnvml-580.so"
-    });
-    let log = dir.join(format!("{}.log", lib.file_name().unwrap().to_string_lossy()));
-    let mut cc = Command::new("cc");
-    cc.args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
-        .arg(&lib)
-        .arg(&source)
-        .arg(format!("-DLOG_PATH=\"{}\"", log.display()));
-    if !with_limits {
-        cc.arg("-DWITHOUT_LIMITS");
-    }
-    // A missing compiler fails the test: skipping would pass without checking anything.
-    let out = cc
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (lib, log)
+    support::nvml_stub(dir, with_limits)
 }
 
 fn log_lines(log: &Path) -> Vec<String> {
@@ -49,14 +26,8 @@ fn log_lines(log: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The host's cgroup v2 mount: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a
-/// hybrid one (the development VM); `0::` paths in /proc are relative to either.
 fn cgroup_v2_root() -> PathBuf {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-        .expect("this host mounts no cgroup v2 (neither /sys/fs/cgroup nor /sys/fs/cgroup/unified)")
+    support::cgroup_v2_root()
 }
 
 /// A `sleep` in a cgroup v2 of its own, both removed on drop.

@@ -9,9 +9,10 @@ use vramgate::hook::{self, HookError, HookOptions, Outcome, Stage};
 
 fn main() -> ExitCode {
     // First, before reading any input: a hook bug must not be able to use root's powers.
-    // A failure is reported and the hook goes on, since refusing every container start over
-    // hardening would take the host's containers down with it.
-    if let Err(e) = vramgate::privilege::drop_for_hook() {
+    // CAP_SYS_ADMIN stays permitted (never effective) until the hook knows whether it sets a
+    // driver limit (`vramgate::privilege`). A failure is reported and the hook goes on, since
+    // refusing every container start over hardening would take the host's containers down.
+    if let Err(e) = vramgate::privilege::drop_for_hook_stage() {
         eprintln!("vramgate: warning: could not drop capabilities: {e}");
     }
     let cli = HookCli::parse();

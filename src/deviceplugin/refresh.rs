@@ -86,7 +86,14 @@ impl Refresher {
         let snapshot = self
             .inventory
             .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
-        let allocated = crate::attribution::attribute(&ledger, &snapshot.processes, procfs::pid_namespace).allocated;
+        let cgroup_usage = crate::enforce::cgroup_usage(&ledger, Path::new(&config.inventory.nvml_library));
+        let allocated = crate::attribution::attribute_measured(
+            &ledger,
+            &snapshot.processes,
+            procfs::pid_namespace,
+            cgroup_usage.as_ref(),
+        )
+        .allocated;
         let unit = self.options.unit.clone();
         // The units a container's marker may name: those kubelet's checkpoint lists as
         // allocated, and those this plugin granted and has not seen reserved yet.

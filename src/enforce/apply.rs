@@ -26,7 +26,7 @@ pub fn apply_spec_edits(spec: &mut Value, edits: &SpecEdits) -> Result<bool, Enf
         other => return Err(shape("(top level)", Some(other), "an object")),
     };
     // Check first, change after.
-    if !edits.env.is_empty() {
+    if !edits.env.is_empty() || !edits.unset.is_empty() {
         match root.get("process") {
             Some(Value::Object(process)) => match process.get("env") {
                 None | Some(Value::Null) => {}
@@ -49,12 +49,15 @@ pub fn apply_spec_edits(spec: &mut Value, edits: &SpecEdits) -> Result<bool, Enf
     }
 
     let mut changed = false;
-    if !edits.env.is_empty() {
+    if !edits.env.is_empty() || !edits.unset.is_empty() {
         if let Some(env) = root
             .get_mut("process")
             .and_then(Value::as_object_mut)
             .and_then(|process| array_at(process, "env"))
         {
+            let before = env.len();
+            env.retain(|e| !e.as_str().is_some_and(|s| edits.unset.iter().any(|u| env_name(s) == u)));
+            changed |= env.len() != before;
             for (name, value) in &edits.env {
                 changed |= set_env(env, name, value);
             }
@@ -102,6 +105,7 @@ mod tests {
     fn edits(env: &[(&str, &str)], mounts: Vec<Value>) -> SpecEdits {
         SpecEdits {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            unset: Vec::new(),
             mounts,
             tier: Tier::MpsLimit,
             notes: Vec::new(),

@@ -20,8 +20,15 @@
 //!   of the init from `/proc/<pid>/cgroup` under /sys/fs/cgroup, `nvmlInit`,
 //!   `DeviceGetHandleByUUID`, `SetMemoryLimits_v1(cgroupPath, soft, hard)` per GPU.
 //!
-//! The ABI below is assumed from those pages, in this one place: check it against `nvml.h` of
-//! the first driver that exports the symbol ([`SetMemoryLimitsV1`], [`SetLimitsFn`]).
+//! The ABI below ([`SetMemoryLimitsV1`], [`GetMemoryLimitsV1`], [`SetLimitsFn`],
+//! [`GetLimitsFn`]) is NVIDIA's: CUDA 13.4's `nvml.h` (PyPI wheel `nvidia-nvml-dev==13.4.92`)
+//! declares both structs without a version field, and `tests/nvml_abi.rs` compiles a C file
+//! against that header and compares every size, offset and signature with these definitions.
+//!
+//! Privilege: NVML documents the set call as "Requires root/admin permissions", and NVIDIA's
+//! kernel module checks `CAP_SYS_ADMIN` on the calling thread. The hook holds it in its
+//! permitted set only (see [`crate::privilege`]); [`apply_driver_limit`] raises it around the
+//! set calls alone. Reading a limit and its usage ([`DriverUsage`]) needs no privilege.
 //!
 //! Soft and hard: hard = the reservation, soft = 0 ([`SOFT_LIMIT`]). The hard limit is what
 //! refuses an allocation beyond the reservation. The soft limit is a guarantee (`dmem.min`)
@@ -46,23 +53,44 @@ pub const CGROUP_V2_ROOT: &str = "/sys/fs/cgroup";
 /// The soft limit vramgate sets (and asks the toolkit to set): none; see the module docs.
 pub const SOFT_LIMIT: u64 = 0;
 
-/// `nvmlSetMemoryLimits_v1_t`, as assumed (module docs): 24 bytes on x86_64 and aarch64.
+/// The symbol that reads a cgroup's limit and what that cgroup uses now.
+pub const GET_LIMITS_SYMBOL: &str = "nvmlDeviceGetMemoryLimits_v1";
+
+/// `nvmlSetMemoryLimits_v1_t` (nvml.h, CUDA 13.4): 24 bytes on x86_64 and aarch64.
 #[repr(C)]
 pub struct SetMemoryLimitsV1 {
+    /// `[in]` Full path to the cgroup's sysfs directory.
     pub name_space: *const c_char,
     pub soft_limit: c_ulonglong,
     pub hard_limit: c_ulonglong,
 }
 
+/// `nvmlGetMemoryLimits_v1_t` (nvml.h, CUDA 13.4): the set struct plus `currentUsed`, 32 bytes.
+#[repr(C)]
+pub struct GetMemoryLimitsV1 {
+    /// `[in]` Full path to the cgroup's sysfs directory.
+    pub name_space: *const c_char,
+    /// `[out]`
+    pub soft_limit: c_ulonglong,
+    /// `[out]`
+    pub hard_limit: c_ulonglong,
+    /// `[out]` What the cgroup's processes hold on the device now, in bytes.
+    pub current_used: c_ulonglong,
+}
+
 /// `nvmlReturn_t` is a C enum: an int-sized value, 0 for success.
-type NvmlReturn = c_uint;
-/// `nvmlDevice_t` is an opaque pointer.
-type NvmlDevice = *mut c_void;
+pub type NvmlReturn = c_uint;
+/// `nvmlDevice_t` is an opaque pointer (`struct nvmlDevice_st *`).
+pub type NvmlDevice = *mut c_void;
 type InitFn = unsafe extern "C" fn() -> NvmlReturn;
 type ShutdownFn = unsafe extern "C" fn() -> NvmlReturn;
 type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
-/// `nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t, nvmlSetMemoryLimits_v1_t *)`, assumed.
+/// `nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t, nvmlSetMemoryLimits_v1_t *)`.
 pub type SetLimitsFn = unsafe extern "C" fn(NvmlDevice, *mut SetMemoryLimitsV1) -> NvmlReturn;
+/// `nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t, nvmlGetMemoryLimits_v1_t *)`.
+pub type GetLimitsFn = unsafe extern "C" fn(NvmlDevice, *mut GetMemoryLimitsV1) -> NvmlReturn;
+/// `NVML_ERROR_NO_PERMISSION`.
+pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
 
 /// Whether the driver limit can work with this NVML library.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,22 +211,29 @@ pub fn container_cgroup(init_pid: u32, proc_root: &Path, cgroup_root: &Path) -> 
     Ok(dir)
 }
 
+/// The `nvmlReturn_t` values the driver limit's calls document, with nvml.h's names
+/// (`tests/nvml_abi.rs` checks each against the header).
+pub const NVML_ERRORS: &[(NvmlReturn, &str)] = &[
+    (1, "NVML_ERROR_UNINITIALIZED"),
+    (2, "NVML_ERROR_INVALID_ARGUMENT"),
+    (3, "NVML_ERROR_NOT_SUPPORTED"),
+    (NVML_ERROR_NO_PERMISSION, "NVML_ERROR_NO_PERMISSION"),
+    (6, "NVML_ERROR_NOT_FOUND"),
+    (9, "NVML_ERROR_DRIVER_NOT_LOADED"),
+    (13, "NVML_ERROR_FUNCTION_NOT_FOUND"),
+    (15, "NVML_ERROR_GPU_IS_LOST"),
+    (17, "NVML_ERROR_OPERATING_SYSTEM"),
+    (25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH"),
+    (999, "NVML_ERROR_UNKNOWN"),
+];
+
 /// NVML's name for a return code, for messages (the library's own `nvmlErrorString` is not
 /// called: a library too old or broken to set limits is the case worth explaining).
-fn nvml_error_name(code: NvmlReturn) -> &'static str {
-    match code {
-        1 => "NVML_ERROR_UNINITIALIZED",
-        2 => "NVML_ERROR_INVALID_ARGUMENT",
-        3 => "NVML_ERROR_NOT_SUPPORTED",
-        4 => "NVML_ERROR_NO_PERMISSION",
-        6 => "NVML_ERROR_NOT_FOUND",
-        9 => "NVML_ERROR_DRIVER_NOT_LOADED",
-        13 => "NVML_ERROR_FUNCTION_NOT_FOUND",
-        15 => "NVML_ERROR_GPU_IS_LOST",
-        25 => "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
-        999 => "NVML_ERROR_UNKNOWN",
-        _ => "see nvml.h",
-    }
+pub fn nvml_error_name(code: NvmlReturn) -> &'static str {
+    NVML_ERRORS
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map_or("see nvml.h", |(_, name)| name)
 }
 
 /// Sets each GPU's hard limit to the container's reservation on it, for the cgroup of its
@@ -288,9 +323,21 @@ pub fn apply_driver_limit_at(
             soft_limit: SOFT_LIMIT,
             hard_limit: share.bytes,
         };
+        // The one call that needs CAP_SYS_ADMIN, held effective for it alone. A process that
+        // cannot raise it (rootless, or a caller that gave it up) still makes the call: the
+        // driver's answer, explained below, is the error.
+        let admin = crate::privilege::raise_for_driver_limit().ok().flatten();
         // SAFETY: a handle NVML just returned and the struct above, whose nameSpace outlives
         // the call.
         let code = unsafe { set_limits(device, &mut limits) };
+        drop(admin);
+        if code == NVML_ERROR_NO_PERMISSION {
+            result = Err(EnforceError::NoPermission {
+                library: library.clone(),
+                argument: format!("{}, {}", share.uuid, cgroup.display()),
+            });
+            break;
+        }
         if code != 0 {
             result = Err(nvml_err(
                 SET_LIMITS_SYMBOL,
@@ -310,6 +357,97 @@ pub fn apply_driver_limit_at(
     // are set, or the error above says why not.
     let _ = unsafe { shutdown() };
     result.map(|()| applied)
+}
+
+/// Reads what a container's cgroup holds on a GPU under the driver limit:
+/// `nvmlDeviceGetMemoryLimits_v1`'s `currentUsed`, which counts every process of the cgroup.
+/// Opened once per process (dlopen and `nvmlInit`, before any lock is taken), read per
+/// reservation; a library without the symbol (drivers before R615, such as 580) gives no
+/// figures, and attribution falls back to processes by pid namespace.
+pub struct DriverUsage {
+    // The library stays loaded while the function pointers below are used: they are copied
+    // out of it, and `lib` is dropped after `Drop::drop` has shut NVML down.
+    by_uuid: HandleByUuidFn,
+    get_limits: GetLimitsFn,
+    shutdown: ShutdownFn,
+    cgroup_root: PathBuf,
+    proc_root: PathBuf,
+    _lib: Library,
+}
+
+impl DriverUsage {
+    /// Loads `nvml_library` and starts NVML; `None` where the library, one of its symbols, or
+    /// NVML's start is missing (then there is nothing to read).
+    pub fn open(nvml_library: &Path) -> Option<DriverUsage> {
+        DriverUsage::open_at(nvml_library, Path::new("/proc"), Path::new(CGROUP_V2_ROOT))
+    }
+
+    /// [`DriverUsage::open`] with the /proc and cgroup v2 mounts given (tests).
+    pub fn open_at(nvml_library: &Path, proc_root: &Path, cgroup_root: &Path) -> Option<DriverUsage> {
+        let (lib, _) = open_library(nvml_library).ok()?;
+        // SAFETY: nvml.h's signatures (`tests/nvml_abi.rs` checks them against the header);
+        // the pointers are used only while `lib` is loaded (see the struct).
+        let (init, shutdown, by_uuid, get_limits) = unsafe {
+            (
+                *lib.get::<InitFn>(b"nvmlInit_v2").ok()?,
+                *lib.get::<ShutdownFn>(b"nvmlShutdown").ok()?,
+                *lib.get::<HandleByUuidFn>(b"nvmlDeviceGetHandleByUUID").ok()?,
+                *lib.get::<GetLimitsFn>(GET_LIMITS_SYMBOL.as_bytes()).ok()?,
+            )
+        };
+        // SAFETY: takes nothing; paired with the shutdown in Drop.
+        if unsafe { init() } != 0 {
+            return None;
+        }
+        Some(DriverUsage {
+            by_uuid,
+            get_limits,
+            shutdown,
+            cgroup_root: cgroup_root.to_path_buf(),
+            proc_root: proc_root.to_path_buf(),
+            _lib: lib,
+        })
+    }
+
+    /// What the cgroup directory `cgroup` holds on GPU `uuid` now, as the driver counts it.
+    pub fn used_by_cgroup(&self, uuid: &str, cgroup: &Path) -> Option<u64> {
+        let uuid = CString::new(uuid).ok()?;
+        let name_space = CString::new(cgroup.as_os_str().as_bytes()).ok()?;
+        let mut device: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a pointer to a handle, as nvml.h declares.
+        if unsafe { (self.by_uuid)(uuid.as_ptr(), &mut device) } != 0 {
+            return None;
+        }
+        let mut limits = GetMemoryLimitsV1 {
+            name_space: name_space.as_ptr(),
+            soft_limit: 0,
+            hard_limit: 0,
+            current_used: 0,
+        };
+        // SAFETY: a handle NVML just returned and the struct above, whose nameSpace outlives
+        // the call.
+        let code = unsafe { (self.get_limits)(device, &mut limits) };
+        (code == 0).then_some(limits.current_used)
+    }
+}
+
+impl crate::attribution::CgroupUsage for DriverUsage {
+    /// Only containers the driver limit holds have a figure: the cgroup of their init, read
+    /// now (a pending reservation's process is the runtime, not the container).
+    fn used(&self, reservation: &crate::ledger::Reservation, uuid: &str) -> Option<u64> {
+        if reservation.pending || reservation.enforcement != Some(super::Tier::DriverLimit) {
+            return None;
+        }
+        let cgroup = container_cgroup(reservation.init.pid, &self.proc_root, &self.cgroup_root).ok()?;
+        self.used_by_cgroup(uuid, &cgroup)
+    }
+}
+
+impl Drop for DriverUsage {
+    fn drop(&mut self) {
+        // SAFETY: pairs with the successful init in `open_at`.
+        let _ = unsafe { (self.shutdown)() };
+    }
 }
 
 #[cfg(test)]

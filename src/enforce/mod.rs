@@ -85,6 +85,8 @@ pub struct PlacedShare {
 pub struct SpecEdits {
     /// Variables to set in `process.env`, replacing an entry of the same name.
     pub env: Vec<(String, String)>,
+    /// Variables to remove from `process.env` (every entry of that name).
+    pub unset: Vec<String>,
     /// OCI mount objects to append to `mounts`.
     pub mounts: Vec<serde_json::Value>,
     /// What the spec gives the container. For `limit = "driver"` this is the tier without the
@@ -118,6 +120,8 @@ pub enum EnforceError {
         code: u32,
         name: &'static str,
     },
+    #[error("nvmlDeviceSetMemoryLimits_v1({argument}) from {library:?} was refused with NVML_ERROR_NO_PERMISSION: setting a driver memory limit needs CAP_SYS_ADMIN, which the calling process does not hold; run the hook as root with its full capabilities (as runc, podman and CRI-O do), or set [enforce] limit to \"mps\" or \"none\"")]
+    NoPermission { library: PathBuf, argument: String },
     #[error("cannot read the cgroup of the container's init from {path}: {source}")]
     ReadCgroup { path: PathBuf, source: std::io::Error },
     #[error("{path} has no cgroup v2 entry (\"0::/...\"): the host runs cgroup v1 only, and the driver memory limit needs cgroup v2 mounted at /sys/fs/cgroup")]
@@ -135,6 +139,32 @@ pub enum EnforceError {
 }
 
 pub(crate) use crate::spec::json_type;
+
+/// The driver's per-container figures for attribution (see [`crate::attribution::CgroupUsage`]),
+/// when `ledger` holds a container the driver limit holds; nothing is loaded otherwise, so
+/// hosts on other tiers pay nothing. A tier changed in the config since does not matter: what
+/// the ledger recorded does.
+pub fn driver_usage_for(
+    ledger: &crate::ledger::Ledger,
+    nvml_library: &std::path::Path,
+) -> Option<driver_limit::DriverUsage> {
+    let limited = ledger
+        .reservations
+        .iter()
+        .any(|r| r.enforcement == Some(Tier::DriverLimit));
+    limited.then(|| driver_limit::DriverUsage::open(nvml_library)).flatten()
+}
+
+/// [`driver_usage_for`] as a [`crate::attribution::CgroupUsage`]: no figures where it has none.
+pub fn cgroup_usage(
+    ledger: &crate::ledger::Ledger,
+    nvml_library: &std::path::Path,
+) -> Box<dyn crate::attribution::CgroupUsage> {
+    match driver_usage_for(ledger, nvml_library) {
+        Some(usage) => Box::new(usage),
+        None => Box::new(crate::attribution::NoCgroupUsage),
+    }
+}
 
 /// The name of a `KEY=VALUE` entry (the whole entry when it has no `=`).
 pub(crate) fn env_name(entry: &str) -> &str {
@@ -161,6 +191,7 @@ pub fn spec_edits(
 ) -> SpecEdits {
     let mut edits = SpecEdits {
         env: Vec::new(),
+        unset: Vec::new(),
         mounts: Vec::new(),
         tier: Tier::None,
         notes: Vec::new(),
@@ -169,7 +200,17 @@ pub fn spec_edits(
         return edits;
     }
     let hard = match config.limit {
-        LimitMechanism::None | LimitMechanism::Driver => None,
+        LimitMechanism::None => None,
+        LimitMechanism::Driver => {
+            // The hook sets the limit at createRuntime; NVIDIA's hook must not set a second.
+            if let Some(set) = toolkit::conflicting_request(existing_env) {
+                edits.unset = vec![toolkit::REQUEST_VAR.to_string(), toolkit::LIMIT_VAR.to_string()];
+                edits.notes.push(format!(
+                    "vramgate: removed {set} from the container's env: under [enforce] limit = \"driver\" vramgate sets the driver limit from the reservation, and nvidia-container-toolkit's hook would set a second one"
+                ));
+            }
+            None
+        }
         LimitMechanism::Toolkit => toolkit::edits(placed, &mut edits),
         LimitMechanism::Mps => mps::edits(config, placed, mps_running, &mut edits),
     };
@@ -252,6 +293,34 @@ mod tests {
         // The hook sets the limit and reports DriverLimit; the spec carries the guardrails.
         assert_eq!(edits.tier, Tier::Guardrails);
         assert!(edits.env.iter().all(|(k, _)| !k.starts_with("NVIDIA_GPU_MEMORY")));
+    }
+
+    #[test]
+    fn driver_limit_removes_the_toolkits_variables_the_container_set() {
+        let config = EnforceConfig {
+            limit: LimitMechanism::Driver,
+            ..EnforceConfig::default()
+        };
+        let existing = ["NVIDIA_GPU_MEMORY_LIMIT=999999".to_string(), "PATH=/bin".to_string()];
+        let edits = spec_edits(&config, &existing, &[share(0, 1 << 30, H200)], false);
+        assert_eq!(edits.unset, ["NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT"]);
+        assert!(
+            edits.notes[0].contains("removed NVIDIA_GPU_MEMORY_LIMIT"),
+            "{:?}",
+            edits.notes
+        );
+        let clean = spec_edits(&config, &existing[1..], &[share(0, 1 << 30, H200)], false);
+        assert!(clean.unset.is_empty() && clean.notes.is_empty());
+        let mut spec = serde_json::json!({"process": {"env": ["NVIDIA_GPU_MEMORY_LIMIT=999999", "PATH=/bin", "NVIDIA_GPU_MEMORY_REQUEST=1"]}});
+        assert!(apply_spec_edits(&mut spec, &edits).unwrap());
+        let env: Vec<&str> = spec["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(env.iter().all(|e| !e.starts_with("NVIDIA_GPU_MEMORY")), "{env:?}");
+        assert!(env.contains(&"PATH=/bin"));
     }
 
     #[test]

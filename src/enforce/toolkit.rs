@@ -16,6 +16,19 @@ use super::{driver_limit::SOFT_LIMIT, PlacedShare, SpecEdits, Tier, MIB};
 pub const LIMIT_VAR: &str = "NVIDIA_GPU_MEMORY_LIMIT";
 pub const REQUEST_VAR: &str = "NVIDIA_GPU_MEMORY_REQUEST";
 
+/// The toolkit variables a container's own env sets (`None` when neither), named for a
+/// message. Under `limit = "driver"` vramgate sets the driver limit itself, and the toolkit's
+/// hook, finding them, would set a second one on the same cgroup after it: the wrapper
+/// removes them ([`super::spec_edits`]), the hook alone, which cannot edit the spec, refuses
+/// the container. Either variable counts: a later toolkit may need only one.
+pub fn conflicting_request(existing_env: &[String]) -> Option<String> {
+    let set: Vec<&str> = [REQUEST_VAR, LIMIT_VAR]
+        .into_iter()
+        .filter(|v| super::env_has(existing_env, v))
+        .collect();
+    (!set.is_empty()).then(|| set.join(" and "))
+}
+
 /// The two variables for the toolkit's hook, or a note when they cannot apply. Returns the
 /// tier it gives.
 pub fn edits(placed: &[PlacedShare], edits: &mut SpecEdits) -> Option<Tier> {

@@ -99,6 +99,13 @@ pub struct Service<'a> {
     liveness: &'a dyn Liveness,
     rules: Rules,
     poll_interval: Duration,
+    /// Where the driver's per-container figures come from (`inventory.nvml_library`).
+    nvml_library: std::path::PathBuf,
+    /// Those figures, loaded the first time a decision's ledger holds a container the driver
+    /// limit holds ([`crate::enforce::driver_usage_for`]). On a GPU host the inventory has
+    /// already loaded and started the same library, so this is a reference count, not a
+    /// driver start.
+    cgroup_usage: std::cell::OnceCell<crate::enforce::driver_limit::DriverUsage>,
 }
 
 /// Where one admission's queue wait stands between attempts.
@@ -133,6 +140,21 @@ impl<'a> Service<'a> {
             liveness,
             rules: Rules::from_config(config),
             poll_interval: config.queue.poll_interval,
+            nvml_library: config.inventory.nvml_library.clone().into(),
+            cgroup_usage: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The driver's per-container figures for attribution (see the field).
+    fn cgroup_usage(&self, ledger: &Ledger) -> &dyn attribution::CgroupUsage {
+        if self.cgroup_usage.get().is_none() {
+            if let Some(usage) = crate::enforce::driver_usage_for(ledger, &self.nvml_library) {
+                let _ = self.cgroup_usage.set(usage);
+            }
+        }
+        match self.cgroup_usage.get() {
+            Some(usage) => usage,
+            None => &attribution::NoCgroupUsage,
         }
     }
 
@@ -294,7 +316,9 @@ impl<'a> Service<'a> {
             }
         };
         let decide = |ledger: &Ledger| {
-            let allocated = attribution::attribute(ledger, &snapshot.processes, procfs::pid_namespace).allocated;
+            let usage = self.cgroup_usage(ledger);
+            let allocated =
+                attribution::attribute_measured(ledger, &snapshot.processes, procfs::pid_namespace, usage).allocated;
             admission::decide(
                 ledger,
                 &snapshot,
@@ -556,9 +580,16 @@ impl<'a> Service<'a> {
         Ok(released)
     }
 
-    /// Records what holds a container to its reservation, found after it was confirmed (the
-    /// hook setting the driver limit). Returns whether the reservation was there.
-    pub fn set_enforcement(&self, container: &str, bundle: Option<&Path>, tier: crate::enforce::Tier) -> Result<bool> {
+    /// Records what holds a container to its reservation, found after it was admitted (the
+    /// hook setting the driver limit), with an `enforce` event whose `detail` says how.
+    /// Returns whether the reservation was there.
+    pub fn set_enforcement(
+        &self,
+        container: &str,
+        bundle: Option<&Path>,
+        tier: crate::enforce::Tier,
+        detail: &str,
+    ) -> Result<bool> {
         let mut tx = self.dir.begin()?;
         let Some(r) = tx
             .ledger
@@ -569,7 +600,9 @@ impl<'a> Service<'a> {
             return Ok(false);
         };
         r.enforcement = Some(tier);
-        let _ = tx.commit()?;
+        let event = self.event(Kind::Enforce, container, &r.gpus, format!("{tier}: {detail}"));
+        let _committed = tx.commit()?;
+        events::append(&self.dir, &[event]);
         Ok(true)
     }
 
@@ -598,6 +631,7 @@ impl<'a> Service<'a> {
             clock: self.clock,
             liveness: self.liveness,
             pid_namespace: &procfs::pid_namespace,
+            cgroup_usage: self.cgroup_usage(ledger),
         };
         Ok(crate::status::build_report(
             &sources,

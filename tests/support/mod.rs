@@ -387,3 +387,67 @@ pub fn stderr(out: &Output) -> String {
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// Compiles the stub NVML library (`tests/fixtures/nvml_limit_stub.c`) into `dir`: with the
+/// driver memory limit's calls (a driver R615+ would have them), or without (`with_limits:
+/// false`, a 580 driver). Returns the library and the log it appends every call to; the file
+/// of what each cgroup "uses" (for `nvmlDeviceGetMemoryLimits_v1`) is the log's path plus
+/// `.usage`. A missing compiler fails the test: skipping would pass without checking anything.
+pub fn nvml_stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
+    let lib = dir.join(if with_limits {
+        "libnvml-limits.so"
+    } else {
+        "libnvml-580.so"
+    });
+    let log = dir.join(format!("{}.log", lib.file_name().unwrap().to_string_lossy()));
+    let mut cc = Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .arg(format!("-DLOG_PATH=\"{}\"", log.display()));
+    if !with_limits {
+        cc.arg("-DWITHOUT_LIMITS");
+    }
+    let out = cc
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (lib, log)
+}
+
+/// The host's cgroup v2 mount: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a
+/// hybrid one (the development VM); `0::` paths in /proc are relative to either.
+pub fn cgroup_v2_root() -> PathBuf {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("this host mounts no cgroup v2 (neither /sys/fs/cgroup nor /sys/fs/cgroup/unified)")
+}
+
+/// `program args` in the layout the driver limit needs, cgroup v2 at /sys/fs/cgroup: as it
+/// is on a unified host, and on a hybrid one (the development VM) in a private mount
+/// namespace with the unified hierarchy bound over /sys/fs/cgroup. runc then creates each
+/// container's cgroup in cgroup v2, where the hook finds it, as on a real GPU host.
+pub fn in_cgroup_v2(program: &Path, args: &[&std::ffi::OsStr]) -> Command {
+    let root = cgroup_v2_root();
+    if root == Path::new("/sys/fs/cgroup") {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        return cmd;
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} /sys/fs/cgroup && exec \"$0\" \"$@\"",
+            root.display()
+        ))
+        .arg(program)
+        .args(args);
+    cmd
+}
