@@ -6,6 +6,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -273,6 +274,73 @@ fn device_nodes_injected_upstream_are_narrowed_with_their_cgroup_rules() {
     let out = bed.runc(&["exec", "nodes", "ls", "/dev"]).output().unwrap();
     let listing = String::from_utf8_lossy(&out.stdout);
     assert!(listing.contains("nvidia3") && !listing.contains("nvidia0"), "{listing}");
+}
+
+/// A container that names its GPU (`vramgate.dev/gpus=1`) but was given every GPU by its
+/// engine (`NVIDIA_VISIBLE_DEVICES=all`, every node): it sees GPU 1 alone, and the MPS limit
+/// names GPU 1, not whichever GPU the container would number 0.
+#[test]
+fn a_named_gpu_narrows_what_the_engine_gave_and_the_mps_limit_names_it() {
+    let scratch = tempfile::tempdir().unwrap();
+    let pipe = scratch.path().join("mps-pipe");
+    let log = scratch.path().join("mps-log");
+    std::fs::create_dir_all(&pipe).unwrap();
+    std::fs::create_dir_all(&log).unwrap();
+    // An MPS control daemon as vramgate recognises one: its socket, its pid file, and a
+    // process whose argv[0] is nvidia-cuda-mps-control.
+    let _socket = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+    let mut daemon = Command::new("sleep")
+        .arg0("nvidia-cuda-mps-control")
+        .arg("120")
+        .spawn()
+        .unwrap();
+    std::fs::write(pipe.join("nvidia-cuda-mps-control.pid"), format!("{}\n", daemon.id())).unwrap();
+    let (_dir, bed) = testbed(
+        "vg-place-named",
+        &format!(
+            "[enforce]\nlimit = \"mps\"\nmps_pipe_directory = {:?}\nmps_log_directory = {:?}\n",
+            pipe.display().to_string(),
+            log.display().to_string()
+        ),
+    );
+    let _cleanup = Cleanup(&bed);
+    let b = bundle(
+        &bed,
+        "named",
+        &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "1")],
+        &["NVIDIA_VISIBLE_DEVICES=all"],
+    );
+    let mut spec = spec_of(&b);
+    let mut devices = Vec::new();
+    let mut rules = Vec::new();
+    for i in 0..8u64 {
+        devices.push(json!({"path": format!("/dev/nvidia{i}"), "type": "c", "major": 195, "minor": i}));
+        rules.push(json!({"allow": true, "type": "c", "major": 195, "minor": i, "access": "rwm"}));
+    }
+    spec["linux"]["devices"] = json!(devices);
+    spec["linux"]["resources"]["devices"] = json!(rules);
+    std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let (ok, err) = create(&bed, "named", &b);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert!(ok, "{err}");
+    assert_eq!(gpu_of(&bed, "named"), [1]);
+    let spec = spec_of(&b);
+    assert_eq!(env_of(&spec, "NVIDIA_VISIBLE_DEVICES"), Some(uuid(1)));
+    assert_eq!(
+        env_of(&spec, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        Some(format!("{}=4096M", uuid(1))),
+        "keyed by the reserved GPU's UUID"
+    );
+    let out = bed.runc(&["exec", "named", "ls", "/dev"]).output().unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.contains("nvidia1"), "{listing}");
+    for other in [0, 2, 3, 4, 5, 6, 7] {
+        assert!(
+            !listing.contains(&format!("nvidia{other}")),
+            "nvidia{other} in {listing}"
+        );
+    }
 }
 
 #[test]
