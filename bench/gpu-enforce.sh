@@ -20,7 +20,12 @@
 #      and tries 16 GiB: the hog fails alone with CUDA out-of-memory, all 20 complete;
 #      mid-run: `vramgate status --json` (each container's tier) and NVML's per-process memory
 #      (is an MPS client's memory charged to the client, the server, or both?);
-#   5. experiment: mps_device_key = "uuid" (does MPS take a UUID in the pinned limit?).
+#   5. experiment: mps_device_key = "ordinal" (the default is "uuid" since issue 19);
+#   6. limit = "driver" on this driver (580 has no nvmlDeviceSetMemoryLimits_v1), through the
+#      built hook with the capabilities it keeps: the hook alone (plain runc, the hook in the
+#      spec, as podman's hooks.d) and behind the wrapper are refused with the precise reason
+#      and leave nothing reserved; under on_state_error = "fail-open" the container runs and
+#      the event log says why it has no limit.
 set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
@@ -180,13 +185,14 @@ check_env "$T/env" TF_FORCE_GPU_ALLOW_GROWTH true
 check_env "$T/env" XLA_PYTHON_CLIENT_PREALLOCATE false
 check_env "$T/env" XLA_CLIENT_MEM_FRACTION "$want_fraction"
 check_env "$T/env" XLA_PYTHON_CLIENT_MEM_FRACTION "$want_fraction"
-check_env "$T/env" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT 0=4096M
+GPU0_UUID=$(timeout 30 nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+check_env "$T/env" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "$GPU0_UUID=4096M"
 check_env "$T/env" CUDA_MPS_PIPE_DIRECTORY "$PIPE"
 env_bundle "$T/env-preset" 4Gi --env TF_FORCE_GPU_ALLOW_GROWTH=false --env CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G
 vrun "$cfg" "$T/env-preset" "$PREFIX-env-preset"
 cp "$T/env-preset/log" "$R/env-preset-inside-container.txt"
 check_env "$T/env-preset" TF_FORCE_GPU_ALLOW_GROWTH false
-check_env "$T/env-preset" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT 0=4096M
+check_env "$T/env-preset" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "$GPU0_UUID=4096M"
 
 # ---- 4. the hog and its neighbours under MPS
 for i in $(seq 1 "$N"); do
@@ -275,18 +281,61 @@ mkdir -p "$R/logs"
 for d in "$T"/n[0-9]* "$T"/hog "$T"/control; do cp "$d/log" "$R/logs/$(basename "$d").log"; done
 cp "$STATE_BASE/enforce-mps/events.jsonl" "$R/events-mps.jsonl" 2>/dev/null || true
 
-# ---- 5. experiment: the pinned limit keyed by UUID
-cfgu=$T/mps-uuid.toml
-write_config "$cfgu" uuid mps 'mps_device_key = "uuid"'
-mkdir -p "$T/hog-uuid"
-job_bundle "$T/hog-uuid" 4Gi 16 2
-vrun "$cfgu" "$T/hog-uuid" "$PREFIX-hog-uuid"
-cp "$T/hog-uuid/log" "$R/logs/hog-uuid.log"
-if grep -q "FAILED out of memory" "$T/hog-uuid/log"; then
-    info "mps_device_key = uuid: honoured (the hog hit out-of-memory at its 4Gi)"
+# ---- 5. experiment: the pinned limit keyed by ordinal
+cfgo=$T/mps-ordinal.toml
+write_config "$cfgo" ordinal mps 'mps_device_key = "ordinal"'
+mkdir -p "$T/hog-ordinal"
+job_bundle "$T/hog-ordinal" 4Gi 16 2
+vrun "$cfgo" "$T/hog-ordinal" "$PREFIX-hog-ordinal"
+cp "$T/hog-ordinal/log" "$R/logs/hog-ordinal.log"
+if grep -q "FAILED out of memory" "$T/hog-ordinal/log"; then
+    info "mps_device_key = ordinal: honoured (the hog hit out-of-memory at its 4Gi)"
 else
-    info "mps_device_key = uuid: NOT honoured (rc $(cat "$T/hog-uuid/rc"): $(tail -1 "$T/hog-uuid/log" | cut -c1-160))"
+    info "mps_device_key = ordinal: NOT honoured (rc $(cat "$T/hog-ordinal/rc"): $(tail -1 "$T/hog-ordinal/log" | cut -c1-160))"
 fi
+
+# ---- 6. limit = "driver" on a driver without the call
+reserved_count() {   # CONFIG: how many reservations status lists
+    VRAMGATE_CONFIG=$1 timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
+        "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo "?"
+}
+refused_for_r615() {   # DIR LABEL
+    local dir=$1 label=$2
+    if [ "$(cat "$dir/rc")" != 0 ] && grep -q "does not export nvmlDeviceSetMemoryLimits_v1" "$dir/log" && grep -q "R615" "$dir/log"; then
+        pass "driver tier, $label: refused with the reason: $(grep -m1 -o 'vramgate: container.*' "$dir/log" | cut -c1-220)"
+    else
+        fail "driver tier, $label: rc $(cat "$dir/rc"), $(tail -2 "$dir/log" | tr '\n' ' ' | cut -c1-240)"
+    fi
+}
+cfgd=$T/driver.toml
+write_config "$cfgd" driver driver
+mkdir -p "$T/drv-hook" "$T/drv-wrap" "$T/drv-open"
+bundle "$T/drv-hook" "$cfgd" 1Gi 1 1
+rc=0; runc_ run "${RUN_FLAGS[@]}" --bundle "$T/drv-hook" "$PREFIX-drv-hook" </dev/null >"$T/drv-hook/log" 2>&1 || rc=$?
+echo "$rc" >"$T/drv-hook/rc"
+runc_ delete --force "$PREFIX-drv-hook" >/dev/null 2>&1 || true
+refused_for_r615 "$T/drv-hook" "the hook alone (plain runc, hook in the spec)"
+job_bundle "$T/drv-wrap" 1Gi 1 1
+vrun "$cfgd" "$T/drv-wrap" "$PREFIX-drv-wrap"
+refused_for_r615 "$T/drv-wrap" "behind vramgate-runtime"
+n=$(reserved_count "$cfgd")
+if [ "$n" = 0 ]; then pass "driver tier: nothing left reserved after the refusals"; else fail "driver tier: $n reservation(s) left after the refusals"; fi
+cfgdo=$T/driver-open.toml
+write_config "$cfgdo" driver-open driver
+sed -i '1i on_state_error = "fail-open"' "$cfgdo"
+bundle "$T/drv-open" "$cfgdo" 1Gi 1 1
+rc=0; runc_ run "${RUN_FLAGS[@]}" --bundle "$T/drv-open" "$PREFIX-drv-open" </dev/null >"$T/drv-open/log" 2>&1 || rc=$?
+echo "$rc" >"$T/drv-open/rc"
+runc_ delete --force "$PREFIX-drv-open" >/dev/null 2>&1 || true
+events=$STATE_BASE/enforce-driver-open/events.jsonl
+cp "$events" "$R/events-driver-open.jsonl" 2>/dev/null || true
+if [ "$rc" = 0 ] && grep -q "^ok " "$T/drv-open/log" && grep '"fail_open"' "$events" 2>/dev/null | grep -q "R615"; then
+    pass "driver tier, fail-open: the container ran without a limit and the event log says why: $(grep -m1 '"fail_open"' "$events" | cut -c1-240)"
+else
+    fail "driver tier, fail-open: rc $rc, $(tail -1 "$T/drv-open/log" | cut -c1-160); events: $(tail -2 "$events" 2>/dev/null | cut -c1-240)"
+fi
+VRAMGATE_CONFIG=$cfgd timeout 60 "$BIN/vramgate" doctor >"$R/doctor-driver.txt" 2>&1 || true
+for d in drv-hook drv-wrap drv-open; do cp "$T/$d/log" "$R/logs/$d.log"; done
 
 say "# $failures failure(s); results in $R"
 [ "$failures" = 0 ]
