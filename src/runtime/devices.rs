@@ -127,9 +127,12 @@ pub fn narrow_to(
         }
     }
 
+    // vramgate's own request names what it chose only after a placement (`auto`); a request
+    // that named its GPUs named what was reserved.
+    let placed = none_given == WhenNoneGiven::Give;
     // Annotations: vramgate's own and CDI requests.
     if let Some(Value::Object(annotations)) = root.get_mut("annotations") {
-        if annotations.contains_key(GPUS_ANNOTATION) {
+        if placed && annotations.contains_key(GPUS_ANNOTATION) {
             annotations.insert(GPUS_ANNOTATION.to_string(), Value::String(uuids.clone()));
         }
         for (key, value) in annotations.iter_mut() {
@@ -137,7 +140,12 @@ pub fn narrow_to(
                 continue;
             };
             let names: Vec<&str> = text.split(',').map(str::trim).collect();
-            if !names.iter().any(|n| n.starts_with(CDI_GPU_PREFIX)) {
+            let gpu_names: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| n.starts_with(CDI_GPU_PREFIX))
+                .collect();
+            if gpu_names.is_empty() || names_exactly(&gpu_names, chosen) {
                 continue;
             }
             let mut kept: Vec<String> = names
@@ -161,7 +169,12 @@ pub fn narrow_to(
         };
         let new = match name {
             // `none` and `void` give no GPU: there is nothing to narrow.
-            VISIBLE_DEVICES_ENV if gives_no_gpu(value) && none_given == WhenNoneGiven::Leave => continue,
+            VISIBLE_DEVICES_ENV if gives_no_gpu(value) && !placed => continue,
+            // Already exactly the reserved GPUs, in whatever form: left as the engine wrote it.
+            VISIBLE_DEVICES_ENV if names_exactly(&value.split(',').map(str::trim).collect::<Vec<_>>(), chosen) => {
+                saw_visible = true;
+                continue;
+            }
             VISIBLE_DEVICES_ENV => {
                 saw_visible = true;
                 let as_cdi = value.split(',').any(|v| v.trim().starts_with(CDI_GPU_PREFIX));
@@ -171,7 +184,7 @@ pub fn narrow_to(
                     uuids.clone()
                 }
             }
-            GPUS_ENV => uuids.clone(),
+            GPUS_ENV if placed => uuids.clone(),
             _ => continue,
         };
         *entry = Value::String(format!("{name}={new}"));
@@ -180,6 +193,26 @@ pub fn narrow_to(
         env.push(Value::String(format!("{VISIBLE_DEVICES_ENV}={uuids}")));
     }
     Ok(())
+}
+
+/// Whether a device list (`0`, `0:1`, `GPU-…`, `MIG-…`, each possibly as a CDI name
+/// `nvidia.com/gpu=…`) names exactly the GPUs of `chosen`, each at least once and nothing
+/// else. `all` and anything unknown do not.
+fn names_exactly(names: &[&str], chosen: &[GpuMemory]) -> bool {
+    let names_one = |name: &str, gpu: &GpuMemory| {
+        let name = name.strip_prefix(CDI_GPU_PREFIX).unwrap_or(name);
+        if name == gpu.uuid {
+            return true;
+        }
+        let (index, mig) = match name.split_once(':') {
+            Some((index, mig)) => (index, Some(mig)),
+            None => (name, None),
+        };
+        index.parse::<u32>().ok() == Some(gpu.index) && mig.map(|m| m.parse::<u32>().ok()) == gpu.mig_index.map(Some)
+    };
+    !names.is_empty()
+        && names.iter().all(|n| chosen.iter().any(|g| names_one(n, g)))
+        && chosen.iter().all(|g| names.iter().any(|n| names_one(n, g)))
 }
 
 /// `NVIDIA_VISIBLE_DEVICES` values under which the toolkit gives no GPU.
@@ -387,7 +420,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]));
-        assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "GPU-b");
+        assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "1", "its own request stays");
+        // Given exactly what it reserved, in any form: nothing changes.
+        for (visible, cdi) in [
+            ("1", "nvidia.com/gpu=1"),
+            ("GPU-b", "nvidia.com/gpu=GPU-b"),
+            ("nvidia.com/gpu=1", "nvidia.com/gpu=1,vendor.com/nic=0"),
+        ] {
+            let before = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={visible}")]}, "annotations": {"cdi.k8s.io/x": cdi}});
+            let mut spec = before.clone();
+            narrow_to(
+                &mut spec,
+                Path::new("c"),
+                &chosen,
+                WhenNoneGiven::Leave,
+                &MigMinors::default(),
+            )
+            .unwrap();
+            assert_eq!(spec, before);
+        }
+        let mut spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1,2"]}});
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &chosen,
+            WhenNoneGiven::Leave,
+            &MigMinors::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            spec["process"]["env"],
+            json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]),
+            "one GPU too many"
+        );
         // Given no GPU at all: none is added.
         for env in [json!([]), json!(["NVIDIA_VISIBLE_DEVICES=none"])] {
             let mut spec = json!({"process": {"env": env.clone()}});
