@@ -221,9 +221,7 @@ fn admit(
     let driver = config.enforce.limit == LimitMechanism::Driver;
     if driver {
         // Refused before anything is reserved: NVIDIA's hook would set its own limit later.
-        if let Some(conflict) =
-            crate::enforce::toolkit::conflicting_request(spec.process.as_ref().map_or(&[][..], |p| &p.env))
-        {
+        if let Some(conflict) = crate::enforce::toolkit::conflicting_request(spec.env_entries()) {
             return Err(HookError::ToolkitConflict {
                 container: container.to_string(),
                 variables: conflict,

@@ -153,6 +153,11 @@ impl SpecView {
         SpecView::parse(&bytes, &path)
     }
 
+    /// `process.env` as written (empty without a process).
+    pub fn env_entries(&self) -> &[String] {
+        self.process.as_ref().map_or(&[], |p| &p.env)
+    }
+
     /// The value of `name` in `process.env`; the last one wins, as it does for the process.
     pub fn env(&self, name: &str) -> Option<&str> {
         self.process.as_ref()?.env.iter().rev().find_map(|entry| {

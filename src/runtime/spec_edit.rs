@@ -229,7 +229,7 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         }
         // The env as the container set it: placement changes only the GPU variables, which
         // the enforcement edits do not read.
-        let env = view.process.as_ref().map_or(&[][..], |p| &p.env);
+        let env = view.env_entries();
         edited |= enforce(&mut spec, &path, env, reserved, config, inv).map_err(undo)?;
     }
     let hook = hook_path(&config.runtime);
