@@ -19,7 +19,6 @@ pub mod deviceplugin;
 pub mod doctor;
 pub mod enforce;
 pub mod events;
-pub mod exporter;
 pub mod hook;
 pub mod inventory;
 pub mod ledger;
@@ -44,6 +43,8 @@ pub mod status;
 pub mod cli;
 #[cfg(feature = "cli")]
 pub mod demo;
+#[cfg(feature = "cli")]
+pub mod exporter;
 #[cfg(feature = "cli")]
 pub mod testbed;
 

@@ -179,8 +179,13 @@ mod tests {
             .to_string()
     }
 
-    fn is_root() -> bool {
-        nix::unistd::geteuid().is_root()
+    /// These tests drop and raise capabilities, which only root has: without it they fail
+    /// (a skip would report `ok` for a check that never ran). `scripts/test` runs as root.
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root (its capabilities): run it as root (sudo scripts/test)"
+        );
     }
 
     /// A process of another user, as a container running as a non-root uid is.
@@ -195,10 +200,7 @@ mod tests {
 
     #[test]
     fn hook_keeps_only_sys_ptrace_and_still_reads_other_users_namespaces() {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
+        require_root();
         let mut other = nobody_process();
         let pid = other.id();
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -298,10 +300,7 @@ mod tests {
 
     #[test]
     fn runtime_wrapper_runs_without_effective_caps_and_runc_gets_them_back() {
-        if !is_root() {
-            eprintln!("skipped: needs root");
-            return;
-        }
+        require_root();
         let (own, child) = std::thread::spawn(|| {
             drop_for_runtime_wrapper().unwrap();
             let own = status_field("CapEff");

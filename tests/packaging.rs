@@ -5,9 +5,9 @@
 //! `rpm -qp --scripts` (Debian's rpm cannot install it).
 //!
 //! This changes the host (/usr/bin, /etc/vramgate, /run/vramgate), so it is one test whose
-//! steps run in order, and a guard purges the package even when a step fails. It runs when
-//! cargo-deb is installed (`.ci/run` installs it and sets VRAMGATE_REQUIRE_PACKAGING=1, which
-//! turns a missing tool into a failure instead of a skip).
+//! steps run in order, and a guard purges the package even when a step fails. A missing tool
+//! fails it with the one line that says what to install (`scripts/test` installs them all):
+//! a skip would report `ok` for packages nobody built.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -58,30 +58,31 @@ fn expected_binaries() -> Vec<String> {
         .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
         .collect();
     bins.sort();
-    assert!(bins.contains(&"vramgate".into()) && bins.contains(&"vramgate-hook".into()));
-    if !bins.contains(&"vramgate-runtime".into()) {
-        eprintln!("note: src/bin/vramgate-runtime.rs is not in this tree; the packages ship {bins:?}");
+    for bin in ["vramgate", "vramgate-hook", "vramgate-runtime"] {
+        assert!(bins.contains(&bin.into()), "src/bin/{bin}.rs is missing: {bins:?}");
     }
     bins
 }
 
-/// Whether this host can run the test; `None` means run it.
-fn reason_to_skip() -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some("not root (dpkg -i needs it)".into());
-    }
+/// Fails, naming what to install, unless this host can run the test.
+fn require_tools() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "the packaging test runs dpkg -i: run it as root (sudo scripts/test)"
+    );
     for (tool, hint) in [
         ("cargo-deb", "cargo install --locked cargo-deb"),
         ("cargo-generate-rpm", "cargo install --locked cargo-generate-rpm"),
         ("dpkg", "a Debian host"),
         ("rpm", "apt-get install rpm"),
         ("runc", "apt-get install runc"),
+        ("systemd-analyze", "apt-get install systemd"),
     ] {
-        if vramgate::testbed::which(tool).is_none() {
-            return Some(format!("{tool} is not installed ({hint})"));
-        }
+        assert!(
+            vramgate::testbed::which(tool).is_some(),
+            "{tool} is not installed: {hint} (scripts/install-deps installs it)"
+        );
     }
-    None
 }
 
 /// Purges the package and removes the test's containers however the test ends.
@@ -165,14 +166,7 @@ fn reservations(status: &Value) -> Vec<String> {
 
 #[test]
 fn packages_install_gate_a_container_and_purge_clean() {
-    if let Some(reason) = reason_to_skip() {
-        assert!(
-            std::env::var_os("VRAMGATE_REQUIRE_PACKAGING").is_none(),
-            "VRAMGATE_REQUIRE_PACKAGING is set but {reason}"
-        );
-        eprintln!("skipping the packaging test: {reason}");
-        return;
-    }
+    require_tools();
     assert!(
         !installed(),
         "the vramgate package is already installed on this host; this test installs and purges it, so it \
@@ -312,21 +306,11 @@ fn packages_install_gate_a_container_and_purge_clean() {
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
     // The exporter's and the device plugin's units: valid for this systemd, installed but
     // not enabled.
-    let can_verify = Path::new("/usr/bin/systemd-analyze").exists();
-    assert!(
-        can_verify || std::env::var_os("VRAMGATE_REQUIRE_PACKAGING").is_none(),
-        "VRAMGATE_REQUIRE_PACKAGING is set but systemd-analyze is missing (scripts/install-deps installs systemd)"
-    );
-    if !can_verify {
-        eprintln!("packaging: systemd-analyze is missing: the units are not verified");
-    }
     for unit in [
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
     ] {
-        if can_verify {
-            run_ok(Command::new("systemd-analyze").args(["verify", unit]));
-        }
+        run_ok(Command::new("systemd-analyze").args(["verify", unit]));
     }
     let enabled: Vec<PathBuf> = std::fs::read_dir("/etc/systemd/system")
         .into_iter()

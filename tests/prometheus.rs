@@ -442,6 +442,133 @@ fn prometheus_scrapes_every_outcome_from_the_exporter() {
     drop(exporter);
 }
 
+/// What /proc says of a process: its threads, resident memory and open files.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    threads: u64,
+    rss_kib: u64,
+    fds: usize,
+}
+
+fn footprint(pid: u32) -> Footprint {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find_map(|l| l.strip_prefix(name)).unwrap();
+        line.trim().trim_end_matches("kB").trim().parse().unwrap()
+    };
+    Footprint {
+        threads: field("Threads:"),
+        rss_kib: field("VmRSS:"),
+        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count(),
+    }
+}
+
+/// One scrape of /metrics; how long it took.
+fn scrape(addr: SocketAddr) -> Duration {
+    let start = Instant::now();
+    let r = get(addr, "/metrics").unwrap();
+    let took = start.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("vramgate_gpu_memory_total_bytes{"), "{}", r.body);
+    took
+}
+
+/// Anyone who reaches the port can open connections and say nothing, or say it a byte at a
+/// time. 10,000 of them (half silent, half stopped inside their request head) leave the
+/// exporter answering every scrape, on the same threads and a bounded memory; they are
+/// closed by the exporter after its request timeout, and the memory goes back down.
+#[test]
+fn the_exporter_answers_scrapes_under_ten_thousand_idle_and_slow_connections() {
+    const CONNECTIONS: usize = 10_000;
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert!(
+        hard >= CONNECTIONS as u64 + 256,
+        "the open-files hard limit is {hard}, this test needs {}: raise it (ulimit -Hn)",
+        CONNECTIONS + 256
+    );
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+
+    let host = Host::new();
+    let (exporter, addr) = start_exporter(&host.scratch, "127.0.0.1:0");
+    let pid = exporter.child.id();
+    for _ in 0..5 {
+        scrape(addr);
+    }
+    let baseline = footprint(pid);
+    eprintln!("baseline after 5 scrapes: {baseline:?}");
+
+    let opened = Instant::now();
+    let mut clients = Vec::with_capacity(CONNECTIONS);
+    for i in 0..CONNECTIONS {
+        let mut stream =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        if i % 2 == 1 {
+            stream
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow")
+                .unwrap();
+        }
+        clients.push(stream);
+    }
+    let loaded = wait_until("the exporter accepts every connection", LIMIT, || {
+        let f = footprint(pid);
+        (f.fds >= baseline.fds + CONNECTIONS, f)
+    });
+    eprintln!(
+        "{CONNECTIONS} connections open after {:?}: {loaded:?}",
+        opened.elapsed()
+    );
+
+    let mut took: Vec<Duration> = (0..50).map(|_| scrape(addr)).collect();
+    took.sort();
+    let under_load = footprint(pid);
+    eprintln!(
+        "50 scrapes with {CONNECTIONS} connections open: median {:?}, max {:?}; {under_load:?}",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    assert!(
+        opened.elapsed() < vramgate::exporter::REQUEST_TIMEOUT,
+        "too slow to measure before the exporter's timeout closed the connections: {:?}",
+        opened.elapsed()
+    );
+    assert_eq!(under_load.threads, baseline.threads, "the exporter started threads");
+    // A silent connection costs the exporter a socket and a task of about 1 KiB; one inside
+    // its request head about 10 KiB (hyper's 8 KiB read buffer and its state).
+    let bound_kib = (CONNECTIONS as u64 / 2) * (2 + 12);
+    assert!(
+        under_load.rss_kib <= baseline.rss_kib + bound_kib,
+        "resident memory grew from {} KiB to {} KiB, more than {bound_kib} KiB for {CONNECTIONS} connections",
+        baseline.rss_kib,
+        under_load.rss_kib
+    );
+
+    // Nobody closes them here: the exporter does, at its request timeout, and the slow ones
+    // get no answer (their request never ended).
+    let closed = wait_until("the exporter closes the stalled connections", LIMIT, || {
+        let f = footprint(pid);
+        (f.fds <= baseline.fds, f)
+    });
+    eprintln!("after the exporter closed them ({:?}): {closed:?}", opened.elapsed());
+    for stream in &mut clients[..2] {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(stream.read_to_end(&mut rest).unwrap(), 0, "{rest:?}");
+    }
+    drop(clients);
+    scrape(addr);
+    let after = footprint(pid);
+    eprintln!("after the connections closed: {after:?}");
+    assert_eq!(after.threads, baseline.threads);
+    assert!(
+        after.rss_kib <= baseline.rss_kib + 2048,
+        "resident memory stayed at {} KiB after the connections closed (baseline {} KiB)",
+        after.rss_kib,
+        baseline.rss_kib
+    );
+    drop(exporter);
+}
+
 /// `vramgate metrics --textfile-dir` read by node_exporter's textfile collector: the counter
 /// stays a counter and every HELP survives (what OpenMetrics output would lose).
 #[test]
