@@ -260,10 +260,7 @@ mod tests {
 
     #[test]
     fn the_hook_holds_sys_admin_permitted_only_raised_around_the_driver_call() {
-        assert!(
-            is_root(),
-            "this test needs root's capabilities: run scripts/test as root"
-        );
+        require_root();
         let ptrace = 1u64 << 19;
         let admin = 1u64 << 21;
         let steps = std::thread::spawn(move || {
