@@ -64,6 +64,9 @@ pub enum HookError {
     /// The request was decided and refused; the refusal's line is the whole story.
     #[error("{0}")]
     Refused(Refusal),
+    /// A failed attempt whose queue ticket could not be removed: refused, never failed open.
+    #[error("{0}")]
+    TicketStands(ServiceError),
     #[error("container {container}: cannot set its GPU memory limit ([enforce] limit = \"driver\"): {source}")]
     Enforce {
         container: String,
@@ -79,6 +82,7 @@ impl From<ServiceError> for HookError {
             ServiceError::Ledger(e) => HookError::Ledger(e),
             ServiceError::Inventory(e) => HookError::Inventory(e),
             ServiceError::Request { container, source } => HookError::Request { container, source },
+            e @ ServiceError::TicketStands { .. } => HookError::TicketStands(e),
         }
     }
 }

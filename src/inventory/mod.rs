@@ -118,6 +118,16 @@ fn nvml_init_hint(error: &nvml_wrapper::error::NvmlError) -> &'static str {
 }
 
 pub trait Inventory {
+    /// Gets the backend ready so that a snapshot costs only its reads (NVML: loads the library
+    /// and starts it). The service calls it before it takes the ledger lock, so no container
+    /// start waits behind a driver's initialisation. Backends with nothing to open are ready.
+    fn open(&self) -> Result<(), InventoryError> {
+        Ok(())
+    }
+    /// Whether [`Inventory::open`] has succeeded (or was never needed).
+    fn is_open(&self) -> bool {
+        true
+    }
     /// Memory of every GPU, taken now. Called inside the ledger lock, so it must be bounded.
     fn snapshot(&self) -> Result<Snapshot, InventoryError>;
     /// Like `snapshot`, but lists the processes only of the devices (by UUID) for which
@@ -151,8 +161,9 @@ impl Inventory for NotNeeded {
     }
 }
 
-/// The backend the config asks for, opened the first time a snapshot is taken: a hook that
-/// only confirms a reservation `vramgate-runtime` made at create never loads NVML.
+/// The backend the config asks for, opened only when a decision needs it: the service opens
+/// it (outside the ledger lock) before an attempt that reads the GPUs, and a hook that only
+/// confirms a reservation `vramgate-runtime` made at create never loads NVML.
 pub struct OpenOnUse<'c> {
     config: &'c Config,
     opened: std::cell::OnceCell<Box<dyn Inventory>>,
@@ -176,6 +187,14 @@ impl<'c> OpenOnUse<'c> {
 }
 
 impl Inventory for OpenOnUse<'_> {
+    fn open(&self) -> Result<(), InventoryError> {
+        self.get().map(|_| ())
+    }
+
+    fn is_open(&self) -> bool {
+        self.opened.get().is_some()
+    }
+
     fn snapshot(&self) -> Result<Snapshot, InventoryError> {
         self.get()?.snapshot()
     }

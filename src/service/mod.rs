@@ -43,11 +43,21 @@ pub enum ServiceError {
     Inventory(#[from] InventoryError),
     #[error("container {container}: {source}")]
     Request { container: String, source: RequestError },
+    /// An attempt failed after this admission had queued, and its ticket could not be
+    /// removed either: the container must not start (its own hook would queue behind it).
+    #[error("{cause}; and container {container}'s queue ticket {ticket} could not be removed ({removal}), so it is refused rather than started behind its own ticket (the ticket goes when this process ends)")]
+    TicketStands {
+        container: String,
+        ticket: u64,
+        cause: Box<ServiceError>,
+        removal: Box<ServiceError>,
+    },
 }
 
 impl ServiceError {
     /// Errors about vramgate's own state, where `on_state_error = "fail-open"` may let a
-    /// container start anyway. The user's own mistakes are always refused.
+    /// container start anyway. The user's own mistakes are always refused, and so is a
+    /// container whose queue ticket still stands.
     pub fn is_state_error(&self) -> bool {
         matches!(self, ServiceError::Inventory(_) | ServiceError::Ledger(_))
     }
@@ -108,9 +118,11 @@ pub struct Service<'a> {
     cgroup_usage: std::cell::OnceCell<crate::enforce::driver_limit::DriverUsage>,
 }
 
-/// Where one admission's queue wait stands between attempts.
+/// Where one admission's queue wait stands between attempts. [`Service::admit`] keeps one;
+/// a caller that drives the attempts itself ([`Service::attempt`], e.g. on a virtual clock)
+/// starts one with [`Progress::start`] and hands it to each attempt.
 #[derive(Debug, Default)]
-struct Progress {
+pub struct Progress {
     /// Monotonic time of the first attempt.
     started: Duration,
     ticket: Option<u64>,
@@ -118,12 +130,41 @@ struct Progress {
     last: Option<(Shortage, usize)>,
 }
 
+impl Progress {
+    /// A new admission, its wait counted from `clock`'s now.
+    pub fn start(clock: &dyn Clock) -> Progress {
+        Progress {
+            started: clock.monotonic(),
+            ..Progress::default()
+        }
+    }
+
+    /// The queue ticket this admission holds while it waits.
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
+}
+
 /// What one attempt concluded.
 #[derive(Debug)]
-enum Step {
+pub enum Step {
     Done(Admission),
+    /// Queued (it holds a ticket): try again when the ledger changes or the poll interval
+    /// passes ([`Service::admit`] sleeps until then).
     Wait,
 }
+
+/// The instant one attempt decides at.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    now_unix_ms: u64,
+    /// How long this admission has waited so far (monotonic).
+    waited: Duration,
+}
+
+/// How long removing a ticket after a failed attempt may wait for the lock: well inside the
+/// hook's margin before the runtime's timeout ([`crate::hook::HOOK_TIMEOUT_MARGIN`]).
+const TICKET_REMOVAL_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<'a> Service<'a> {
     pub fn new(
@@ -169,10 +210,7 @@ impl<'a> Service<'a> {
     /// Admits `req`, waiting in the queue under policy `wait`. Refusals are outcomes
     /// ([`Admission::Refused`]); errors are about the request's GPUs or vramgate's own state.
     pub fn admit(&self, req: &AdmitRequest) -> Result<Admission> {
-        let mut progress = Progress {
-            started: self.clock.monotonic(),
-            ..Progress::default()
-        };
+        let mut progress = Progress::start(self.clock);
         // The watcher exists before a ticket can be committed, so a release that lands between
         // the commit and the first sleep still wakes this waiter.
         let mut watcher = (req.policy == Policy::Wait).then(|| wait::LedgerWatcher::new(self.dir.path()));
@@ -199,25 +237,94 @@ impl<'a> Service<'a> {
         }
     }
 
-    /// One locked transaction: reclaim, decide, and admit, refuse or (re)queue.
-    fn attempt(&self, req: &AdmitRequest, progress: &mut Progress) -> Result<Step> {
-        let (mut tx, mut reclaimed, checked_all) = self
-            .dir
-            .begin_reclaiming(self.liveness, self.lock_timeout(req, progress))?;
-        let mut log = Vec::new();
-        let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
-        tx.ledger.counters.record_reclaimed(&reclaimed);
-        // A request error still commits: the reclaim happened, and its ticket is dropped.
-        let committed = tx.commit()?;
-        self.reclaim_events(&reclaimed, &mut log);
-        events::append(&self.dir, &log);
-        drop(committed);
-        step
+    /// One attempt of an admission: one locked transaction that reclaims, decides, and admits,
+    /// refuses or (re)queues. It never sleeps: [`Service::admit`] is this in a loop with the
+    /// waits between, and a caller on a virtual clock can drive it the same way.
+    ///
+    /// An attempt that ends in anything but [`Step::Wait`] leaves no ticket behind: inside the
+    /// transaction [`Service::decide_on`] removes it; an error outside it (the lock, the
+    /// inventory, the write) removes it here, in a transaction of its own. When even that
+    /// fails, the error says the ticket stands ([`ServiceError::TicketStands`]), and that is
+    /// never a reason to start a container unaccounted: the ticket would queue the container's
+    /// own hook behind itself.
+    pub fn attempt(&self, req: &AdmitRequest, progress: &mut Progress) -> Result<Step> {
+        match self.attempt_locked(req, progress) {
+            Err(error) => match progress.ticket.take() {
+                Some(ticket) => Err(self.remove_ticket_after(req.container, ticket, error)),
+                None => Err(error),
+            },
+            step => step,
+        }
+    }
+
+    fn attempt_locked(&self, req: &AdmitRequest, progress: &mut Progress) -> Result<Step> {
+        // The inventory (NVML: loading the library, nvmlInit) is opened before the lock is
+        // taken, so no start on the host waits behind a driver's initialisation; only the
+        // memory reads happen inside. A hook that confirms what the wrapper reserved at create
+        // needs no GPU numbers and never opens it.
+        let mut peek = self.dir.peek()?;
+        loop {
+            if !self.inventory.is_open() && needs_inventory(peek.ledger(), req) {
+                self.inventory.open()?;
+            }
+            let (mut tx, mut reclaimed, checked_all) =
+                self.dir
+                    .begin_reclaiming_after(peek, self.liveness, self.lock_timeout(req, progress))?;
+            if !self.inventory.is_open() && needs_inventory(&tx.ledger, req) {
+                // The ledger changed between the look and the lock (what was to be confirmed
+                // was released): give the lock back, open, and look again.
+                drop(tx);
+                self.inventory.open()?;
+                peek = self.dir.peek()?;
+                continue;
+            }
+            let mut log = Vec::new();
+            let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
+            tx.ledger.counters.record_reclaimed(&reclaimed);
+            // A request error still commits: the reclaim happened, and its ticket is dropped.
+            let committed = tx.commit()?;
+            self.reclaim_events(&reclaimed, &mut log);
+            events::append(&self.dir, &log);
+            drop(committed);
+            return step;
+        }
+    }
+
+    /// Removes `ticket` after an attempt failed outside its transaction, best effort and
+    /// bounded: returns the error to report, which says so when the ticket still stands.
+    fn remove_ticket_after(&self, container: &str, ticket: u64, error: ServiceError) -> ServiceError {
+        let removed = (|| -> Result<()> {
+            let (mut tx, reclaimed, _) = self.dir.begin_reclaiming(self.liveness, TICKET_REMOVAL_LOCK_TIMEOUT)?;
+            let mut log = Vec::new();
+            if let Some(t) = tx.ledger.remove_ticket(ticket) {
+                tx.ledger.counters.record_abandon();
+                let detail = format!("ticket {ticket}: {error}");
+                log.push(self.event(Kind::Cancel, container, &t.gpus, detail));
+            }
+            tx.ledger.counters.record_reclaimed(&reclaimed);
+            let committed = tx.commit()?;
+            self.reclaim_events(&reclaimed, &mut log);
+            events::append(&self.dir, &log);
+            drop(committed);
+            Ok(())
+        })();
+        match removed {
+            Ok(()) => error,
+            Err(removal) => ServiceError::TicketStands {
+                container: container.to_string(),
+                ticket,
+                cause: Box::new(error),
+                removal: Box::new(removal),
+            },
+        }
     }
 
     /// The decision of one attempt on a locked ledger, which it changes in place; the events
     /// it causes go to `log`. Separate from the transaction so that tests can run it on a
     /// ledger in memory.
+    ///
+    /// The one exit for the ticket: whatever the steps conclude, other than to keep waiting
+    /// (an admission, a refusal, an error), takes this admission's ticket out of the queue.
     fn decide_on(
         &self,
         ledger: &mut Ledger,
@@ -227,94 +334,136 @@ impl<'a> Service<'a> {
         progress: &mut Progress,
         log: &mut Vec<Event>,
     ) -> Result<Step> {
-        let id = req.container;
-        let now = self.clock.now_unix_ms();
-        let waited = self.clock.monotonic().saturating_sub(progress.started);
-
-        // A waiter whose ticket is gone while it still runs was cancelled (`vramgate release`).
-        if let Some(ticket) = progress.ticket {
-            if ledger.ticket(ticket).is_none() {
-                progress.ticket = None;
-                let refusal = Refusal::Cancelled {
-                    container: id.to_string(),
-                    waited,
-                };
-                ledger.counters.record_abandon();
-                return Ok(Step::Done(Admission::Refused(refusal)));
+        let at = At {
+            now_unix_ms: self.clock.now_unix_ms(),
+            waited: self.clock.monotonic().saturating_sub(progress.started),
+        };
+        let step = self.steps(ledger, checked_all, reclaimed, req, progress, log, at);
+        if !matches!(step, Ok(Step::Wait)) {
+            if let Some(ticket) = progress.ticket.take() {
+                ledger.remove_ticket(ticket);
             }
         }
+        step
+    }
 
-        // A waiter whose container can no longer start (the engine gave up on the start and
-        // killed or deleted it) leaves the queue and is never admitted afterwards.
-        if progress.ticket.is_some() {
-            if let Some(gone) = self.gone_process(req) {
-                drop_ticket(ledger, progress);
-                let refusal = Refusal::ContainerGone {
-                    container: id.to_string(),
-                    waited,
-                    process: gone,
-                };
-                log.push(self.event(Kind::Cancel, id, &[], refusal.to_string()));
-                ledger.counters.record_abandon();
-                return Ok(Step::Done(Admission::Refused(refusal)));
-            }
-        }
-
-        // The hook of a container that vramgate-runtime admitted at create: bind the pending
-        // reservation to the init process. It is this container's when the bundle matches or
-        // the runtime process running this hook is the one that made it (the wrapper execs it).
-        if !req.pending {
-            if let Some(r) = ledger.reservations.iter_mut().find(|r| {
-                r.pending
-                    && r.container_id == id
-                    && (r.belongs_to(id, req.bundle) && r.bundle.is_some() || req.runtime == Some(r.init))
-            }) {
-                r.pending = false;
-                r.init = req.init;
-                if req.enforcement.is_some() {
-                    r.enforcement = req.enforcement;
-                }
-                let shares = r.gpus.clone();
-                drop_ticket(ledger, progress);
-                log.push(self.event(Kind::Confirm, id, &shares, format!("init pid {}", req.init.pid)));
-                return Ok(Step::Done(Admission::Confirmed { shares }));
-            }
-        }
-
-        // A reservation under this id from a container that is gone (outside the routine
-        // reclaim's window in a large ledger) is reclaimed now, not mistaken for a live one.
-        if let Some(existing) = ledger.reservation(id) {
-            if existing.init != req.init && self.liveness.life(&existing.init) == procfs::Life::Gone {
-                let gone = ledger.remove_reservation(id).expect("found above");
-                reclaimed.reservations.push(gone);
-            }
-        }
-        if let Some(existing) = ledger.reservation(id) {
-            // The same container seen at a second stage (createRuntime and prestart both
-            // configured): admission is idempotent.
-            if existing.init == req.init {
-                drop_ticket(ledger, progress);
-                return Ok(Step::Done(Admission::AlreadyAdmitted));
-            }
-            let refusal = Refusal::SameIdLive {
-                container: id.to_string(),
-                holder_pid: existing.init.pid,
-            };
+    /// The steps of one attempt, in order: is the wait still wanted, is this a confirmation,
+    /// what does the same id in the ledger say, and otherwise decide on the GPUs' numbers
+    /// and apply the decision.
+    #[allow(clippy::too_many_arguments)]
+    fn steps(
+        &self,
+        ledger: &mut Ledger,
+        checked_all: bool,
+        reclaimed: &mut Reclaimed,
+        req: &AdmitRequest,
+        progress: &mut Progress,
+        log: &mut Vec<Event>,
+        at: At,
+    ) -> Result<Step> {
+        if let Some(refusal) = self.wait_ended(ledger, req, progress, log, at) {
             return Ok(Step::Done(Admission::Refused(refusal)));
         }
+        if let Some(confirmed) = self.confirm(ledger, req, log) {
+            return Ok(Step::Done(confirmed));
+        }
+        if let Some(done) = self.same_id(ledger, reclaimed, req) {
+            return Ok(Step::Done(done));
+        }
+        let decided = self.decide(ledger, checked_all, reclaimed, req, progress, at)?;
+        Ok(self.apply(ledger, decided, req, progress, log, at))
+    }
 
+    /// A waiter whose ticket was removed (`vramgate release`), or whose container can no
+    /// longer start (the engine gave up on the start and killed or deleted it), leaves the
+    /// queue and is never admitted afterwards.
+    fn wait_ended(
+        &self,
+        ledger: &mut Ledger,
+        req: &AdmitRequest,
+        progress: &mut Progress,
+        log: &mut Vec<Event>,
+        at: At,
+    ) -> Option<Refusal> {
+        let ticket = progress.ticket?;
+        let container = req.container.to_string();
+        if ledger.ticket(ticket).is_none() {
+            progress.ticket = None;
+            ledger.counters.record_abandon();
+            return Some(Refusal::Cancelled {
+                container,
+                waited: at.waited,
+            });
+        }
+        let gone = self.gone_process(req)?;
+        let refusal = Refusal::ContainerGone {
+            container,
+            waited: at.waited,
+            process: gone,
+        };
+        log.push(self.event(Kind::Cancel, req.container, &[], refusal.to_string()));
+        ledger.counters.record_abandon();
+        Some(refusal)
+    }
+
+    /// The hook of a container that vramgate-runtime admitted at create: binds the pending
+    /// reservation to the init process, and to the bundle as the runtime reports it, which is
+    /// what the stop will name (the wrapper saw the engine's spelling of it: a symlink, `..`).
+    fn confirm(&self, ledger: &mut Ledger, req: &AdmitRequest, log: &mut Vec<Event>) -> Option<Admission> {
+        let r = ledger.reservations.iter_mut().find(|r| confirms(r, req))?;
+        r.pending = false;
+        r.init = req.init;
+        if let Some(bundle) = req.bundle {
+            r.bundle = Some(bundle.to_path_buf());
+        }
+        if req.enforcement.is_some() {
+            r.enforcement = req.enforcement;
+        }
+        let shares = r.gpus.clone();
+        log.push(self.event(
+            Kind::Confirm,
+            req.container,
+            &shares,
+            format!("init pid {}", req.init.pid),
+        ));
+        Some(Admission::Confirmed { shares })
+    }
+
+    /// What a reservation already under this id means: none, a gone container's (reclaimed
+    /// now, even outside the routine reclaim's window of a large ledger), this very container
+    /// seen at a second stage (createRuntime and prestart both configured: idempotent), or a
+    /// live namesake (refused).
+    fn same_id(&self, ledger: &mut Ledger, reclaimed: &mut Reclaimed, req: &AdmitRequest) -> Option<Admission> {
+        let existing = ledger.reservation(req.container)?;
+        if existing.init == req.init {
+            return Some(Admission::AlreadyAdmitted);
+        }
+        if self.liveness.life(&existing.init) == procfs::Life::Gone {
+            reclaimed.reservations.extend(ledger.remove_reservation(req.container));
+            return None;
+        }
+        Some(Admission::Refused(Refusal::SameIdLive {
+            container: req.container.to_string(),
+            holder_pid: existing.init.pid,
+        }))
+    }
+
+    /// The admission rule on the GPUs' numbers now (see [`crate::admission`]).
+    fn decide(
+        &self,
+        ledger: &mut Ledger,
+        checked_all: bool,
+        reclaimed: &mut Reclaimed,
+        req: &AdmitRequest,
+        progress: &Progress,
+        at: At,
+    ) -> Result<Decided> {
         // Process lists matter only where live reservations are (to count what those
         // containers already allocated); everywhere else the driver's free memory says it all.
         let snapshot = self
             .inventory
             .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
-        let (shares, choose) = match shares_for(req.request, &snapshot, id, req.pending) {
-            Ok(found) => found,
-            Err(e) => {
-                drop_ticket(ledger, progress);
-                return Err(e);
-            }
-        };
+        let (shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
         let decide = |ledger: &Ledger| {
             let usage = self.cgroup_usage(ledger);
             let allocated =
@@ -327,7 +476,7 @@ impl<'a> Service<'a> {
                 &shares,
                 choose,
                 progress.ticket,
-                now,
+                at.now_unix_ms,
             )
         };
         let mut decision = decide(ledger);
@@ -338,19 +487,54 @@ impl<'a> Service<'a> {
             reclaimed.extend(ledger.reclaim_all(self.liveness));
             decision = decide(ledger);
         }
+        Ok(Decided {
+            decision,
+            snapshot,
+            shares,
+            choose,
+        })
+    }
+
+    /// Carries a decision out on the ledger: reserve, refuse, or queue (the ticket is taken
+    /// at the first wait and kept by later ones).
+    fn apply(
+        &self,
+        ledger: &mut Ledger,
+        decided: Decided,
+        req: &AdmitRequest,
+        progress: &mut Progress,
+        log: &mut Vec<Event>,
+        at: At,
+    ) -> Step {
+        let id = req.container;
+        let Decided {
+            decision,
+            snapshot,
+            shares,
+            choose,
+        } = decided;
+        let refuse = |ledger: &mut Ledger, log: &mut Vec<Event>, kind: Kind, refusal: Refusal| {
+            log.push(self.event(kind, id, &shares, refusal.to_string()));
+            if kind == Kind::Timeout {
+                ledger.counters.record_timeout();
+            } else {
+                ledger.counters.record_refuse();
+            }
+            Step::Done(Admission::Refused(refusal))
+        };
         let shortage = match decision {
             Decision::Admit {
                 shares: chosen,
                 placement,
             } => {
                 let queued = progress.ticket.is_some();
-                drop_ticket(ledger, progress);
+                let waited = if queued { at.waited } else { Duration::ZERO };
                 ledger.reservations.push(Reservation {
                     container_id: id.to_string(),
                     gpus: chosen.clone(),
                     init: req.init,
-                    created_unix_ms: now,
-                    waited_ms: if queued { waited.as_millis() as u64 } else { 0 },
+                    created_unix_ms: at.now_unix_ms,
+                    waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
                     enforcement: req.enforcement,
@@ -370,34 +554,30 @@ impl<'a> Service<'a> {
                     log.push(self.event(Kind::Note, id, &[], note.clone()));
                 }
                 ledger.counters.record_admit(queued.then_some(waited));
-                let waited = if queued { waited } else { Duration::ZERO };
                 let gpus = chosen
                     .iter()
                     .filter_map(|s| snapshot.by_uuid(&s.uuid).cloned())
                     .collect();
-                return Ok(Step::Done(Admission::Admitted {
+                return Step::Done(Admission::Admitted {
                     waited,
                     queued,
                     shares: chosen,
                     gpus,
                     placement,
-                }));
+                });
             }
             Decision::Never {
                 request,
                 account,
                 among,
             } => {
-                drop_ticket(ledger, progress);
                 let refusal = Refusal::NeverFits {
                     container: id.to_string(),
                     request,
                     account,
                     among,
                 };
-                log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
-                ledger.counters.record_refuse();
-                return Ok(Step::Done(Admission::Refused(refusal)));
+                return refuse(ledger, log, Kind::Refuse, refusal);
             }
             Decision::NoRoom {
                 request,
@@ -420,30 +600,26 @@ impl<'a> Service<'a> {
                 container: id.to_string(),
                 shortage,
             };
-            log.push(self.event(Kind::Refuse, id, &shares, refusal.to_string()));
-            ledger.counters.record_refuse();
-            return Ok(Step::Done(Admission::Refused(refusal)));
+            return refuse(ledger, log, Kind::Refuse, refusal);
         }
-        if waited >= req.wait_for {
-            drop_ticket(ledger, progress);
+        if at.waited >= req.wait_for {
             let refusal = Refusal::TimedOut {
                 container: id.to_string(),
-                waited,
+                waited: at.waited,
                 position,
                 shortage,
             };
-            log.push(self.event(Kind::Timeout, id, &shares, refusal.to_string()));
-            ledger.counters.record_timeout();
-            return Ok(Step::Done(Admission::Refused(refusal)));
+            return refuse(ledger, log, Kind::Timeout, refusal);
         }
         if progress.ticket.is_none() {
+            let now = at.now_unix_ms;
             let ticket = ledger.enqueue(Ticket {
                 ticket: 0,
                 container_id: id.to_string(),
                 gpus: shares.clone(),
                 waiter: req.waiter,
                 enqueued_unix_ms: now,
-                deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(waited).as_millis() as u64),
+                deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
                 bundle: req.bundle.map(Path::to_path_buf),
                 choose,
             });
@@ -455,7 +631,7 @@ impl<'a> Service<'a> {
                 format!("ticket {ticket}, number {position}: {shortage}"),
             ));
         }
-        Ok(Step::Wait)
+        Step::Wait
     }
 
     /// Which process a waiting container needs is gone: its init (the engine killed or deleted
@@ -660,10 +836,30 @@ impl<'a> Service<'a> {
     }
 }
 
-fn drop_ticket(ledger: &mut Ledger, progress: &mut Progress) {
-    if let Some(ticket) = progress.ticket.take() {
-        ledger.remove_ticket(ticket);
-    }
+/// What the admission rule concluded, with what it concluded it from.
+struct Decided {
+    decision: Decision,
+    snapshot: Snapshot,
+    shares: Vec<GpuShare>,
+    choose: Option<u32>,
+}
+
+/// Whether `r` is the pending reservation `req` confirms: a hook (never the wrapper itself)
+/// of the same container, with the bundle it was reserved with or run by the runtime process
+/// that reserved it (the wrapper execs the runtime, which runs the hook).
+fn confirms(r: &Reservation, req: &AdmitRequest) -> bool {
+    !req.pending
+        && r.pending
+        && r.container_id == req.container
+        && (r.bundle.is_some() && r.belongs_to(req.container, req.bundle) || req.runtime == Some(r.init))
+}
+
+/// Whether an attempt of `req` on `ledger` may need the GPUs' numbers: everything but a
+/// confirmation and a second stage of an admitted container does.
+fn needs_inventory(ledger: &Ledger, req: &AdmitRequest) -> bool {
+    let confirming = ledger.reservations.iter().any(|r| confirms(r, req));
+    let again = ledger.reservation(req.container).is_some_and(|r| r.init == req.init);
+    !(confirming || again)
 }
 
 /// The memory each GPU share asks for on this host, resolved against the inventory. For a

@@ -960,3 +960,209 @@ fn a_pending_reservation_whose_create_died_is_reclaimed() {
     assert_eq!(ledger.reservations.len(), 1);
     assert_eq!(ledger.reservations[0].container_id, "next");
 }
+
+/// An inventory that works once and then fails, as a driver that falls over mid-wait.
+struct FailsAfterFirst {
+    inner: FakeInventory,
+    snapshots: Cell<u32>,
+}
+
+impl Inventory for FailsAfterFirst {
+    fn snapshot(&self) -> std::result::Result<Snapshot, InventoryError> {
+        self.snapshots.set(self.snapshots.get() + 1);
+        if self.snapshots.get() > 1 {
+            return Err(InventoryError::Nvml {
+                what: "reading memory".into(),
+                source: nvml_wrapper::error::NvmlError::GpuLost,
+            });
+        }
+        self.inner.snapshot()
+    }
+
+    fn describe(&self) -> String {
+        "fails after the first snapshot".into()
+    }
+}
+
+/// A waiter queues on the first attempt; what ends its second attempt must take its ticket.
+fn queued_through_the_file<'w>(
+    w: &'w World,
+    inventory: &'w dyn Inventory,
+    req: &AdmitRequest,
+) -> (Service<'w>, Progress) {
+    let service = Service::new(w.state.clone(), inventory, &w.clock, &w.liveness, &w.config);
+    let big = request(8 * GI, "0");
+    w.service()
+        .admit(&admit_req("holder", 1, &big, Policy::Reject))
+        .unwrap();
+    let mut progress = Progress::start(&w.clock);
+    assert!(matches!(service.attempt(req, &mut progress), Ok(Step::Wait)));
+    assert!(progress.ticket().is_some());
+    assert_eq!(w.state.read().unwrap().queue.len(), 1);
+    (service, progress)
+}
+
+#[test]
+fn an_inventory_error_after_queueing_leaves_no_ticket() {
+    let w = World::new(1, 10 * GI);
+    let inventory = FailsAfterFirst {
+        inner: FakeInventory::gpus(1, 10 * GI),
+        snapshots: Cell::new(0),
+    };
+    let big = request(8 * GI, "0");
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let (service, mut progress) = queued_through_the_file(&w, &inventory, &req);
+    let err = service
+        .attempt(&req, &mut progress)
+        .err()
+        .expect("the second snapshot fails");
+    assert!(
+        matches!(err, ServiceError::Inventory(_)) && err.is_state_error(),
+        "{err}"
+    );
+    assert!(progress.ticket().is_none());
+    assert!(
+        w.state.read().unwrap().queue.is_empty(),
+        "the ticket went with the error"
+    );
+}
+
+#[test]
+fn a_lock_timeout_after_queueing_leaves_no_ticket_or_says_it_stands() {
+    let w = World::new(1, 10 * GI);
+    let big = request(8 * GI, "0");
+    let mut req = admit_req("waiter", 2, &big, Policy::Wait);
+    req.budget = Some(Duration::from_millis(50));
+    // Held for less than the removal may wait: the ticket is removed after the lock timeout.
+    let (service, mut progress) = queued_through_the_file(&w, &w.inventory, &req);
+    let state = w.state.clone();
+    let tx = state.begin().unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(tx);
+    });
+    let err = service.attempt(&req, &mut progress).err().expect("the lock is held");
+    holder.join().unwrap();
+    assert!(
+        matches!(err, ServiceError::Ledger(LedgerError::LockTimeout { .. })) && err.is_state_error(),
+        "{err}"
+    );
+    assert!(progress.ticket().is_none());
+    let ledger = w.state.read().unwrap();
+    assert!(ledger.queue.is_empty(), "removed in a transaction of its own");
+    drop(ledger);
+    let events = std::fs::read_to_string(w.state.path().join(crate::events::EVENTS_FILE)).unwrap();
+    assert!(events.lines().last().unwrap().contains("\"cancel\""), "{events}");
+
+    // Held past the removal's own timeout: the error says the ticket stands, and that is no
+    // state error, so no caller starts the container unaccounted behind its own ticket.
+    let w = World::new(1, 10 * GI);
+    let (service, mut progress) = queued_through_the_file(&w, &w.inventory, &req);
+    let _held = w.state.begin().unwrap();
+    let err = service.attempt(&req, &mut progress).err().expect("the lock is held");
+    assert!(matches!(err, ServiceError::TicketStands { .. }), "{err}");
+    assert!(!err.is_state_error());
+    assert!(err.to_string().contains("could not be removed"), "{err}");
+}
+
+/// An inventory that must be opened before it reads, and records whether the ledger's lock
+/// was free when it opened (a slow nvmlInit must not hold every other start back).
+struct RecordsOpen<'w> {
+    inner: &'w FakeInventory,
+    state: StateDir,
+    opened: Cell<bool>,
+    lock_free_at_open: RefCell<Vec<bool>>,
+}
+
+impl Inventory for RecordsOpen<'_> {
+    fn open(&self) -> std::result::Result<(), InventoryError> {
+        if !self.opened.get() {
+            let free = self
+                .state
+                .begin_reclaiming(&FakeLiveness::default(), Duration::from_millis(20))
+                .is_ok();
+            self.lock_free_at_open.borrow_mut().push(free);
+            self.opened.set(true);
+        }
+        Ok(())
+    }
+
+    fn is_open(&self) -> bool {
+        self.opened.get()
+    }
+
+    fn snapshot(&self) -> std::result::Result<Snapshot, InventoryError> {
+        // Like inventory::OpenOnUse: whoever reads first opens.
+        self.open()?;
+        self.inner.snapshot()
+    }
+
+    fn describe(&self) -> String {
+        "records its opening".into()
+    }
+}
+
+fn records_open<'w>(w: &'w World) -> RecordsOpen<'w> {
+    RecordsOpen {
+        inner: &w.inventory,
+        state: w.state.clone(),
+        opened: Cell::new(false),
+        lock_free_at_open: RefCell::new(Vec::new()),
+    }
+}
+
+#[test]
+fn the_inventory_opens_before_the_lock_and_a_confirmation_never_opens_it() {
+    let w = World::new(2, 80 * GI);
+    let wrapper_inventory = records_open(&w);
+    let service = Service::new(w.state.clone(), &wrapper_inventory, &w.clock, &w.liveness, &w.config);
+    let auto = request(10 * GI, "auto");
+    let admitted = service.admit(&placing("c", 7, &auto, Policy::Reject)).unwrap();
+    assert!(matches!(admitted, Admission::Admitted { .. }), "{admitted:?}");
+    assert_eq!(
+        *wrapper_inventory.lock_free_at_open.borrow(),
+        [true],
+        "opened once, outside the lock"
+    );
+
+    let hook_inventory = records_open(&w);
+    let service = Service::new(w.state.clone(), &hook_inventory, &w.clock, &w.liveness, &w.config);
+    let explicit = request(10 * GI, "0");
+    let hook = AdmitRequest {
+        runtime: Some(pid(7)),
+        ..admit_req("c", 500, &explicit, Policy::Reject)
+    };
+    let confirmed = service.admit(&hook).unwrap();
+    assert!(matches!(confirmed, Admission::Confirmed { .. }), "{confirmed:?}");
+    assert!(hook_inventory.lock_free_at_open.borrow().is_empty(), "never opened");
+    // A second stage of the same container neither.
+    assert!(matches!(service.admit(&hook).unwrap(), Admission::AlreadyAdmitted));
+    assert!(hook_inventory.lock_free_at_open.borrow().is_empty());
+}
+
+#[test]
+fn a_confirmation_stores_the_bundle_the_hook_was_given_so_the_stop_releases_it() {
+    let w = World::new(1, 80 * GI);
+    let service = w.service();
+    let auto = request(10 * GI, "auto");
+    // The engine handed the wrapper a path through a symlink; runc reports the resolved one.
+    let mut wrapper = placing("c", 7, &auto, Policy::Reject);
+    wrapper.bundle = Some(Path::new("/run/engine/link/../c"));
+    service.admit(&wrapper).unwrap();
+    let hook = AdmitRequest {
+        runtime: Some(pid(7)),
+        bundle: Some(Path::new("/var/lib/engine/c")),
+        ..admit_req("c", 500, &auto, Policy::Reject)
+    };
+    assert!(matches!(service.admit(&hook).unwrap(), Admission::Confirmed { .. }));
+    let ledger = w.state.read().unwrap();
+    assert_eq!(
+        ledger.reservations[0].bundle.as_deref(),
+        Some(Path::new("/var/lib/engine/c"))
+    );
+    drop(ledger);
+    let released = service
+        .release("c", Some(Path::new("/var/lib/engine/c")), "poststop")
+        .unwrap();
+    assert!(released.reservation.is_some());
+}
