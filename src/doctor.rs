@@ -148,7 +148,10 @@ pub fn run(paths: &Paths) -> Report {
 }
 
 fn check_inventory(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
-    let device_nodes = paths.at("/dev/nvidiactl").exists();
+    // The driver's own word that this host has a GPU, whatever NVML says (the same test
+    // `backend = "auto"` makes before it would simulate one).
+    let gpu_evidence = inventory::nvidia_gpu_evidence(&paths.at("/"));
+    let device_nodes = gpu_evidence.is_some();
     // NVML is opened directly (not through `inventory::open`) so that doctor can say which
     // library it loaded and which driver answered.
     let nvml = match config.inventory.backend {
@@ -163,7 +166,10 @@ fn check_inventory(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
             if device_nodes {
                 checks.push(problem(
                     "inventory",
-                    format!("{message}, but this host has NVIDIA devices (/dev/nvidiactl): admission uses configured numbers, not the driver's"),
+                    format!(
+                        "{message}, but this host has an NVIDIA GPU ({} exists): admission uses configured numbers, not the driver's",
+                        gpu_evidence.as_deref().unwrap_or(Path::new("/dev/nvidiactl")).display()
+                    ),
                     format!("set inventory.backend = \"nvml\" in {}", paths.config.display()),
                 ));
             } else {
@@ -180,6 +186,20 @@ fn check_inventory(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
                     inventory::StaticInventory::from_config(config).describe()
                 ),
             ));
+        }
+        Some(Err(inventory::InventoryError::NvmlLoad { library, tried }))
+            if config.inventory.backend == Backend::Auto && device_nodes =>
+        {
+            let e = inventory::InventoryError::NvmlMissingOnGpuHost {
+                library,
+                tried,
+                evidence: gpu_evidence.clone().unwrap_or_default(),
+            };
+            checks.push(problem(
+                "inventory",
+                e.to_string(),
+                "fix the driver as the message says, then run `vramgate doctor` again",
+            ))
         }
         Some(Err(e)) => checks.push(problem(
             "inventory",

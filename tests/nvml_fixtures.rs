@@ -382,6 +382,76 @@ fn missing_driver_is_one_clear_line_from_status() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"inventory\": \"static"));
 }
 
+/// `program args` on a host that looks like a GPU host to the driver's own evidence: a private
+/// mount namespace with `/proc/driver/nvidia` present (a tmpfs over /proc/driver), as the
+/// NVIDIA kernel module makes it, while the library stays missing.
+fn on_a_gpu_host(program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs vramgate-test /proc/driver && mkdir /proc/driver/nvidia && exec \"$0\" \"$@\"")
+        .arg(program)
+        .args(args);
+    cmd
+}
+
+/// `backend = "auto"` with the library missing on a host the driver says has a GPU: one line,
+/// never the simulated card (status, doctor, and the hook, which refuses under fail-closed).
+#[test]
+fn auto_never_simulates_a_gpu_on_a_gpu_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = missing_driver_config(dir.path(), "auto");
+    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["status", "--json"])
+        .env("VRAMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no report: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("this host has an NVIDIA GPU (/proc/driver/nvidia exists)")
+            && stderr.contains("/nonexistent/libnvidia-ml.so.1")
+            && stderr.contains("will not admit against a simulated GPU"),
+        "{stderr}"
+    );
+    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["doctor"])
+        .env("VRAMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let inventory = text.lines().find(|l| l.contains(" inventory ")).unwrap_or_default();
+    assert!(
+        inventory.starts_with("PROBLEM") && inventory.contains("this host has an NVIDIA GPU"),
+        "{text}"
+    );
+
+    let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("auto"));
+    let bundle = host.bundle_with_spec(
+        "gpuhost",
+        &serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["sleep"], "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
+            "root": {"path": "rootfs"}, "annotations": {"vramgate.dev/memory": "1Gi"}}),
+    );
+    let init = FakeContainer::start();
+    let state = oci_state("gpuhost", Some(init.pid()), &bundle);
+    let mut hook = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate-hook"), &["createRuntime"])
+        .env("VRAMGATE_CONFIG", &host.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut hook.stdin.take().unwrap(), &state).unwrap();
+    let out = hook.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
+    assert!(stderr.contains("this host has an NVIDIA GPU"), "{stderr}");
+    assert!(host.ledger().reservations.is_empty(), "nothing admitted");
+}
+
 #[test]
 fn missing_driver_refuses_at_the_hook_with_one_line() {
     let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("nvml"));

@@ -9,7 +9,7 @@ mod nvml;
 mod recorded;
 mod static_list;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use nvml::candidate_paths as nvml_candidate_paths;
 pub use nvml::NvmlInventory;
@@ -99,6 +99,12 @@ pub enum InventoryError {
     Nvml {
         what: String,
         source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("this host has an NVIDIA GPU ({evidence} exists) but the NVIDIA management library {library:?} cannot be loaded (tried {tried}): vramgate will not admit against a simulated GPU here; install the driver's user-space library (Debian/Ubuntu: libnvidia-ml1 or nvidia-utils-<version>), or set inventory.nvml_library to the full path of libnvidia-ml.so.1 (`ldconfig -p | grep libnvidia-ml` finds it)")]
+    NvmlMissingOnGpuHost {
+        library: String,
+        tried: String,
+        evidence: PathBuf,
     },
     #[error("cannot read the static GPU list from {path}: {message}")]
     Static { path: PathBuf, message: String },
@@ -228,9 +234,66 @@ pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
             }
             match NvmlInventory::open(&config.inventory.nvml_library) {
                 Ok(nvml) => Ok(Box::new(nvml)),
-                Err(InventoryError::NvmlLoad { .. }) => Ok(Box::new(StaticInventory::from_config(config))),
+                // The simulated GPU is for hosts without one. Where the driver shows a GPU, a
+                // library that does not load is a broken host, never a 24 GiB simulated card
+                // that admission would trust.
+                Err(InventoryError::NvmlLoad { library, tried }) => match nvidia_gpu_evidence(Path::new("/")) {
+                    None => Ok(Box::new(StaticInventory::from_config(config))),
+                    Some(evidence) => Err(InventoryError::NvmlMissingOnGpuHost {
+                        library,
+                        tried,
+                        evidence,
+                    }),
+                },
                 Err(e) => Err(e),
             }
         }
+    }
+}
+
+/// What shows that the host under `root` has an NVIDIA GPU whatever NVML says: the driver's
+/// `/proc/driver/nvidia`, or its device nodes (`/dev/nvidiactl`, `/dev/nvidia0`...). `None` on
+/// a host with neither, where `backend = "auto"` may simulate one.
+pub fn nvidia_gpu_evidence(root: &Path) -> Option<PathBuf> {
+    let proc_entry = root.join("proc/driver/nvidia");
+    if proc_entry.exists() {
+        return Some(proc_entry);
+    }
+    let control = root.join("dev/nvidiactl");
+    if control.exists() {
+        return Some(control);
+    }
+    std::fs::read_dir(root.join("dev"))
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|entry| {
+            let name = entry.file_name();
+            crate::request::nvidia_minor(&format!("/dev/{}", name.to_string_lossy())).map(|_| entry.path())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_host_is_told_by_the_driver_s_proc_entry_or_its_device_nodes() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("dev")).unwrap();
+        std::fs::write(root.path().join("dev/null"), "").unwrap();
+        std::fs::write(root.path().join("dev/nvidia-uvm"), "").unwrap();
+        assert_eq!(nvidia_gpu_evidence(root.path()), None, "nvidia-uvm alone is no GPU");
+        std::fs::write(root.path().join("dev/nvidia3"), "").unwrap();
+        assert_eq!(nvidia_gpu_evidence(root.path()), Some(root.path().join("dev/nvidia3")));
+        std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
+        assert_eq!(
+            nvidia_gpu_evidence(root.path()),
+            Some(root.path().join("dev/nvidiactl"))
+        );
+        std::fs::create_dir_all(root.path().join("proc/driver/nvidia")).unwrap();
+        assert_eq!(
+            nvidia_gpu_evidence(root.path()),
+            Some(root.path().join("proc/driver/nvidia"))
+        );
     }
 }
