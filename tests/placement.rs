@@ -84,6 +84,27 @@ fn gpu_of(bed: &Testbed, id: &str) -> Vec<u64> {
     gpus
 }
 
+/// What CDI's `nvidia.com/gpu=all` puts into a bundle's spec: the `extra` nodes (path, minor),
+/// then every one of the 8 GPUs' `/dev/nvidiaN`, each with the device-cgroup rule allowing it.
+fn give_every_gpu_node(bundle: &std::path::Path, extra: &[(&str, u64)]) {
+    let mut spec = spec_of(bundle);
+    let nodes = extra
+        .iter()
+        .map(|(path, minor)| (path.to_string(), *minor))
+        .chain((0..8u64).map(|i| (format!("/dev/nvidia{i}"), i)));
+    let (devices, rules): (Vec<Value>, Vec<Value>) = nodes
+        .map(|(path, minor)| {
+            (
+                json!({"path": path, "type": "c", "major": 195, "minor": minor}),
+                json!({"allow": true, "type": "c", "major": 195, "minor": minor, "access": "rwm"}),
+            )
+        })
+        .unzip();
+    spec["linux"]["devices"] = json!(devices);
+    spec["linux"]["resources"]["devices"] = json!(rules);
+    std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+}
+
 fn auto(memory: &str) -> Vec<(&str, &str)> {
     vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "auto")]
 }
@@ -241,16 +262,7 @@ fn device_nodes_injected_upstream_are_narrowed_with_their_cgroup_rules() {
     let _cleanup = Cleanup(&bed);
     // What `podman --device nvidia.com/gpu=all` (CDI) puts into the spec: every GPU's node.
     let b = bundle(&bed, "nodes", &auto("8Gi"), &[]);
-    let mut spec = spec_of(&b);
-    let mut devices = vec![json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255})];
-    let mut rules = vec![json!({"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rwm"})];
-    for i in 0..8u64 {
-        devices.push(json!({"path": format!("/dev/nvidia{i}"), "type": "c", "major": 195, "minor": i}));
-        rules.push(json!({"allow": true, "type": "c", "major": 195, "minor": i, "access": "rwm"}));
-    }
-    spec["linux"]["devices"] = json!(devices);
-    spec["linux"]["resources"]["devices"] = json!(rules);
-    std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    give_every_gpu_node(&b, &[("/dev/nvidiactl", 255)]);
     let (ok, err) = create(&bed, "nodes", &b);
     assert!(ok, "{err}");
     assert_eq!(gpu_of(&bed, "nodes"), [3]);
@@ -310,16 +322,7 @@ fn a_named_gpu_narrows_what_the_engine_gave_and_the_mps_limit_names_it() {
         &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "1")],
         &["NVIDIA_VISIBLE_DEVICES=all"],
     );
-    let mut spec = spec_of(&b);
-    let mut devices = Vec::new();
-    let mut rules = Vec::new();
-    for i in 0..8u64 {
-        devices.push(json!({"path": format!("/dev/nvidia{i}"), "type": "c", "major": 195, "minor": i}));
-        rules.push(json!({"allow": true, "type": "c", "major": 195, "minor": i, "access": "rwm"}));
-    }
-    spec["linux"]["devices"] = json!(devices);
-    spec["linux"]["resources"]["devices"] = json!(rules);
-    std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    give_every_gpu_node(&b, &[]);
     let (ok, err) = create(&bed, "named", &b);
     let _ = daemon.kill();
     let _ = daemon.wait();

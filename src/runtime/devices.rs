@@ -267,6 +267,11 @@ mod tests {
         GpuMemory::for_test(index, mig, uuid)
     }
 
+    /// [`narrow_to`] on a host without MIG capabilities, for a spec at path "c".
+    fn narrow(spec: &mut Value, chosen: &[GpuMemory], none_given: WhenNoneGiven) {
+        narrow_to(spec, Path::new("c"), chosen, none_given, &MigMinors::default()).unwrap();
+    }
+
     fn node(n: &str, minor: u64) -> Value {
         json!({"path": n, "type": "c", "major": 195, "minor": minor})
     }
@@ -279,41 +284,20 @@ mod tests {
     fn env_forms_are_kept() {
         let chosen = [gpu(1, None, "GPU-b")];
         let mut spec = json!({"process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "VRAMGATE_GPUS=auto"]}});
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &chosen,
-            WhenNoneGiven::Give,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &chosen, WhenNoneGiven::Give);
         assert_eq!(
             spec["process"]["env"],
             json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-b", "VRAMGATE_GPUS=GPU-b"])
         );
         let mut spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all"]}});
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &[gpu(0, Some(2), "MIG-x")],
-            WhenNoneGiven::Give,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &[gpu(0, Some(2), "MIG-x")], WhenNoneGiven::Give);
         assert_eq!(
             spec["process"]["env"],
             json!(["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0:2"])
         );
         // Nothing named a GPU: the toolkit is told which one.
         let mut spec = json!({"annotations": {"vramgate.dev/gpus": "auto"}});
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &chosen,
-            WhenNoneGiven::Give,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &chosen, WhenNoneGiven::Give);
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]));
         assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "GPU-b");
     }
@@ -328,14 +312,7 @@ mod tests {
                 "resources": {"devices": [{"allow": false, "access": "rwm"}, rule(255), rule(0), rule(1), rule(2)]}
             }
         });
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &[gpu(2, None, "GPU-c")],
-            WhenNoneGiven::Give,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &[gpu(2, None, "GPU-c")], WhenNoneGiven::Give);
         let paths: Vec<&str> = spec["linux"]["devices"]
             .as_array()
             .unwrap()
@@ -411,14 +388,7 @@ mod tests {
         // Reserved on GPU 1 but given every GPU: it sees GPU 1 alone.
         let mut spec =
             json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "annotations": {"vramgate.dev/gpus": "1"}});
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &chosen,
-            WhenNoneGiven::Leave,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &chosen, WhenNoneGiven::Leave);
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]));
         assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "1", "its own request stays");
         // Given exactly what it reserved, in any form: nothing changes.
@@ -429,25 +399,11 @@ mod tests {
         ] {
             let before = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={visible}")]}, "annotations": {"cdi.k8s.io/x": cdi}});
             let mut spec = before.clone();
-            narrow_to(
-                &mut spec,
-                Path::new("c"),
-                &chosen,
-                WhenNoneGiven::Leave,
-                &MigMinors::default(),
-            )
-            .unwrap();
+            narrow(&mut spec, &chosen, WhenNoneGiven::Leave);
             assert_eq!(spec, before);
         }
         let mut spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1,2"]}});
-        narrow_to(
-            &mut spec,
-            Path::new("c"),
-            &chosen,
-            WhenNoneGiven::Leave,
-            &MigMinors::default(),
-        )
-        .unwrap();
+        narrow(&mut spec, &chosen, WhenNoneGiven::Leave);
         assert_eq!(
             spec["process"]["env"],
             json!(["NVIDIA_VISIBLE_DEVICES=GPU-b"]),
@@ -456,14 +412,7 @@ mod tests {
         // Given no GPU at all: none is added.
         for env in [json!([]), json!(["NVIDIA_VISIBLE_DEVICES=none"])] {
             let mut spec = json!({"process": {"env": env.clone()}});
-            narrow_to(
-                &mut spec,
-                Path::new("c"),
-                &chosen,
-                WhenNoneGiven::Leave,
-                &MigMinors::default(),
-            )
-            .unwrap();
+            narrow(&mut spec, &chosen, WhenNoneGiven::Leave);
             assert_eq!(spec["process"]["env"], env);
         }
     }
