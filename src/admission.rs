@@ -422,6 +422,7 @@ mod tests {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         });
     }
 
@@ -437,6 +438,7 @@ mod tests {
             deadline_unix_ms: u64::MAX,
             bundle: None,
             choose: None,
+            extra: Default::default(),
         });
         ticket
     }

@@ -118,6 +118,7 @@ mod tests {
                 bundle: None,
                 pending: false,
                 enforcement: None,
+                extra: Default::default(),
             });
         }
         let me = std::process::id();

@@ -9,9 +9,9 @@
 //!
 //! Adds saturate: a counter stuck at `u64::MAX` reads as wrong on a graph, where a wrapped
 //! one would read as a reset, and nothing can overflow whatever a damaged ledger holds.
-//! Unknown fields are ignored here (the rest of the ledger refuses them): these numbers only
-//! feed metrics, so a counter added by a later vramgate must not make this one refuse to
-//! admit containers.
+//! A counter added by a later vramgate is kept as it is when this one rewrites the ledger
+//! (`extra`, as everywhere in the ledger: see [`crate::ledger::FORMAT`]), so it does not go
+//! back to zero across an upgrade or a downgrade.
 
 use std::time::Duration;
 
@@ -47,6 +47,9 @@ pub struct Counters {
     pub reclaimed: u64,
     /// How long containers admitted after waiting spent in the queue.
     pub wait: WaitHistogram,
+    /// Counters of a newer vramgate, kept on rewrite.
+    #[serde(flatten)]
+    pub extra: crate::ledger::Extra,
 }
 
 /// A histogram in the shape Prometheus exposes one, in milliseconds.

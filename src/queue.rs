@@ -51,6 +51,7 @@ mod tests {
                 deadline_unix_ms: 0,
                 bundle: None,
                 choose: None,
+                extra: Default::default(),
             });
         }
         ledger

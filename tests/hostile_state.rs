@@ -230,7 +230,7 @@ fn hostile_setups() -> Vec<(&'static str, Box<dyn Fn(&Case)>, &'static str)> {
                 fresh_state(c);
                 std::fs::write(ledger(c), br#"{"schema":2,"everything":"different"}"#).unwrap();
             }),
-            "has schema version 2",
+            "was written by a newer vramgate (ledger format 2; this one reads up to 1)",
         ),
         (
             "ledger is larger than 32 MiB",

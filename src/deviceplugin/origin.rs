@@ -106,6 +106,7 @@ mod tests {
             bundle: Some(bundle.to_path_buf()),
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         }
     }
 

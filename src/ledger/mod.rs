@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::clock::now_unix_ms;
-pub use model::{GpuShare, Ledger, Reservation, Ticket, MAX_LEDGER_BYTES, SCHEMA_VERSION};
+pub use model::{Extra, GpuShare, Ledger, Reservation, Ticket, FORMAT, MAX_LEDGER_BYTES};
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
 pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
@@ -35,8 +35,10 @@ pub enum LedgerError {
     },
     #[error("ledger {path} is corrupt ({reason}); nothing was changed: inspect it, then run `vramgate ledger repair` to set it aside and start a new one")]
     Corrupt { path: PathBuf, reason: String },
-    #[error("ledger {path} has schema version {found}, this vramgate reads {SCHEMA_VERSION}: upgrade vramgate, or run `vramgate ledger repair` to start a new ledger")]
-    Schema { path: PathBuf, found: u32 },
+    #[error("ledger {path} was written by a newer vramgate (ledger format {found}; this one reads up to {FORMAT}): nothing was changed; finish upgrading vramgate on this host (an upgrade in progress: retry once it is done), or run `vramgate ledger repair` to set it aside and start a new one, forgetting its reservations")]
+    NewerFormat { path: PathBuf, found: u32 },
+    #[error("ledger {path} would grow to {bytes} bytes, over the {MAX_LEDGER_BYTES} bytes every vramgate reads; nothing was changed: release reservations or clear the queue (`vramgate status` lists them)")]
+    TooLarge { path: PathBuf, bytes: u64 },
     #[error("the ledger lock {path} has been held by another process for more than {}; find it with `fuser -v {}`", crate::quantity::format_duration(*.waited), path.display())]
     LockTimeout { path: PathBuf, waited: Duration },
 }

@@ -7,9 +7,38 @@ use serde::{Deserialize, Serialize};
 use super::{LedgerError, Result};
 use crate::procfs::ProcessIdentity;
 
-pub const SCHEMA_VERSION: u32 = 1;
-/// A ledger larger than this is refused as corrupt; 10,000 reservations take about 3 MiB.
+/// The ledger format this vramgate writes and the newest it reads, stored in the file's
+/// `schema` field (the name older versions look for).
+///
+/// Fields a reader does not know are kept as they are when it rewrites the ledger (the
+/// `extra` maps of [`Ledger`], [`Reservation`], [`Ticket`] and [`Counters`]), so a vramgate
+/// that adds a field does not make an older one still running on the host (a hook waiting in
+/// the queue during a package upgrade) refuse its container, nor lose the field when that
+/// older one writes. That only holds for a field an older reader may ignore and still get every
+/// decision right: something shown (a label, a timestamp, a counter) or a cache of what other
+/// fields already say.
+///
+/// **The rule**: bump the format for a field an older reader would get wrong by ignoring it:
+/// one that holds memory (bytes accounted anywhere but `gpus`), keeps or orders a place in
+/// the queue, decides which container an entry belongs to or when it is released or
+/// reclaimed, or changes what an existing field means (its unit, its type, a new value of an
+/// enum); and for any field added to the closed types [`GpuShare`] and
+/// [`ProcessIdentity`](crate::procfs::ProcessIdentity), which keep no unknown fields. A
+/// reader refuses a ledger of a newer format with [`LedgerError::NewerFormat`] rather than
+/// get it wrong. A writer should write the oldest format that describes what the ledger
+/// holds (the newer one only once an entry uses what needs it), so that a bump alone does
+/// not stop the older hooks of an upgrade in progress.
+///
+/// [`Counters`]: crate::counters::Counters
+pub const FORMAT: u32 = 1;
+/// A ledger larger than this is refused as corrupt by every reader, and never written (see
+/// [`LedgerError::TooLarge`]); 10,000 reservations take about 3 MiB.
 pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
+
+/// Fields this vramgate does not know, kept as they were read so a rewrite does not drop what
+/// a newer vramgate wrote (see [`FORMAT`]). A misspelt optional field lands here too and is
+/// ignored, which is the price of reading a newer ledger.
+pub type Extra = serde_json::Map<String, serde_json::Value>;
 
 /// The bytes one container holds (or asks for) on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,7 +49,6 @@ pub struct GpuShare {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Reservation {
     pub container_id: String,
     pub gpus: Vec<GpuShare>,
@@ -46,6 +74,9 @@ pub struct Reservation {
     /// as the hook recorded it when it confirmed; absent where nothing said (the hook alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<crate::enforce::Tier>,
+    /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
+    #[serde(flatten)]
+    pub extra: Extra,
 }
 
 impl Reservation {
@@ -65,6 +96,7 @@ impl Reservation {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Extra::new(),
         }
     }
 
@@ -87,7 +119,6 @@ fn same_container(id: &str, recorded: Option<&Path>, container_id: &str, bundle:
 
 /// A container waiting for room, held by its hook process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Ticket {
     pub ticket: u64,
     pub container_id: String,
@@ -104,6 +135,9 @@ pub struct Ticket {
     /// [`crate::placement`]). Absent for a request that names its GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choose: Option<u32>,
+    /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
+    #[serde(flatten)]
+    pub extra: Extra,
 }
 
 impl Ticket {
@@ -119,8 +153,8 @@ impl Ticket {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Ledger {
+    /// The ledger's format (see [`FORMAT`]).
     pub schema: u32,
     /// Bumped by every write, so readers can tell whether anything changed.
     pub generation: u64,
@@ -133,17 +167,21 @@ pub struct Ledger {
     /// from ledgers written before they existed.
     #[serde(default)]
     pub counters: crate::counters::Counters,
+    /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
+    #[serde(flatten)]
+    pub extra: Extra,
 }
 
 impl Default for Ledger {
     fn default() -> Self {
         Ledger {
-            schema: SCHEMA_VERSION,
+            schema: FORMAT,
             generation: 0,
             next_ticket: 1,
             reservations: Vec::new(),
             queue: Vec::new(),
             counters: Default::default(),
+            extra: Extra::new(),
         }
     }
 }
@@ -218,26 +256,24 @@ impl Ledger {
         let ledger: Ledger = match serde_json::from_slice(bytes) {
             Ok(ledger) => ledger,
             Err(e) => {
-                // Only on failure look for the version, so a newer schema is reported as such
-                // and not as corruption, while the common path parses once.
+                // Only on failure look for the format, so a newer one is reported as such (its
+                // fields may not parse here at all) and not as corruption, while the common
+                // path parses once.
                 #[derive(Deserialize)]
-                struct Version {
+                struct Format {
                     schema: u32,
                 }
-                return Err(match serde_json::from_slice::<Version>(bytes) {
-                    Ok(v) if v.schema != SCHEMA_VERSION => LedgerError::Schema {
-                        path: path.to_path_buf(),
-                        found: v.schema,
-                    },
+                return Err(match serde_json::from_slice::<Format>(bytes) {
+                    Ok(f) if f.schema > FORMAT => newer(f.schema, path),
                     _ => corrupt(e.to_string()),
                 });
             }
         };
-        if ledger.schema != SCHEMA_VERSION {
-            return Err(LedgerError::Schema {
-                path: path.to_path_buf(),
-                found: ledger.schema,
-            });
+        if ledger.schema > FORMAT {
+            return Err(newer(ledger.schema, path));
+        }
+        if ledger.schema == 0 {
+            return Err(corrupt("its format (`schema`) is 0, which no vramgate writes".into()));
         }
         if let Some(r) = ledger.reservations.iter().find(|r| r.gpus.is_empty()) {
             return Err(corrupt(format!("reservation of {:?} names no GPU", r.container_id)));
@@ -276,6 +312,13 @@ impl Ledger {
     }
 }
 
+fn newer(found: u32, path: &Path) -> LedgerError {
+    LedgerError::NewerFormat {
+        path: path.to_path_buf(),
+        found,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +348,7 @@ mod tests {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         };
         let ledger = Ledger {
             reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
@@ -325,6 +369,7 @@ mod tests {
             deadline_unix_ms: 0,
             bundle: None,
             choose: None,
+            extra: Default::default(),
         };
         assert_eq!(ledger.enqueue(ticket.clone()), 1);
         assert_eq!(ledger.enqueue(ticket), 2);
@@ -343,6 +388,7 @@ mod tests {
             bundle: bundle.map(PathBuf::from),
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         };
         let live = reservation(Some("/run/containerd/ns-a/c"));
         assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));
@@ -365,5 +411,59 @@ mod tests {
             Some(41)
         );
         assert_eq!(Ledger::salvage_generation(b"{trunc"), None);
+    }
+
+    /// Fields a newer vramgate added, at every level that keeps them, come back out of a
+    /// parse and a rewrite as they went in.
+    #[test]
+    fn unknown_fields_survive_a_rewrite() {
+        let newer = br#"{"schema":1,"generation":3,"next_ticket":3,"host_note":{"rack":7},
+            "reservations":[{"container_id":"a","gpus":[{"uuid":"GPU-a","bytes":5}],
+              "init":{"pid":1,"start_time":1},"created_unix_ms":1,"label":"train"}],
+            "queue":[{"ticket":2,"container_id":"b","gpus":[{"uuid":"GPU-a","bytes":5}],
+              "waiter":{"pid":1,"start_time":1},"enqueued_unix_ms":1,"deadline_unix_ms":9,
+              "priority_hint":[1,2]}],
+            "counters":{"admitted":3,"evicted":9}}"#;
+        let mut ledger = Ledger::parse(newer, Path::new("/l")).unwrap();
+        assert_eq!(ledger.reservations[0].extra["label"], "train");
+        assert_eq!(ledger.queue[0].extra["priority_hint"], serde_json::json!([1, 2]));
+        ledger.generation += 1;
+        let written: serde_json::Value = serde_json::to_value(&ledger).unwrap();
+        assert_eq!(written["host_note"], serde_json::json!({"rack": 7}));
+        assert_eq!(written["reservations"][0]["label"], "train");
+        assert_eq!(written["queue"][0]["priority_hint"], serde_json::json!([1, 2]));
+        assert_eq!(written["counters"]["evicted"], 9);
+        let bytes = serde_json::to_vec(&written).unwrap();
+        assert_eq!(Ledger::parse(&bytes, Path::new("/l")).unwrap(), ledger);
+    }
+
+    /// A known field keeps its type check: only names this vramgate does not know are kept.
+    #[test]
+    fn known_fields_are_still_checked() {
+        let bad = br#"{"schema":1,"generation":"3","next_ticket":1,"reservations":[],"queue":[]}"#;
+        let err = Ledger::parse(bad, Path::new("/l")).unwrap_err().to_string();
+        assert!(err.contains("corrupt") && err.contains("invalid type"), "{err}");
+        let closed = br#"{"schema":1,"generation":3,"next_ticket":1,"queue":[],"reservations":[
+            {"container_id":"a","gpus":[{"uuid":"GPU-a","bytes":5,"mig":1}],
+             "init":{"pid":1,"start_time":1},"created_unix_ms":1}]}"#;
+        let err = Ledger::parse(closed, Path::new("/l")).unwrap_err().to_string();
+        assert!(err.contains("unknown field `mig`"), "a GPU share is closed: {err}");
+    }
+
+    #[test]
+    fn a_newer_format_is_refused_as_newer_and_format_zero_as_corrupt() {
+        for newer in [
+            &br#"{"schema":2,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
+            br#"{"schema":2,"reservations":"a new shape"}"#,
+        ] {
+            let err = Ledger::parse(newer, Path::new("/l")).unwrap_err().to_string();
+            assert!(
+                err.starts_with("ledger /l was written by a newer vramgate (ledger format 2; this one reads up to 1)"),
+                "{err}"
+            );
+        }
+        let zero = br#"{"schema":0,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#;
+        let err = Ledger::parse(zero, Path::new("/l")).unwrap_err().to_string();
+        assert!(err.contains("corrupt") && err.contains("format"), "{err}");
     }
 }

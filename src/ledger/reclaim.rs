@@ -154,6 +154,7 @@ mod tests {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         }
     }
 

@@ -271,8 +271,18 @@ impl StateDir {
     /// Writes `ledger` atomically and returns the bytes written. Only call while holding the
     /// lock: the temporary name is fixed, and a leftover from a writer killed mid-write (or
     /// anything planted there) is unlinked, never followed.
+    ///
+    /// A ledger larger than [`MAX_LEDGER_BYTES`] is refused before anything is written: every
+    /// reader refuses such a file as corrupt, so writing it would stop every container start
+    /// on the host until `ledger repair`.
     pub(super) fn write(&self, ledger: &Ledger) -> Result<Vec<u8>> {
         let bytes = serde_json::to_vec(ledger).expect("the ledger serializes");
+        if bytes.len() as u64 > MAX_LEDGER_BYTES {
+            return Err(LedgerError::TooLarge {
+                path: self.ledger_path(),
+                bytes: bytes.len() as u64,
+            });
+        }
         crate::atomic_file::replace_at(&self.dir, LEDGER_FILE.as_ref(), TEMP_FILE.as_ref(), &bytes, 0o600, None)
             .map_err(io_err(&self.ledger_path()))?;
         Ok(bytes)

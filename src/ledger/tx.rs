@@ -189,6 +189,7 @@ mod tests {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         }
     }
 
@@ -270,7 +271,11 @@ mod tests {
             assert_eq!(std::fs::read(state.ledger_path()).unwrap(), bad, "nothing lost");
         }
         std::fs::write(state.ledger_path(), br#"{"schema":99}"#).unwrap();
-        assert!(state.read().unwrap_err().to_string().contains("schema version 99"));
+        let err = state.read().unwrap_err().to_string();
+        assert!(
+            err.contains("written by a newer vramgate (ledger format 99; this one reads up to 1)"),
+            "{err}"
+        );
         let aside = state.repair().unwrap().unwrap();
         assert_eq!(std::fs::read(aside).unwrap(), br#"{"schema":99}"#);
         let fresh = state.read().unwrap();
@@ -285,7 +290,7 @@ mod tests {
         let ahead = u64::MAX / 2;
         std::fs::write(
             state.ledger_path(),
-            format!(r#"{{"schema":1,"generation":{ahead},"next_ticket":1,"reservations":[],"queue":[],"junk":1}}"#),
+            format!(r#"{{"schema":1,"generation":{ahead},"next_ticket":1,"reservations":"damaged","queue":[]}}"#),
         )
         .unwrap();
         assert!(state.read().is_err());

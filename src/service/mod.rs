@@ -538,6 +538,7 @@ impl<'a> Service<'a> {
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
                     enforcement: req.enforcement,
+                    extra: Default::default(),
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
@@ -622,6 +623,7 @@ impl<'a> Service<'a> {
                 deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
                 bundle: req.bundle.map(Path::to_path_buf),
                 choose,
+                extra: Default::default(),
             });
             progress.ticket = Some(ticket);
             log.push(self.event(

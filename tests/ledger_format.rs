@@ -1,0 +1,159 @@
+//! The ledger across versions, through the built hook: fields a newer vramgate wrote survive
+//! this one's transactions (an upgrade in progress, a hook of the older version still
+//! waiting), a ledger of a newer format is refused as such and left alone, and a transaction
+//! whose ledger would outgrow what every reader accepts fails without writing anything.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+use vramgate::ledger::{LEDGER_FILE, MAX_LEDGER_BYTES};
+use vramgate::procfs::ProcessIdentity;
+use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+
+const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
+    [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
+    [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
+
+fn identity(pid: u32) -> Value {
+    let id = ProcessIdentity::of(pid).expect("a live process");
+    json!({"pid": id.pid, "start_time": id.start_time})
+}
+
+fn ledger_json(h: &HookHarness) -> Value {
+    serde_json::from_slice(&std::fs::read(h.state_dir.join(LEDGER_FILE)).unwrap()).unwrap()
+}
+
+/// Writes `ledger` as the state directory's ledger, as a vramgate would (mode 0600, root's).
+fn plant(h: &HookHarness, ledger: &[u8]) {
+    // The directory and its ledger are made by a first read, with their checked modes.
+    let _ = h.ledger();
+    vramgate::atomic_file::replace(&h.state_dir.join(LEDGER_FILE), ledger, 0o600, None).unwrap();
+}
+
+/// A ledger as a newer vramgate of the same format would leave it: a field this one does not
+/// know at the top, in a live reservation, in a live waiter's ticket and in the counters.
+#[test]
+fn fields_of_a_newer_vramgate_survive_admit_and_release() {
+    let h = harness(GPUS);
+    let other = FakeContainer::start();
+    let waiter = FakeContainer::start();
+    let newer = json!({
+        "schema": 1, "generation": 41, "next_ticket": 8,
+        "host_note": {"rack": 7},
+        "reservations": [{
+            "container_id": "other", "gpus": [{"uuid": "GPU-zero", "bytes": GIB}],
+            "init": identity(other.pid()), "created_unix_ms": 1, "label": "training"
+        }],
+        "queue": [{
+            "ticket": 7, "container_id": "waiting", "gpus": [{"uuid": "GPU-one", "bytes": 8 * GIB}],
+            "waiter": identity(waiter.pid()), "enqueued_unix_ms": 1,
+            "deadline_unix_ms": u64::MAX / 2, "priority_hint": [1, 2]
+        }],
+        "counters": {"admitted": 3, "evicted": 9}
+    });
+    plant(&h, &serde_json::to_vec(&newer).unwrap());
+
+    let bundle = h.bundle("mine", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    let me = FakeContainer::start();
+    let out = h.hook("createRuntime", &oci_state("mine", Some(me.pid()), &bundle));
+    assert!(out.status.success(), "admit: {}", stderr(&out));
+    let admitted = ledger_json(&h);
+    assert_eq!(admitted["generation"], 42, "the admission was written: {admitted}");
+    let ids: Vec<_> = admitted["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["container_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["other", "mine"]);
+
+    let out = h.hook("poststop", &oci_state("mine", Some(me.pid()), &bundle));
+    assert!(out.status.success(), "release: {}", stderr(&out));
+    let released = ledger_json(&h);
+    assert_eq!(released["generation"], 43, "the release was written: {released}");
+    assert_eq!(released["reservations"].as_array().unwrap().len(), 1);
+
+    // Every field of the newer vramgate came through both rewrites as it was.
+    assert_eq!(released["host_note"], json!({"rack": 7}));
+    assert_eq!(released["reservations"][0]["label"], "training");
+    assert_eq!(released["queue"][0]["ticket"], 7);
+    assert_eq!(released["queue"][0]["priority_hint"], json!([1, 2]));
+    assert_eq!(released["counters"]["evicted"], 9);
+    assert_eq!(released["counters"]["admitted"], 4);
+    assert_eq!(released["counters"]["released"], 1);
+}
+
+/// A ledger of a format this vramgate does not read is refused with the line that says so,
+/// by the hook and by the CLI, and nothing is written.
+#[test]
+fn a_newer_format_is_refused_by_hook_and_cli_and_left_alone() {
+    let h = harness(GPUS);
+    let newer = br#"{"schema":2,"generation":5,"next_ticket":1,"reservations":[],"queue":[],"shares":"a new shape"}"#;
+    plant(&h, newer);
+    let bundle = h.bundle("c", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    let container = FakeContainer::start();
+    let out = h.hook("createRuntime", &oci_state("c", Some(container.pid()), &bundle));
+    let hook_line = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "fail-closed refuses: {hook_line}");
+    let out = h.cli(&["status"]);
+    let cli_line = stderr(&out);
+    assert!(!out.status.success(), "status: {cli_line}");
+    for line in [&hook_line, &cli_line] {
+        assert!(
+            line.contains("was written by a newer vramgate (ledger format 2; this one reads up to 1)")
+                && line.contains("finish upgrading vramgate"),
+            "{line}"
+        );
+        assert!(!line.contains("corrupt"), "{line}");
+        assert_eq!(line.trim_end().lines().count(), 1, "one line: {line}");
+    }
+    assert_eq!(std::fs::read(h.state_dir.join(LEDGER_FILE)).unwrap(), newer);
+}
+
+/// A ledger just under the limit every reader enforces (made so by a field of a newer vramgate,
+/// which this one keeps): the admission that would push it over fails with the size and the
+/// limit, and the file and the directory are as they were.
+#[test]
+fn a_ledger_is_never_written_larger_than_readers_accept() {
+    let h = harness(GPUS);
+    let mut ledger = json!({
+        "schema": 1, "generation": 9, "next_ticket": 1, "reservations": [], "queue": [], "padding": ""
+    });
+    let base = serde_json::to_vec(&ledger).unwrap().len() as u64;
+    ledger["padding"] = json!("x".repeat((MAX_LEDGER_BYTES - base - 16) as usize));
+    let bytes = serde_json::to_vec(&ledger).unwrap();
+    assert!(bytes.len() as u64 <= MAX_LEDGER_BYTES);
+    plant(&h, &bytes);
+    let names = || {
+        let mut names: Vec<_> = std::fs::read_dir(&h.state_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = names();
+
+    let bundle = h.bundle("c", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    let container = FakeContainer::start();
+    let out = h.hook("createRuntime", &oci_state("c", Some(container.pid()), &bundle));
+    let line = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{line}");
+    assert!(
+        line.contains("would grow to")
+            && line.contains(&format!("over the {MAX_LEDGER_BYTES} bytes every vramgate reads")),
+        "{line}"
+    );
+    assert_eq!(line.trim_end().lines().count(), 1, "one line: {line}");
+    assert!(
+        std::fs::read(h.state_dir.join(LEDGER_FILE)).unwrap() == bytes,
+        "the ledger was changed"
+    );
+    // The attempt may have made the lock file and the event log; nothing else, no temporary
+    // file.
+    let made_by_any_attempt = |n: &std::ffi::OsString| n != "events.log" && n != "lock";
+    let after: Vec<_> = names().into_iter().filter(made_by_any_attempt).collect();
+    let before: Vec<_> = before.into_iter().filter(made_by_any_attempt).collect();
+    assert_eq!(after, before, "files left in the state directory");
+}
