@@ -279,16 +279,38 @@ fn plan_docker(options: &SetupOptions) -> Result<Plan> {
 }
 
 pub const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+/// containerd 2.x's CRI runtime plugin: where config version 3 keeps the runtimes.
+pub const CRI_RUNTIME_PLUGIN_V3: &str = "io.containerd.cri.v1.runtime";
 /// The runtime containerd 1.x's CRI plugin defines by itself, and runs by default.
 pub const CONTAINERD_DEFAULT_RUNTIME: &str = "runc";
 
-/// The drop-in (containerd config version 2, read by containerd 1.x and migrated by 2.x).
+/// The containerd config versions setup writes a drop-in for, read from the main config's
+/// `version`: 2 (containerd 1.5 to 1.7; containerd 2.x migrates it) and 3 (containerd 2.x).
+/// A host without a main config gets version 2, which both read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerdVersion {
+    V2,
+    V3,
+}
+
+impl ContainerdVersion {
+    /// The plugin whose section holds the CRI runtimes in this version.
+    fn runtime_plugin(self) -> &'static str {
+        match self {
+            ContainerdVersion::V2 => CRI_PLUGIN,
+            ContainerdVersion::V3 => CRI_RUNTIME_PLUGIN_V3,
+        }
+    }
+}
+
+/// The drop-in for containerd config `version`, adding the runtime `vramgate` (the wrapper
+/// at `runtime_path`) to the CRI plugin, as the default runtime when `set_as_default`.
+/// `host_runtime_section` is the main config's section of [`ContainerdVersion::runtime_plugin`].
 ///
-/// containerd before 2.0 merges an imported file per plugin, not per key: a drop-in that sets
-/// anything under the CRI plugin replaces the host's whole CRI section (containerd issue
-/// #5837; fixed in 2.0). So the drop-in carries the host's CRI section (`host_cri`, from the
-/// main config) with vramgate's runtime added; re-run setup after editing that section.
-///
+/// **Version 2** (containerd 1.x): containerd before 2.0 merges an imported file per plugin,
+/// not per key: a drop-in that sets anything under the CRI plugin replaces the host's whole
+/// CRI section (containerd issue #5837; fixed in 2.0). So the drop-in carries the host's CRI
+/// section with vramgate's runtime added; re-run setup after editing that section.
 /// The same goes for the `runtimes` table inside it: containerd 1.x replaces its built-in one
 /// (which holds `runc`, the default runtime) with the one in the file. A host config that
 /// names no runtime, as Debian's does, would lose `runc`, and the CRI plugin would then refuse
@@ -296,30 +318,55 @@ pub const CONTAINERD_DEFAULT_RUNTIME: &str = "runc";
 /// `containerd` `default_runtime_name = "runc"`"), taking every pod on the node with it. So
 /// the drop-in also carries containerd's built-in `runc` when the host's section lacks it.
 ///
-/// vramgate's runtime takes the `options` of the host's default runtime (`SystemdCgroup`
-/// above all: kubelet's cgroup driver must match the runtime's, or pods land in the wrong
-/// cgroups), all but its `BinaryName`, which is the wrapper's; options the host set for
-/// vramgate's runtime itself stay as they are.
-pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: Option<&toml::Table>) -> String {
-    let mut cri = host_cri.cloned().unwrap_or_default();
-    let containerd = table_at(&mut cri, "containerd");
-    let default_name = containerd
-        .get("default_runtime_name")
+/// **Version 3** (containerd 2.x) merges imports key by key (checked with containerd 2.1.9's
+/// `config dump`), so the drop-in holds vramgate's runtime alone and the host's section stays
+/// where it is.
+///
+/// In both, vramgate's runtime takes the `options` of the host's default runtime
+/// (`SystemdCgroup` above all: kubelet's cgroup driver must match the runtime's, or pods land
+/// in the wrong cgroups), all but its `BinaryName`, which is the wrapper's; options the host
+/// set for vramgate's runtime itself stay as they are.
+pub fn containerd_drop_in(
+    version: ContainerdVersion,
+    runtime_path: &Path,
+    set_as_default: bool,
+    host_runtime_section: Option<&toml::Table>,
+) -> String {
+    let host = host_runtime_section.cloned().unwrap_or_default();
+    let host_containerd = host.get("containerd").and_then(toml::Value::as_table);
+    let default_name = host_containerd
+        .and_then(|c| c.get("default_runtime_name"))
         .and_then(toml::Value::as_str)
         .unwrap_or(CONTAINERD_DEFAULT_RUNTIME)
         .to_string();
-    let inherited = containerd
-        .get("runtimes")
-        .and_then(|r| r.get(&default_name))
-        .and_then(|r| r.get("options"))
-        .and_then(toml::Value::as_table)
-        .cloned()
+    let host_runtime = |name: &str| {
+        host_containerd
+            .and_then(|c| c.get("runtimes"))
+            .and_then(|r| r.get(name))
+            .and_then(toml::Value::as_table)
+            .cloned()
+    };
+    let inherited = host_runtime(&default_name)
+        .and_then(|r| r.get("options").and_then(toml::Value::as_table).cloned())
         .unwrap_or_default();
+    // Version 2 repeats the whole host section; version 3 only what vramgate adds to it.
+    let mut section = match version {
+        ContainerdVersion::V2 => host,
+        ContainerdVersion::V3 => {
+            let mut section = toml::Table::new();
+            if let Some(mine) = host_runtime(RUNTIME_NAME) {
+                let runtimes = table_at(table_at(&mut section, "containerd"), "runtimes");
+                runtimes.insert(RUNTIME_NAME.into(), toml::Value::Table(mine));
+            }
+            section
+        }
+    };
+    let containerd = table_at(&mut section, "containerd");
     if set_as_default {
         containerd.insert("default_runtime_name".into(), RUNTIME_NAME.into());
     }
     let runtimes = table_at(containerd, "runtimes");
-    if !runtimes.contains_key(CONTAINERD_DEFAULT_RUNTIME) {
+    if version == ContainerdVersion::V2 && !runtimes.contains_key(CONTAINERD_DEFAULT_RUNTIME) {
         let runc = table_at(runtimes, CONTAINERD_DEFAULT_RUNTIME);
         runc.insert("runtime_type".into(), "io.containerd.runc.v2".into());
     }
@@ -336,14 +383,23 @@ pub fn containerd_drop_in(runtime_path: &Path, set_as_default: bool, host_cri: O
     }
     options.insert("BinaryName".into(), runtime_path.to_string_lossy().into_owned().into());
     let mut plugins = toml::Table::new();
-    plugins.insert(CRI_PLUGIN.into(), toml::Value::Table(cri));
+    plugins.insert(version.runtime_plugin().into(), toml::Value::Table(section));
     let mut doc = toml::Table::new();
-    doc.insert("version".into(), 2.into());
+    let (number, note) = match version {
+        ContainerdVersion::V2 => (
+            2,
+            "# It repeats the CRI section of the main config (containerd 1.x replaces a plugin's whole\n\
+             # section with an imported one): run setup again after editing that section.\n",
+        ),
+        ContainerdVersion::V3 => (
+            3,
+            "# containerd 2.x merges it key by key into the main config's CRI runtime section.\n",
+        ),
+    };
+    doc.insert("version".into(), number.into());
     doc.insert("plugins".into(), toml::Value::Table(plugins));
     format!(
-        "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n\
-         # It repeats the CRI section of the main config (containerd 1.x replaces a plugin's whole\n\
-         # section with an imported one): run setup again after editing that section.\n{}",
+        "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n{note}{}",
         toml::to_string(&doc).expect("a TOML table serializes")
     )
 }
@@ -510,22 +566,23 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
     };
     let imports = imports_of(&main_text, &main)?;
     let main_table = parse_toml(&main_text, &main)?;
-    match main_table.get("version").and_then(toml::Value::as_integer) {
-        Some(2) => {}
-        None if main_current.is_none() || main_text.trim().is_empty() => {}
+    let version = match main_table.get("version").and_then(toml::Value::as_integer) {
+        Some(2) => ContainerdVersion::V2,
+        Some(3) => ContainerdVersion::V3,
+        None if main_current.is_none() || main_text.trim().is_empty() => ContainerdVersion::V2,
         other => {
             return Err(SetupError::Shape {
                 path: main.clone(),
                 what: format!(
-                    "containerd config version {} is not one setup writes for (it writes version 2, for containerd 1.5 to 1.7); add the runtime by hand as the README shows",
+                    "containerd config version {} is not one setup writes for (it writes version 2 for containerd 1.5 to 1.7 and version 3 for containerd 2.x); migrate it with `containerd config migrate`, or add the runtime by hand as the README shows",
                     other.map_or("1 (no version key)".to_string(), |v| v.to_string())
                 ),
             })
         }
-    }
-    let host_cri = main_table
+    };
+    let host_section = main_table
         .get("plugins")
-        .and_then(|p| p.get(CRI_PLUGIN))
+        .and_then(|p| p.get(version.runtime_plugin()))
         .and_then(toml::Value::as_table);
     let main_wanted = if options.remove {
         if imports.iter().any(|i| i == &drop_in_str) {
@@ -539,7 +596,7 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
         Some(with_import(&main_text, &drop_in_str, &main)?.into_bytes())
     };
     let drop_in_wanted = (!options.remove)
-        .then(|| containerd_drop_in(&options.runtime_path, options.set_as_default, host_cri).into_bytes());
+        .then(|| containerd_drop_in(version, &options.runtime_path, options.set_as_default, host_section).into_bytes());
     plan.want(&drop_in, read_optional(&drop_in)?, drop_in_wanted, false);
     plan.want(&main, main_current, main_wanted, true);
     plan.next_steps.push(
@@ -761,7 +818,13 @@ mod tests {
         assert_eq!(runtimes["runc"]["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
         // A runc the host does define is kept as it is.
         let host: toml::Table = toml::from_str("[containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap();
-        let d: toml::Table = toml::from_str(&containerd_drop_in(Path::new("/r"), false, Some(&host))).unwrap();
+        let d: toml::Table = toml::from_str(&containerd_drop_in(
+            ContainerdVersion::V2,
+            Path::new("/r"),
+            false,
+            Some(&host),
+        ))
+        .unwrap();
         let runc = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
         assert_eq!(runc.get("runtime_type"), None);
         assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
@@ -774,7 +837,13 @@ mod tests {
              [containerd.runtimes.vramgate.options]\nRoot = \"/run/mine\"\n",
         )
         .unwrap();
-        let d: toml::Table = toml::from_str(&containerd_drop_in(Path::new("/r"), true, Some(&host))).unwrap();
+        let d: toml::Table = toml::from_str(&containerd_drop_in(
+            ContainerdVersion::V2,
+            Path::new("/r"),
+            true,
+            Some(&host),
+        ))
+        .unwrap();
         let ours = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"]["options"];
         assert_eq!(ours["BinaryName"].as_str(), Some("/r"));
         assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
@@ -784,6 +853,57 @@ mod tests {
         run(&o);
         assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
         assert!(!drop_in.exists());
+    }
+
+    /// containerd 2.x's config version 3: the drop-in is version 3 and holds vramgate's
+    /// runtime alone, under the CRI runtime plugin, with the default runtime's options.
+    #[test]
+    fn containerd_2_gets_a_version_3_drop_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.toml");
+        let original = "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"x\"\n";
+        std::fs::write(&main, original).unwrap();
+        let mut o = options(Engine::Containerd, dir.path());
+        o.set_as_default = true;
+        run(&o);
+        let drop_in = dir.path().join("conf.d/vramgate.toml");
+        let text = std::fs::read_to_string(&main).unwrap();
+        assert!(
+            text.starts_with(&format!(
+                "version = 3\nimports = [{}]\n",
+                toml_string(&drop_in.to_string_lossy())
+            )),
+            "{text}"
+        );
+        let d: toml::Table = toml::from_str(&std::fs::read_to_string(&drop_in).unwrap()).unwrap();
+        assert_eq!(d["version"].as_integer(), Some(3));
+        assert_eq!(d["plugins"].as_table().unwrap().len(), 1, "{d}");
+        let containerd = &d["plugins"][CRI_RUNTIME_PLUGIN_V3]["containerd"];
+        assert_eq!(containerd["default_runtime_name"].as_str(), Some("vramgate"));
+        let runtimes = containerd["runtimes"].as_table().unwrap();
+        assert_eq!(
+            runtimes.keys().collect::<Vec<_>>(),
+            ["vramgate"],
+            "only vramgate's runtime: {d}"
+        );
+        let rt = &runtimes["vramgate"];
+        assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        assert_eq!(rt["container_annotations"][0].as_str(), Some("vramgate.dev/*"));
+        assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
+        assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
+        assert!(run(&o).changes.is_empty());
+        o.remove = true;
+        run(&o);
+        assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+        assert!(!drop_in.exists());
+        // Version 1 (no key in a file that has content) is still refused, with the way out.
+        std::fs::write(&main, "[plugins.cri]\n").unwrap();
+        o.remove = false;
+        let err = plan(&o).unwrap_err().to_string();
+        assert!(
+            err.contains("version 1") && err.contains("containerd config migrate"),
+            "{err}"
+        );
     }
 
     #[test]

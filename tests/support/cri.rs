@@ -48,6 +48,9 @@ pub struct Cri {
     /// containerd's `--state`, where the runc shim keeps each container's bundle.
     pub state: PathBuf,
     pub tb: Testbed,
+    /// Which containerd runs, and the PATH it (and its shims, and `ctr`) are found on.
+    pub containerd: Containerd,
+    pub path: String,
     /// The pods' cgroup parents, which kubelet would create and remove (runc removes only
     /// each container's own cgroup).
     pub pod_cgroups: Mutex<Vec<String>>,
@@ -95,11 +98,42 @@ pub struct Pod {
     pub sandbox: String,
 }
 
-/// The host's own containerd config: the CRI plugin with the settings this VM needs, before
-/// `vramgate setup containerd` adds its import.
-pub fn host_config(dir: &Path) -> String {
-    format!(
-        r#"version = 2
+/// Which containerd a CRI host runs: Debian 12's 1.6 (config version 2), or 2.1 from Debian
+/// sid (config version 3, what current Kubernetes distributions ship), unpacked by
+/// `scripts/fetch-containerd-2` without installing it. Both run the host's runc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Containerd {
+    Debian,
+    Two,
+}
+
+impl Containerd {
+    /// The PATH containerd runs with: sid's containerd, shim and ctr first for 2.1.
+    pub fn path(self) -> String {
+        match self {
+            Containerd::Debian => path_with_sbin(),
+            Containerd::Two => {
+                let dir = std::env::var("VRAMGATE_CONTAINERD_2")
+                    .unwrap_or_else(|_| "/var/cache/vramgate-tests/containerd-sid".into());
+                let bin = Path::new(&dir).join("usr/bin");
+                assert!(
+                    bin.join("containerd").is_file(),
+                    "containerd 2.1 is not unpacked in {dir}: run scripts/install-deps (or scripts/fetch-containerd-2)"
+                );
+                format!("{}:{}", bin.display(), path_with_sbin())
+            }
+        }
+    }
+
+    /// The host's own containerd config: the CRI plugin with the settings this VM needs,
+    /// before `vramgate setup containerd` adds its import.
+    pub fn host_config(self, dir: &Path) -> String {
+        let opt = containerd_opt_section(dir);
+        let cni_bin = dir.join("cni/bin").display().to_string();
+        let cni_conf = dir.join("cni/net.d").display().to_string();
+        match self {
+            Containerd::Debian => format!(
+                r#"version = 2
 {opt}
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
@@ -112,11 +146,28 @@ pub fn host_config(dir: &Path) -> String {
     # Empty: the pods use the host's network, and the host's CNI config stays unread.
     bin_dir = {cni_bin:?}
     conf_dir = {cni_conf:?}
-"#,
-        opt = containerd_opt_section(dir),
-        cni_bin = dir.join("cni/bin").display().to_string(),
-        cni_conf = dir.join("cni/net.d").display().to_string(),
-    )
+"#
+            ),
+            // The same settings where version 3 keeps them. NRI (on by default in 2.x) would
+            // listen on one host-wide socket for every test's containerd.
+            Containerd::Two => format!(
+                r#"version = 3
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+{opt}
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [{cni_bin:?}]
+  conf_dir = {cni_conf:?}
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#
+            ),
+        }
+    }
 }
 
 /// containerd's name for this machine's architecture, for the image config.
@@ -314,13 +365,13 @@ pub async fn delete_pod(mut client: RuntimeClient, sandbox: String) -> Result<()
 impl Cri {
     /// Writes the host's containerd config, runs `vramgate setup containerd` on it, starts
     /// containerd and imports the images.
-    pub fn launch(tb: Testbed) -> Cri {
+    pub fn launch(tb: Testbed, containerd: Containerd) -> Cri {
         let dir = tb.dir.join("containerd");
         for sub in ["cni/bin", "cni/net.d"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let main = dir.join("config.toml");
-        std::fs::write(&main, host_config(&dir)).unwrap();
+        std::fs::write(&main, containerd.host_config(&dir)).unwrap();
         // The drop-in as an operator gets it: the built `vramgate setup containerd`, with the
         // default runtime path (the vramgate-runtime beside it).
         run_ok(
@@ -333,7 +384,8 @@ impl Cri {
         );
         // From here on the Cri's drop undoes what containerd leaves on the host.
         host_dirs_enter();
-        let (child, address, state) = spawn_containerd(&dir, &main, &tb.config_path);
+        let path = containerd.path();
+        let (child, address, state) = spawn_containerd_on(&dir, &main, &tb.config_path, &path);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -360,6 +412,8 @@ impl Cri {
             address,
             state,
             tb,
+            containerd,
+            path,
             pod_cgroups: Mutex::new(Vec::new()),
             dir: None,
         };
@@ -422,7 +476,7 @@ impl Cri {
 
     pub fn ctr(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ctr");
-        cmd.env("PATH", path_with_sbin())
+        cmd.env("PATH", &self.path)
             .arg("--address")
             .arg(&self.address)
             .args(["--namespace", "k8s.io"])
@@ -614,11 +668,16 @@ pub fn cri_host(name: &str) -> Cri {
 /// [`cri_host`] with `config_extra` in the host's vramgate config (a static inventory of
 /// several GPUs, say).
 pub fn cri_host_with(name: &str, config_extra: &str) -> Cri {
+    cri_host_on(Containerd::Debian, name, config_extra)
+}
+
+/// [`cri_host_with`] on the given containerd.
+pub fn cri_host_on(containerd: Containerd, name: &str, config_extra: &str) -> Cri {
     require("containerd");
     require("ctr");
     require("runc");
     let (dir, tb) = runc_testbed(name, config_extra);
-    let mut cri = Cri::launch(tb);
+    let mut cri = Cri::launch(tb, containerd);
     cri.dir = Some(dir);
     cri
 }
