@@ -25,6 +25,8 @@ use cri_support::*;
 use support::*;
 use vramgate::testbed::Testbed;
 
+/// The host's vramgate config: one simulated 24,265 MiB GPU.
+const STATIC_GPU: &str = "[inventory]\nbackend = \"static\"";
 const REQUEST: &str = "1205Mi";
 const REQUEST_BYTES: u64 = 1205 << 20;
 /// How many 1205 MiB requests the simulated 24,265 MiB GPU holds.
@@ -107,8 +109,17 @@ fn gpu_pod(name: &str, policy: &str) -> cri::PodSandboxConfig {
 
 #[test]
 fn of_25_pods_under_reject_20_run_and_5_are_refused() {
+    of_25_pods_under_reject_20_run_and_5_are_refused_on(Containerd::Debian);
+}
+
+#[test]
+fn of_25_pods_under_reject_20_run_and_5_are_refused_on_containerd_2() {
+    of_25_pods_under_reject_20_run_and_5_are_refused_on(Containerd::Two);
+}
+
+fn of_25_pods_under_reject_20_run_and_5_are_refused_on(containerd: Containerd) {
     let started = Instant::now();
-    let cri = cri_host("vramgate-cri-reject");
+    let cri = cri_host_on(containerd, "vramgate-cri-reject", STATIC_GPU);
     let configs = (0..25).map(|i| gpu_pod(&format!("reject-{i:02}"), "reject")).collect();
     // Every sandbox starts, and none reserves: the pod's request is its container's.
     let pods = run_all(&cri, configs);
@@ -261,7 +272,16 @@ fn of_25_pods_under_wait_all_run_and_complete_never_over_capacity() {
 
 #[test]
 fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves() {
-    let cri = cri_host("vramgate-cri-sidecar");
+    in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(Containerd::Debian);
+}
+
+#[test]
+fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on_containerd_2() {
+    in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(Containerd::Two);
+}
+
+fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Containerd) {
+    let cri = cri_host_on(containerd, "vramgate-cri-sidecar", STATIC_GPU);
     // The device plugin names the GPU in the one container that asked for it
     // (NVIDIA_VISIBLE_DEVICES); the pod annotation says how much.
     let pods = run_all(&cri, vec![pod_config("trainer", &[("vramgate.dev/memory", REQUEST)])]);
@@ -311,23 +331,29 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves() {
 }
 
 /// kubelet puts a deadline on each CRI call (`--runtime-request-timeout`, 2 min by default).
-/// When a StartContainer whose admission is queued passes it, containerd cancels the task's
-/// creation: the shim kills the runtime process (`runc create`, or vramgate-runtime waiting
-/// before it), and the container is marked exited (`StartError`); kubelet then creates a new
-/// attempt. The wait must end then, and nothing ever be admitted for the dead container.
+/// When a StartContainer whose admission is queued passes it, containerd gives up on the task:
+/// the waiting wrapper (vramgate-runtime admits at create, before `runc create`) is killed, a
+/// `delete --force` of the container goes through the wrapper, the bundle goes, and the
+/// container is marked exited (`StartError`); kubelet would then create a new attempt.
 ///
-/// Since vramgate-runtime admits at create, the waiter is the wrapper itself, and the shim's
-/// SIGKILL ends it: its ticket is abandoned (status shows its waiter gone at once), waiters
-/// behind it pass it, and the next transaction drops it.
-///
-/// Before the waiter watched its container (containerd 1.6.20, runc 1.1.5, this VM), the hook,
-/// reparented to `containerd-shim-runc-v2`, kept its ticket at the head of the GPU's queue until
-/// its own wait timeout, and when memory freed it was admitted for the init that was gone. Now
-/// the service checks the init and the runtime process at least every second
-/// (`service::CONTAINER_CHECK`) and refuses the wait.
+/// The place in the queue must be given up at once (within 1 s of the cancel, the ticket is
+/// out of the ledger: the wrapper's `delete` drops a ticket whose waiter is gone), and nothing
+/// ever admitted for the dead container. Measured before (containerd 1.6.20, this VM): the
+/// ticket stayed in the ledger, its waiter dead, until some other transaction ran; earlier
+/// still, before the waiter watched its container, it kept the head of the queue until its
+/// own wait timeout.
 #[test]
 fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue() {
-    let cri = cri_host("vramgate-cri-deadline");
+    a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(Containerd::Debian);
+}
+
+#[test]
+fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on_containerd_2() {
+    a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(Containerd::Two);
+}
+
+fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containerd: Containerd) {
+    let cri = cri_host_on(containerd, "vramgate-cri-deadline", STATIC_GPU);
     let big = run_all(
         &cri,
         vec![pod_config(
@@ -360,21 +386,42 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue() {
         Duration::from_secs(3),
     );
     let started = cri.block_on(async move { client.start_container(request).await });
+    let cancelled = Instant::now();
     let err = started.expect_err("StartContainer returned before its deadline");
     assert!(
         matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
         "{err}"
     );
+    // containerd kills the waiting wrapper right after the deadline: its ticket no longer holds
+    // anyone back (status shows its waiter gone, and the next transaction drops it). Where the
+    // engine then deletes the container through the wrapper (containerd 1.6's shim runs
+    // `delete --force`; 2.1's does not), that delete drops the ticket from the ledger itself.
+    let gave_up = eventually(
+        "the cancelled start gives its place up",
+        Duration::from_secs(10),
+        || !queued(&cri.tb).iter().any(|(c, _, alive)| c == &id && *alive),
+    );
+    eprintln!("the waiter was gone {gave_up:?} after the cancel");
+    assert!(
+        gave_up <= Duration::from_secs(1),
+        "the wait went on {gave_up:?} after the cancel (at most 1 s)"
+    );
+    if containerd == Containerd::Debian {
+        let dropped = eventually("the delete drops the ticket", Duration::from_secs(10), || {
+            !queued(&cri.tb).iter().any(|(c, _, _)| c == &id)
+        });
+        eprintln!("the ticket left the ledger {dropped:?} after the cancel");
+        assert!(
+            cancelled.elapsed() >= dropped && dropped <= Duration::from_secs(1),
+            "the ticket stayed {dropped:?}"
+        );
+    }
     wait_until("containerd marks the start failed", Duration::from_secs(10), || {
         let s = cri.container_status(&id);
         (
             s.state == cri::ContainerState::ContainerExited as i32 && s.reason == "StartError",
             (s.state, s.reason, s.message),
         )
-    });
-    wait_until("the cancelled start no longer waits", Duration::from_secs(10), || {
-        let q = queued(&cri.tb);
-        (!q.iter().any(|(c, _, alive)| c == &id && *alive), q)
     });
 
     // Memory frees: nothing is admitted for the container that never started, and the
@@ -391,5 +438,22 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue() {
         .events()
         .iter()
         .any(|e| e["container"] == id.as_str() && e["event"] == "admit_after_wait"));
+    // The next request on that GPU is served.
+    let next = run_all(
+        &cri,
+        vec![pod_config(
+            "next",
+            &[("vramgate.dev/memory", "10Gi"), ("vramgate.dev/gpus", "0")],
+        )],
+    );
+    let next_id = cri.create(&next[0], container_config("app", RUN_UNTIL_STOPPED, &[]));
+    cri.start_one(&next_id).unwrap();
+    assert_eq!(
+        reservations(&cri.tb).iter().filter(|(c, _)| c == &next_id).count(),
+        1,
+        "{:?}",
+        reservations(&cri.tb)
+    );
+    cri.delete_pods(&next);
     cri.delete_pods(&pods);
 }

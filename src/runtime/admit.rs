@@ -16,7 +16,7 @@ use crate::config::{Config, OnStateError};
 use crate::inventory::{self, GpuMemory};
 use crate::ledger::{GpuShare, StateDir};
 use crate::placement::Placement;
-use crate::procfs::{ProcLiveness, ProcessIdentity};
+use crate::procfs::{Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::request::Request;
 use crate::service::{self, Admission, AdmitRequest, Service, ServiceError};
 
@@ -113,6 +113,35 @@ pub fn undo(container: &str, bundle: &Path, config: &Config) {
         let inventory = inventory::NotNeeded;
         let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
         let _ = service.release(container, Some(&bundle), "create failed");
+    }
+}
+
+/// The engine deletes a container: if it gave up on that container's create while the create
+/// waited in the queue, its ticket is dropped now. containerd's CRI plugin does that when
+/// kubelet's deadline passes during a queued StartContainer: the shim kills the waiting wrapper
+/// (so the ticket's waiter is gone and no one behind it waits for it any more) and then runs
+/// `delete --force` through this wrapper. Without this the dead ticket stays in the ledger, in
+/// `status` and the metrics until some other transaction reclaims it.
+///
+/// Only a ticket whose waiter is gone is dropped (what any transaction's reclaim does), never a
+/// live wait or a reservation: `delete` names no bundle, so it cannot tell a namesake in
+/// another engine namespace apart. One unlocked read when the ledger holds no such ticket,
+/// nothing when there is no state directory. Best effort: the next transaction reclaims what
+/// this misses.
+pub fn drop_abandoned_wait(container: &str, config: &Config) {
+    let Ok(Some(dir)) = StateDir::open_existing(&config.state_dir) else {
+        return;
+    };
+    let abandoned = dir.peek().is_ok_and(|peek| {
+        peek.ledger()
+            .queue
+            .iter()
+            .any(|t| t.container_id == container && ProcLiveness.life(&t.waiter) == Life::Gone)
+    });
+    if abandoned {
+        let inventory = inventory::NotNeeded;
+        let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
+        let _ = service.gc();
     }
 }
 

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 
 /// runc's global options that take a value (`runc --root X create …`). Everything else before
 /// the verb is a switch (`--debug`, `--systemd-cgroup`, `--help`, `--version`).
+/// The verb an engine runs when it is done with a container, a create it gave up on included.
+pub const DELETE_VERB: &str = "delete";
 pub const GLOBAL_VALUE_FLAGS: &[&str] = &["root", "log", "log-format", "criu", "rootless"];
 /// Options of `runc create` and `runc run` that take a value (`pidfd-socket` since runc 1.2).
 /// `run` adds only switches to create's: `--detach`/`-d`, `--keep`, `--no-subreaper`.
@@ -44,7 +46,7 @@ pub struct Invocation {
     pub log_format: Option<OsString>,
     /// For `create` and `run`: the bundle directory, `.` when no flag names it.
     pub bundle: Option<PathBuf>,
-    /// For `create` and `run`: the container id (runc's one positional argument).
+    /// For `create`, `run` and `delete`: the container id (runc's one positional argument).
     pub container: Option<OsString>,
 }
 
@@ -99,6 +101,15 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
             inv.log_format = value;
         }
     }
+    if inv
+        .verb
+        .as_deref()
+        .is_some_and(|v| v.as_bytes() == DELETE_VERB.as_bytes())
+    {
+        // `runc delete [--force] <id>`: its flags are switches, its one argument the id.
+        inv.container = args[i..].iter().find(|a| flag_name(a).is_none()).cloned();
+        return inv;
+    }
     if !inv
         .verb
         .as_deref()
@@ -143,6 +154,21 @@ mod tests {
     fn inv(args: &[&str]) -> Invocation {
         parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>())
     }
+    /// `delete` names its container (the wrapper drops an abandoned wait of that id); other
+    /// pass-through verbs are not read past the verb.
+    #[test]
+    fn delete_names_its_container() {
+        for (args, id) in [
+            (&["--root", "/r", "delete", "--force", "c1"][..], Some("c1")),
+            (&["delete", "-f", "c2"][..], Some("c2")),
+            (&["delete", "c3"][..], Some("c3")),
+            (&["delete"][..], None),
+            (&["kill", "c4", "9"][..], None),
+        ] {
+            assert_eq!(inv(args).container.as_deref(), id.map(OsStr::new), "{args:?}");
+        }
+    }
+
     #[test]
     fn verbs_and_global_flags() {
         let cases: &[(&[&str], Option<&str>, Option<&str>, Option<&str>)] = &[

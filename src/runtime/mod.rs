@@ -150,6 +150,11 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     if let Some(e) = config_error {
         warn(&inv, &format!("vramgate: {e}; using the default runtimes"));
     }
+    if inv.verb.as_deref() == Some(argv::DELETE_VERB.as_ref()) {
+        if let (Some(container), Ok(config)) = (&inv.container, config.get()) {
+            admit::drop_abandoned_wait(&container.to_string_lossy(), config);
+        }
+    }
     let e = exec_runtime(&next, args);
     report_error(&inv, &format!("vramgate: {e}"));
     // What the create reserved is given back: no runtime runs this container.

@@ -213,12 +213,13 @@ impl<'a> Service<'a> {
         let mut progress = Progress::start(self.clock);
         // The watcher exists before a ticket can be committed, so a release that lands between
         // the commit and the first sleep still wakes this waiter.
-        let mut watcher = (req.policy == Policy::Wait).then(|| wait::LedgerWatcher::new(self.dir.path()));
+        let new_watcher = || wait::LedgerWatcher::new(self.dir.path(), req.pending.then_some(req.bundle).flatten());
+        let mut watcher = (req.policy == Policy::Wait).then(new_watcher);
         loop {
             match self.attempt(req, &mut progress)? {
                 Step::Done(admission) => return Ok(admission),
                 Step::Wait => {
-                    let watcher = watcher.get_or_insert_with(|| wait::LedgerWatcher::new(self.dir.path()));
+                    let watcher = watcher.get_or_insert_with(new_watcher);
                     self.sleep_until_worth_trying(req, &progress, watcher);
                 }
             }
