@@ -145,3 +145,36 @@ fn a_create_whose_runtime_cannot_be_executed_gives_back_what_it_reserved() {
         "{events}"
     );
 }
+
+/// The engine may name the bundle through a symlink or with `..`: the wrapper admits under
+/// that spelling, runc reports its own (`..` cleaned), and the poststop names runc's. The
+/// hook's confirmation records runc's spelling, so the stop releases the container at once,
+/// with a `release` event, rather than leaving it for a later reclaim.
+#[test]
+fn a_bundle_named_through_a_symlink_and_dotdot_is_released_at_stop() {
+    let (dir, bed) = testbed("vg-rt-symlink", "");
+    let _cleanup = Cleanup(&bed);
+    let real = bed.bundle("s1", &["true"], &request(), &[], false).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    std::fs::create_dir(dir.path().join("detour")).unwrap();
+    let spelled = dir.path().join("detour/../link");
+    let spelled = spelled.to_string_lossy().into_owned();
+    assert_ok(wrapper(&bed, &["create", "--bundle", &spelled, "s1"]), "create");
+    assert_eq!(reserved_ids(&bed), ["s1"], "admitted at create");
+    assert_ok(wrapper(&bed, &["start", "s1"]), "start");
+    eventually("the container exits", || {
+        container_status(&bed, "s1").as_deref() == Some("stopped")
+    });
+    assert_ok(wrapper(&bed, &["delete", "s1"]), "delete");
+    assert!(reserved_ids(&bed).is_empty(), "released at poststop");
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    let kinds: Vec<String> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["container"] == "s1")
+        .map(|e| e["event"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(kinds.iter().any(|k| k == "release"), "{kinds:?}");
+    assert!(!kinds.iter().any(|k| k == "reclaim"), "{kinds:?}");
+}
