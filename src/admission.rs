@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::clock::Stamp;
 use crate::inventory::{GpuMemory, Snapshot};
 use crate::ledger::{GpuShare, Ledger};
 use crate::placement::{self, Candidate, Placement, Strategy};
@@ -192,10 +193,10 @@ pub fn decide(
     shares: &[GpuShare],
     choose: Option<u32>,
     ticket: Option<u64>,
-    now_unix_ms: u64,
+    now: Stamp,
 ) -> Decision {
     if let Some(count) = choose {
-        return decide_placement(ledger, snapshot, allocated, rules, shares, count, ticket, now_unix_ms);
+        return decide_placement(ledger, snapshot, allocated, rules, shares, count, ticket, now);
     }
     let mut accounts = Vec::with_capacity(shares.len());
     for share in shares {
@@ -218,7 +219,7 @@ pub fn decide(
         }
         accounts.push((share.bytes, account));
     }
-    let ahead = tickets_ahead(ledger, rules, shares, ticket, now_unix_ms);
+    let ahead = tickets_ahead(ledger, rules, shares, ticket, now);
     for (request, account) in accounts {
         if request > account.available() {
             return Decision::NoRoom {
@@ -239,11 +240,13 @@ pub fn decide(
 
 /// Older tickets on any of `shares`' GPUs that this request must let go first. Backfill may
 /// pass an older ticket only while it has not waited past the bound.
-fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Option<u64>, now_unix_ms: u64) -> usize {
+/// A ticket's age is taken on the boot clock ([`Stamp::ms_since`]): a wall clock stepped back
+/// would otherwise let backfill pass an old waiter for as long as the step, and one stepped
+/// forward would end backfill for every waiter at once.
+fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Option<u64>, now: Stamp) -> usize {
+    let bound = u64::try_from(rules.backfill_bound.as_millis()).unwrap_or(u64::MAX);
     crate::queue::ahead_of(ledger, ticket, shares)
-        .filter(|t| {
-            !rules.backfill || now_unix_ms.saturating_sub(t.enqueued_unix_ms) >= rules.backfill_bound.as_millis() as u64
-        })
+        .filter(|t| !rules.backfill || now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound)
         .count()
 }
 
@@ -257,7 +260,7 @@ fn decide_placement(
     candidates: &[GpuShare],
     count: u32,
     ticket: Option<u64>,
-    now_unix_ms: u64,
+    now: Stamp,
 ) -> Decision {
     let among = Some(Among {
         count,
@@ -298,7 +301,7 @@ fn decide_placement(
             among,
         };
     }
-    let ahead = tickets_ahead(ledger, rules, candidates, ticket, now_unix_ms);
+    let ahead = tickets_ahead(ledger, rules, candidates, ticket, now);
     let fitting: Vec<&(u64, GpuAccount)> = could
         .iter()
         .copied()
@@ -316,8 +319,8 @@ fn decide_placement(
         return Decision::Queued { ahead };
     }
     let bytes = fitting[0].0;
-    let offered: Vec<Candidate> = fitting.iter().map(|(_, a)| Candidate::of(a)).collect();
-    let chosen = placement::choose(rules.strategy, bytes, &offered, count as usize).expect("enough fit");
+    let offered: Vec<Candidate> = fitting.iter().map(|(bytes, a)| Candidate::of(a, *bytes)).collect();
+    let chosen = placement::choose(rules.strategy, &offered, count as usize).expect("enough fit");
     let shares = chosen
         .iter()
         .filter_map(|uuid| candidates.iter().find(|s| &s.uuid == uuid).cloned())
@@ -367,7 +370,16 @@ mod tests {
         ticket: Option<u64>,
         now_unix_ms: u64,
     ) -> Decision {
-        decide(ledger, snapshot, allocated, rules, shares, None, ticket, now_unix_ms)
+        decide(
+            ledger,
+            snapshot,
+            allocated,
+            rules,
+            shares,
+            None,
+            ticket,
+            Stamp::wall(now_unix_ms),
+        )
     }
 
     fn admit(shares: &[GpuShare]) -> Decision {
@@ -435,6 +447,7 @@ mod tests {
             gpus: share(bytes),
             waiter: ProcessIdentity { pid: 1, start_time: 1 },
             enqueued_unix_ms: at_ms,
+            enqueued_boot_ms: None,
             deadline_unix_ms: u64::MAX,
             bundle: None,
             choose: None,
@@ -576,6 +589,62 @@ mod tests {
         );
         assert_eq!(
             decide_one(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 31_000),
+            Decision::Queued { ahead: 1 }
+        );
+    }
+
+    /// The bound is measured on the boot clock: the wall clock stepped back an hour does not
+    /// let backfill pass a waiter that has waited past the bound, and stepped forward an hour
+    /// it does not hold small requests behind a waiter that has just arrived.
+    #[test]
+    fn the_backfill_bound_ignores_wall_clock_steps() {
+        let mut ledger = Ledger::default();
+        reserve(&mut ledger, "big", CARD - (2 << 30));
+        let t = enqueue(&mut ledger, 10 << 30, 10_000_000);
+        ledger
+            .queue
+            .iter_mut()
+            .find(|q| q.ticket == t)
+            .unwrap()
+            .enqueued_boot_ms = Some(50_000);
+        let small = share(1 << 30);
+        let mut r = rules();
+        r.backfill = true;
+        let at = |unix_ms, boot_ms| {
+            decide(
+                &ledger,
+                &snap(CARD),
+                &Allocated::new(),
+                &r,
+                &small,
+                None,
+                None,
+                Stamp {
+                    unix_ms,
+                    boot_ms: Some(boot_ms),
+                },
+            )
+        };
+        // 40 s waited (past the 30 s bound) while the wall clock went back an hour.
+        assert_eq!(
+            at(10_000_000 - 3_600_000 + 40_000, 90_000),
+            Decision::Queued { ahead: 1 }
+        );
+        // 1 s waited while the wall clock went forward an hour: backfill may still pass it.
+        assert_eq!(at(10_000_000 + 3_600_000, 51_000), admit(&small));
+        // A ticket without a boot time (an older vramgate's) is aged on the wall clock.
+        ledger.queue.iter_mut().for_each(|q| q.enqueued_boot_ms = None);
+        assert_eq!(
+            decide(
+                &ledger,
+                &snap(CARD),
+                &Allocated::new(),
+                &r,
+                &small,
+                None,
+                None,
+                Stamp::wall(10_031_000)
+            ),
             Decision::Queued { ahead: 1 }
         );
     }

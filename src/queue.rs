@@ -48,6 +48,7 @@ mod tests {
                 gpus: gpus.iter().map(|g| share(g)).collect(),
                 waiter: ProcessIdentity { pid: 1, start_time: 1 },
                 enqueued_unix_ms: 0,
+                enqueued_boot_ms: None,
                 deadline_unix_ms: 0,
                 bundle: None,
                 choose: None,

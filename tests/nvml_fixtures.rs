@@ -44,7 +44,16 @@ fn decide(
     ticket: Option<u64>,
     now_unix_ms: u64,
 ) -> Decision {
-    admission::decide(ledger, snapshot, allocated, rules, shares, None, ticket, now_unix_ms)
+    admission::decide(
+        ledger,
+        snapshot,
+        allocated,
+        rules,
+        shares,
+        None,
+        ticket,
+        vramgate::clock::Stamp::wall(now_unix_ms),
+    )
 }
 
 fn allocated(host: &RecordedHost) -> attribution::Attribution {

@@ -80,6 +80,12 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// The bytes it holds over all its GPUs. Saturating: a ledger edited by hand may hold
+    /// shares whose sum passes `u64::MAX`, and a wrapped sum would print as a few bytes.
+    pub fn bytes(&self) -> u64 {
+        self.gpus.iter().map(|g| g.bytes).fold(0u64, u64::saturating_add)
+    }
+
     /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
     /// tests build ledgers from.
     #[cfg(test)]
@@ -128,6 +134,11 @@ pub struct Ticket {
     pub waiter: ProcessIdentity,
     pub enqueued_unix_ms: u64,
     pub deadline_unix_ms: u64,
+    /// When it was enqueued on the boot clock ([`crate::clock::Stamp`]): what its age is
+    /// measured on. Absent in tickets of a vramgate that did not record it, whose age then
+    /// falls back to `enqueued_unix_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_boot_ms: Option<u64>,
     /// The waiting container's bundle (see [`Reservation::bundle`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<PathBuf>,
@@ -236,6 +247,14 @@ impl Ledger {
     /// Whether any reservation holds memory on this GPU.
     pub fn has_reservations_on(&self, uuid: &str) -> bool {
         self.reservations.iter().any(|r| r.gpus.iter().any(|g| g.uuid == uuid))
+    }
+
+    /// Sum of reserved bytes on every GPU, saturating as [`Ledger::reserved_on`].
+    pub fn reserved_total(&self) -> u64 {
+        self.reservations
+            .iter()
+            .map(Reservation::bytes)
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
@@ -355,6 +374,10 @@ mod tests {
             ..Ledger::default()
         };
         assert_eq!(ledger.reserved_on("GPU-a"), u64::MAX);
+        assert_eq!(ledger.reserved_total(), u64::MAX);
+        let mut two_gpus = reservation("c", u64::MAX / 2 + 1);
+        two_gpus.gpus.push(share(u64::MAX / 2 + 1));
+        assert_eq!(two_gpus.bytes(), u64::MAX, "the CLI prints this sum (gc, status)");
     }
 
     #[test]
@@ -366,6 +389,7 @@ mod tests {
             gpus: vec![],
             waiter: ProcessIdentity { pid: 1, start_time: 1 },
             enqueued_unix_ms: 0,
+            enqueued_boot_ms: None,
             deadline_unix_ms: 0,
             bundle: None,
             choose: None,

@@ -157,7 +157,7 @@ pub enum Step {
 /// The instant one attempt decides at.
 #[derive(Debug, Clone, Copy)]
 struct At {
-    now_unix_ms: u64,
+    now: crate::clock::Stamp,
     /// How long this admission has waited so far (monotonic).
     waited: Duration,
 }
@@ -336,7 +336,7 @@ impl<'a> Service<'a> {
         log: &mut Vec<Event>,
     ) -> Result<Step> {
         let at = At {
-            now_unix_ms: self.clock.now_unix_ms(),
+            now: self.clock.stamp(),
             waited: self.clock.monotonic().saturating_sub(progress.started),
         };
         let step = self.steps(ledger, checked_all, reclaimed, req, progress, log, at);
@@ -477,7 +477,7 @@ impl<'a> Service<'a> {
                 &shares,
                 choose,
                 progress.ticket,
-                at.now_unix_ms,
+                at.now,
             )
         };
         let mut decision = decide(ledger);
@@ -534,7 +534,7 @@ impl<'a> Service<'a> {
                     container_id: id.to_string(),
                     gpus: chosen.clone(),
                     init: req.init,
-                    created_unix_ms: at.now_unix_ms,
+                    created_unix_ms: at.now.unix_ms,
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
@@ -614,13 +614,14 @@ impl<'a> Service<'a> {
             return refuse(ledger, log, Kind::Timeout, refusal);
         }
         if progress.ticket.is_none() {
-            let now = at.now_unix_ms;
+            let now = at.now.unix_ms;
             let ticket = ledger.enqueue(Ticket {
                 ticket: 0,
                 container_id: id.to_string(),
                 gpus: shares.clone(),
                 waiter: req.waiter,
                 enqueued_unix_ms: now,
+                enqueued_boot_ms: at.now.boot_ms,
                 deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
                 bundle: req.bundle.map(Path::to_path_buf),
                 choose,

@@ -641,7 +641,7 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
     let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
     let r = request(GI, "0");
     let req = admit_req("c", 1, &r, Policy::Wait);
-    let mut watcher = wait::LedgerWatcher::new(w.state.path());
+    let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
     let started = std::time::Instant::now();
     service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -659,7 +659,7 @@ fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
         let mut progress = queued(&service, &mut ledger, &req);
         w.liveness.gone.borrow_mut().insert(gone);
         // The sleeping waiter notices within a second, whatever the poll interval.
-        let mut watcher = wait::LedgerWatcher::new(w.state.path());
+        let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
         let started = std::time::Instant::now();
         service.sleep_until_worth_trying(&req, &progress, &mut watcher);
         assert!(started.elapsed() < CONTAINER_CHECK + Duration::from_millis(500));
