@@ -184,7 +184,7 @@ fn replay(bed: &Testbed, policy: Policy, args: &DemoArgs, request: u64) -> Resul
         }
         let ledger = state.read()?;
         samples += 1;
-        let reserved: u64 = ledger.reservations.iter().flat_map(|r| &r.gpus).map(|g| g.bytes).sum();
+        let reserved = ledger.reserved_total();
         max_reserved = max_reserved.max(reserved);
         max_running = max_running.max(ledger.reservations.len());
         max_waiting = max_waiting.max(ledger.queue.len());

@@ -50,16 +50,28 @@ pub struct Candidate {
     /// Bytes available to new requests ([`GpuAccount::available`]).
     pub available: u64,
     pub reservations: usize,
+    /// Bytes the request takes on this GPU: a share of each GPU's own size for a `N%`
+    /// request, so GPUs of different sizes are ranked each by its own (0 in events written
+    /// before it was recorded).
+    #[serde(default)]
+    pub request: u64,
 }
 
 impl Candidate {
-    pub fn of(account: &GpuAccount) -> Candidate {
+    /// `account`'s GPU as a candidate for a request of `request` bytes there.
+    pub fn of(account: &GpuAccount, request: u64) -> Candidate {
         Candidate {
             uuid: account.uuid.clone(),
             index: account.index,
             available: account.available(),
             reservations: account.reservations,
+            request,
         }
+    }
+
+    /// What would be left on this GPU after the request.
+    pub fn left(&self) -> u64 {
+        self.available.saturating_sub(self.request)
     }
 }
 
@@ -67,7 +79,7 @@ impl Candidate {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub strategy: Strategy,
-    /// Bytes asked for on each chosen GPU.
+    /// Bytes asked for on the first chosen GPU (each candidate has its own: `request`).
     pub bytes: u64,
     /// The GPUs that had room, with their numbers at the time.
     pub candidates: Vec<Candidate>,
@@ -86,7 +98,11 @@ impl Placement {
                 format!(
                     "GPU {} ({} left)",
                     c.index,
-                    crate::quantity::format_bytes(c.available.saturating_sub(self.bytes))
+                    crate::quantity::format_bytes(if c.request == 0 {
+                        c.available.saturating_sub(self.bytes)
+                    } else {
+                        c.left()
+                    })
                 )
             })
             .collect();
@@ -100,18 +116,18 @@ impl Placement {
     }
 }
 
-/// Chooses `count` distinct GPUs among `fitting` (each already known to hold `bytes`), or
-/// `None` when there are fewer than `count`. The order of `fitting` does not matter.
-pub fn choose(strategy: Strategy, bytes: u64, fitting: &[Candidate], count: usize) -> Option<Vec<String>> {
+/// Chooses `count` distinct GPUs among `fitting` (each already known to hold its `request`),
+/// or `None` when there are fewer than `count`. Each is ranked by what it would have left
+/// after its own request. The order of `fitting` does not matter.
+pub fn choose(strategy: Strategy, fitting: &[Candidate], count: usize) -> Option<Vec<String>> {
     if fitting.len() < count {
         return None;
     }
     let mut ranked: Vec<&Candidate> = fitting.iter().collect();
     ranked.sort_by(|a, b| {
-        let left = |c: &Candidate| c.available.saturating_sub(bytes);
         let by_room = match strategy {
-            Strategy::BestFit => left(a).cmp(&left(b)),
-            Strategy::Spread => left(b).cmp(&left(a)),
+            Strategy::BestFit => a.left().cmp(&b.left()),
+            Strategy::Spread => b.left().cmp(&a.left()),
         };
         by_room
             .then(a.reservations.cmp(&b.reservations))
@@ -133,26 +149,54 @@ mod tests {
             index,
             available: available_gib * GI,
             reservations,
+            request: 8 * GI,
         }
+    }
+
+    fn asking(request: u64, mut list: Vec<Candidate>) -> Vec<Candidate> {
+        list.iter_mut().for_each(|c| c.request = request);
+        list
     }
 
     #[test]
     fn best_fit_takes_the_tightest_hole_spread_the_widest() {
         let fitting = [c(0, 40, 1), c(1, 10, 3), c(2, 80, 0), c(3, 12, 2)];
-        assert_eq!(choose(Strategy::BestFit, 8 * GI, &fitting, 1).unwrap(), ["GPU-1"]);
-        assert_eq!(choose(Strategy::Spread, 8 * GI, &fitting, 1).unwrap(), ["GPU-2"]);
+        assert_eq!(choose(Strategy::BestFit, &fitting, 1).unwrap(), ["GPU-1"]);
+        assert_eq!(choose(Strategy::Spread, &fitting, 1).unwrap(), ["GPU-2"]);
         assert_eq!(
-            choose(Strategy::BestFit, 8 * GI, &fitting, 3).unwrap(),
+            choose(Strategy::BestFit, &fitting, 3).unwrap(),
             ["GPU-1", "GPU-3", "GPU-0"]
         );
-        assert_eq!(choose(Strategy::BestFit, 8 * GI, &fitting, 5), None);
+        assert_eq!(choose(Strategy::BestFit, &fitting, 5), None);
     }
 
     #[test]
     fn ties_go_to_fewer_reservations_then_the_lower_index() {
-        let fitting = [c(4, 20, 2), c(2, 20, 1), c(1, 20, 1)];
-        assert_eq!(choose(Strategy::BestFit, GI, &fitting, 1).unwrap(), ["GPU-1"]);
-        assert_eq!(choose(Strategy::Spread, GI, &fitting, 2).unwrap(), ["GPU-1", "GPU-2"]);
+        let fitting = asking(GI, vec![c(4, 20, 2), c(2, 20, 1), c(1, 20, 1)]);
+        assert_eq!(choose(Strategy::BestFit, &fitting, 1).unwrap(), ["GPU-1"]);
+        assert_eq!(choose(Strategy::Spread, &fitting, 2).unwrap(), ["GPU-1", "GPU-2"]);
+    }
+
+    /// A `50%` request on an 80 GiB GPU with 48 GiB free (8 left after its 40) and on a
+    /// 24 GiB GPU with 20 free (8 left after its 12): ranked each by its own share, best fit
+    /// leaves 8 on either and takes the one with fewer reservations; by the first GPU's 40 GiB
+    /// the small one would have been ranked as having nothing left.
+    #[test]
+    fn each_gpu_is_ranked_by_its_own_share_of_a_percent_request() {
+        let mut big = c(0, 48, 2);
+        big.request = 40 * GI;
+        let mut small = c(1, 20, 1);
+        small.request = 12 * GI;
+        let spare = {
+            let mut s = c(2, 30, 0);
+            s.request = 12 * GI;
+            s
+        };
+        assert_eq!(
+            choose(Strategy::BestFit, &[big.clone(), small.clone()], 1).unwrap(),
+            ["GPU-1"]
+        );
+        assert_eq!(choose(Strategy::Spread, &[big, small, spare], 1).unwrap(), ["GPU-2"]);
     }
 
     #[test]

@@ -479,6 +479,7 @@ fn racing_creates_never_overcommit_and_every_decision_replays_from_the_event_log
                         index: i as u32,
                         available: available(&reserved, i),
                         reservations: 0,
+                        request: p.bytes,
                     })
                     .filter(|c| c.available >= p.bytes)
                     .collect();
@@ -486,8 +487,13 @@ fn racing_creates_never_overcommit_and_every_decision_replays_from_the_event_log
                 let replayed: Vec<(String, u64)> = fitting.iter().map(|c| (c.uuid.clone(), c.available)).collect();
                 assert_eq!(logged, replayed, "{}: the numbers it chose by", e.container);
                 let with_counts: Vec<Candidate> = p.candidates.clone();
+                assert!(
+                    with_counts.iter().all(|c| c.request == p.bytes),
+                    "{}: each candidate's share",
+                    e.container
+                );
                 assert_eq!(
-                    placement::choose(Strategy::BestFit, p.bytes, &with_counts, 1).unwrap(),
+                    placement::choose(Strategy::BestFit, &with_counts, 1).unwrap(),
                     p.chosen,
                     "{}: best fit",
                     e.container

@@ -190,10 +190,9 @@ fn gc(config_path: &Path) -> Result<ExitCode> {
     };
     let reclaimed = ledger_service(&config, dir).gc()?;
     for r in &reclaimed.reservations {
-        let bytes: u64 = r.gpus.iter().map(|g| g.bytes).sum();
         println!(
             "reclaimed {} from container {} (init pid {} is gone)",
-            format_bytes(bytes),
+            format_bytes(r.bytes()),
             r.container_id,
             r.init.pid
         );

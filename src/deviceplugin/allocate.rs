@@ -135,19 +135,17 @@ pub fn preferred(
         })
         .filter_map(|(uuid, _)| {
             let gpu = view.snapshot.by_uuid(uuid)?;
-            Some(Candidate::of(&admission::account(
-                ledger,
-                gpu,
-                &view.allocated,
-                &view.rules,
-            )))
+            Some(Candidate::of(
+                &admission::account(ledger, gpu, &view.allocated, &view.rules),
+                bytes,
+            ))
         })
         .collect();
     let fitting: Vec<Candidate> = candidates.iter().filter(|c| c.available >= bytes).cloned().collect();
     // When none fits by the ledger (it changed since kubelet's count), still pick the best of
     // those kubelet can satisfy: the node's admission has the last word when the pod starts.
     let offered = if fitting.is_empty() { &candidates } else { &fitting };
-    let chosen = placement::choose(view.rules.strategy, bytes, offered, 1).and_then(|c| c.into_iter().next());
+    let chosen = placement::choose(view.rules.strategy, offered, 1).and_then(|c| c.into_iter().next());
     let mut out: Vec<String> = must.iter().map(DeviceId::to_string).collect();
     let pool: Vec<&DeviceId> = match &chosen {
         Some(uuid) => by_gpu
