@@ -42,6 +42,29 @@ echo "spec: $(wc -c <"$work/request.json") bytes"
   -n 'wrapper create, no request' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/plain --pid-file $work/pid id" \
   -n 'true state (baseline)' "/bin/true --root /run/r state id" \
   -n 'wrapper state' "$wrapper --root /run/r state id" >/dev/null
+# The A/B the pass-through target is stated in: the wrapper in front of the real runc against
+# runc alone, for `state` (containerd's most frequent call), in this same run. The container
+# does not exist, so both answer with runc's error after the same work (-i).
+if command -v runc >/dev/null; then
+  cat >"$work/runc.toml" <<TOML
+state_dir = "$work/state"
+[runtime]
+runtimes = ["runc"]
+TOML
+  VRAMGATE_CONFIG=$work/runc.toml "$hyperfine" -N -i --style basic --warmup 20 --runs "$runs" --export-json "$work/runc.json" \
+    -n 'runc state (baseline)' "runc --root $work/runc state none" \
+    -n 'wrapper state, then runc' "$wrapper --root $work/runc state none" >/dev/null
+fi
+# The floor any Rust binary pays here: an empty `fn main` linked as ours are (dynamically,
+# against glibc), and /bin/true, both exec'd the same way.
+floor=""
+if command -v rustc >/dev/null; then
+  echo 'fn main() {}' >"$work/empty.rs"
+  rustc -O -C panic=abort -o "$work/empty" "$work/empty.rs"
+  "$hyperfine" -N --style basic --warmup 20 --runs "$runs" --export-json "$work/floor.json" \
+    -n '/bin/true' /bin/true -n 'empty Rust main' "$work/empty" >/dev/null
+  floor=$work/floor.json
+fi
 # The --prepare above restores the spec before every run; check once that hooks do get added.
 cp "$work/request.json" "$work/bundle/config.json"
 "$wrapper" create --bundle "$work/bundle" id
@@ -60,4 +83,14 @@ jq -r '
     "  create without a request: \(($m["wrapper create, no request"] - $m["true create (baseline)"]) | ms) ms [\(($n["wrapper create, no request"] - $n["true create (baseline)"]) | ms)]",
     "  pass-through (state):     \(($m["wrapper state"] - $m["true state (baseline)"]) | ms) ms [\(($n["wrapper state"] - $n["true state (baseline)"]) | ms)] (target <= 0.5)"
 ' "$work/r.json"
+if [ -f "$work/runc.json" ]; then
+  jq -r 'def ms: . * 1000 * 1000 | round / 1000;
+    ([.results[] | {(.command): .median}] | add) as $m | ([.results[] | {(.command): .min}] | add) as $n
+    | "  pass-through in front of runc (state): \(($m["wrapper state, then runc"] - $m["runc state (baseline)"]) | ms) ms [\(($n["wrapper state, then runc"] - $n["runc state (baseline)"]) | ms)] (target <= 0.3; runc alone: \($m["runc state (baseline)"] | ms) ms)"' "$work/runc.json"
+fi
+if [ -n "$floor" ]; then
+  jq -r 'def ms: . * 1000 * 1000 | round / 1000;
+    ([.results[] | {(.command): .median}] | add) as $m
+    | "  floor: an empty dynamically linked Rust main costs \(($m["empty Rust main"] - $m["/bin/true"]) | ms) ms over /bin/true"' "$floor"
+fi
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
