@@ -40,6 +40,12 @@ steps = (("createRuntime", "plain", "no request"), ("createRuntime", "bundle", "
          ("poststop", "plain", "stop, none"))
 res = {(k, name): [] for k in bins for (_, _, name) in steps}
 floor = []
+# The floor any Rust binary pays: an empty `fn main`, linked as the hook is (dynamically).
+rust_floor, empty = [], None
+if shutil.which("rustc"):
+    open(f"{root}/empty.rs", "w").write("fn main() {}\n")
+    subprocess.run(["rustc", "-O", "-C", "panic=abort", "-o", f"{root}/empty", f"{root}/empty.rs"], check=True)
+    empty = f"{root}/empty"
 print(f"load {open('/proc/loadavg').read().split()[0]}, {runs} runs each, 100 live reservations")
 for i in range(runs):
     for k, b in bins.items():
@@ -52,11 +58,18 @@ for i in range(runs):
     t = time.perf_counter()
     subprocess.run(["/bin/true"], input=b"{}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     floor.append((time.perf_counter() - t) * 1000)
+    if empty:
+        t = time.perf_counter()
+        subprocess.run([empty], input=b"{}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        rust_floor.append((time.perf_counter() - t) * 1000)
 for (_, _, name) in steps:
     for k in bins:
         v = sorted(res[(k, name)])
         print(f"{name:11} {k:6} median {statistics.median(v):.3f} ms  p90 {v[9*len(v)//10]:.3f}  p99 {v[99*len(v)//100]:.3f}")
 floor.sort()
 print(f"{'/bin/true':11} {'floor':6} median {statistics.median(floor):.3f} ms  p90 {floor[9*len(floor)//10]:.3f}")
+if rust_floor:
+    rust_floor.sort()
+    print(f"{'empty Rust':11} {'floor':6} median {statistics.median(rust_floor):.3f} ms  p90 {rust_floor[9*len(rust_floor)//10]:.3f}")
 sleeper.kill()
 shutil.rmtree(root, ignore_errors=True)

@@ -1,7 +1,8 @@
 //! The ledger across versions, through the built hook: fields a newer vramgate wrote survive
 //! this one's transactions (an upgrade in progress, a hook of the older version still
 //! waiting), a ledger of a newer format is refused as such and left alone, and a transaction
-//! whose ledger would outgrow what every reader accepts fails without writing anything.
+//! whose ledger would outgrow what every reader accepts fails without writing anything. And the
+//! stop of a container vramgate never held does not read the ledger at all.
 
 mod support;
 
@@ -150,10 +151,42 @@ fn a_ledger_is_never_written_larger_than_readers_accept() {
         std::fs::read(h.state_dir.join(LEDGER_FILE)).unwrap() == bytes,
         "the ledger was changed"
     );
-    // The attempt may have made the lock file and the event log; nothing else, no temporary
-    // file.
-    let made_by_any_attempt = |n: &std::ffi::OsString| n != "events.log" && n != "lock";
+    // The attempt may have made the lock file, the event log and the markers' directory (its
+    // marker for "c" made before the write, a harmless leftover: see ledger::marks); nothing
+    // else, no temporary file.
+    let made_by_any_attempt = |n: &std::ffi::OsString| n != "events.log" && n != "lock" && n != "held";
     let after: Vec<_> = names().into_iter().filter(made_by_any_attempt).collect();
     let before: Vec<_> = before.into_iter().filter(made_by_any_attempt).collect();
     assert_eq!(after, before, "files left in the state directory");
+}
+
+/// The poststop of a container vramgate never held (under podman's and CRI-O's hooks.d, every
+/// container) is answered by the markers, without reading the ledger: shown by damaging the
+/// ledger in place (same file, so the markers still vouch for it), after which that stop still
+/// succeeds while the stop of a held container, which must read it, reports the damage.
+#[test]
+fn the_stop_of_a_container_never_held_does_not_read_the_ledger() {
+    let h = harness(GPUS);
+    let held = h.bundle("held", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    let container = FakeContainer::start();
+    let out = h.hook("createRuntime", &oci_state("held", Some(container.pid()), &held));
+    assert!(out.status.success(), "admit: {}", stderr(&out));
+    let never = h.bundle("never", &[]);
+    let out = h.hook("poststop", &oci_state("never", None, &never));
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    {
+        use std::io::Write;
+        let mut ledger = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(h.state_dir.join(LEDGER_FILE))
+            .unwrap();
+        ledger.write_all(b"{damaged in place").unwrap();
+    }
+    let out = h.hook("poststop", &oci_state("never", None, &never));
+    assert!(out.status.success(), "the ledger was read: {}", stderr(&out));
+    let out = h.hook("poststop", &oci_state("held", Some(container.pid()), &held));
+    let line = stderr(&out);
+    assert!(!out.status.success() && line.contains("is corrupt"), "{line}");
 }

@@ -9,6 +9,7 @@
 //! reader that does not lock (`vramgate status`, a waiter checking whether it is worth taking
 //! the lock) always sees a whole ledger, old or new, never a torn one.
 
+pub mod marks;
 mod model;
 mod reclaim;
 mod store;

@@ -152,6 +152,16 @@ impl StateDir {
         &self.path
     }
 
+    /// Whether the markers of [`super::marks`] say for sure that the ledger names no entry
+    /// of `container`, without reading it. False when they cannot say.
+    pub fn surely_not_held(&self, container: &str) -> bool {
+        super::marks::surely_not_held(&self.dir, container)
+    }
+
+    pub(super) fn dir_file(&self) -> &File {
+        &self.dir
+    }
+
     pub fn ledger_path(&self) -> PathBuf {
         self.path.join(LEDGER_FILE)
     }

@@ -124,7 +124,9 @@ impl Transaction {
         let changed = ledger != original;
         if changed {
             ledger.generation = original.generation + 1;
+            let marks = super::marks::MarksUpdate::before_write(dir.dir_file(), &original, &ledger);
             let bytes = dir.write(&ledger)?;
+            marks.after_write(dir.dir_file());
             if let Some(path) = std::env::var_os(AUDIT_LOG_ENV) {
                 append_audit(Path::new(&path), &bytes);
             }

@@ -708,13 +708,19 @@ impl<'a> Service<'a> {
     /// reclaims what is gone. With a `bundle` (a stop seen by the hook), only entries of that
     /// container match, never a namesake's; without (`vramgate release <id>`), the id decides.
     /// What is released is decided from the ledger alone: a container's spec may have changed
-    /// since it was admitted. A container the ledger does not hold costs one unlocked read.
+    /// since it was admitted. A container the ledger does not hold costs three `stat`s (the
+    /// markers of [`crate::ledger::marks`]), or one unlocked read where they cannot say.
     /// `why` goes into the event log ("poststop", "vramgate release").
     pub fn release(&self, container: &str, bundle: Option<&Path>, why: &str) -> Result<Released> {
         let held = |ledger: &Ledger| {
             ledger.reservations.iter().any(|r| r.belongs_to(container, bundle))
                 || ledger.queue.iter().any(|t| t.belongs_to(container, bundle))
         };
+        // The stop of a container vramgate never held (every container, under podman's and
+        // CRI-O's hooks.d) costs three `stat`s, not a read of the ledger.
+        if self.dir.surely_not_held(container) {
+            return Ok(Released::default());
+        }
         let peek = self.dir.peek()?;
         if !held(peek.ledger()) {
             return Ok(Released::default());
