@@ -40,6 +40,7 @@ fn reservation(id: String, gpu: usize, init: ProcessIdentity) -> Reservation {
         bundle: None,
         pending: false,
         enforcement: None,
+        extra: Default::default(),
     }
 }
 

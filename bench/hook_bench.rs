@@ -100,6 +100,7 @@ fn latency(args: &[String]) {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         });
     }
     drop(tx.commit().unwrap());

@@ -97,6 +97,7 @@ fn main() {
             bundle: None,
             pending: false,
             enforcement: None,
+            extra: Default::default(),
         });
     }
     // A queue on each GPU, and counters that have seen some traffic.
@@ -110,9 +111,11 @@ fn main() {
             }],
             waiter: ids[n % ids.len()],
             enqueued_unix_ms: now,
+            enqueued_boot_ms: None,
             deadline_unix_ms: now + 3_600_000,
             bundle: None,
             choose: None,
+            extra: Default::default(),
         });
     }
     tx.ledger.next_ticket = 2 * gpus as u64 + 1;

@@ -12,6 +12,7 @@
 use std::path::Path;
 
 use vramgate::admission::{self, Allocated, Rules};
+use vramgate::clock::Stamp;
 use vramgate::config::Config;
 use vramgate::inventory::{GpuMemory, RecordedHost, RecordedInventory, Snapshot};
 use vramgate::ledger::{GpuShare, Ledger};
@@ -209,7 +210,16 @@ pub fn ledger(data: &[u8]) {
             bytes: 1 << 30,
         })
         .collect();
-    let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &every, Some(1), None, 0);
+    let _ = admission::decide(
+        &ledger,
+        &snap,
+        &Allocated::new(),
+        &rules,
+        &every,
+        Some(1),
+        None,
+        Stamp::wall(0),
+    );
     for gpu in &snap.gpus {
         let _ = ledger.reserved_on(&gpu.uuid);
         let account = admission::account(&ledger, gpu, &Allocated::new(), &rules);
@@ -229,9 +239,21 @@ pub fn ledger(data: &[u8]) {
             &share,
             None,
             ticket,
-            u64::MAX,
+            Stamp {
+                unix_ms: u64::MAX,
+                boot_ms: Some(u64::MAX),
+            },
         );
-        let _ = admission::decide(&ledger, &snap, &Allocated::new(), &rules, &share, None, None, 0);
+        let _ = admission::decide(
+            &ledger,
+            &snap,
+            &Allocated::new(),
+            &rules,
+            &share,
+            None,
+            None,
+            Stamp::wall(0),
+        );
     }
     let mut copy = ledger.clone();
     let reclaimed = copy.reclaim_with(|p| p.pid % 2 == 0);

@@ -40,6 +40,7 @@ fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
         bundle: None,
         pending: false,
         enforcement: None,
+        extra: Default::default(),
     }
 }
 
