@@ -167,6 +167,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 bundle: None,
                 pending: false,
                 enforcement: None,
+                extra: Default::default(),
             });
         }
         drop(tx.commit().unwrap());
