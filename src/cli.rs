@@ -15,7 +15,9 @@ Examples:
   vramgate release 3f2a9c0d1e      release one container's reservation by hand
   vramgate gc                      reclaim reservations of containers that are gone
   vramgate metrics                 the same numbers for Prometheus, on stdout
-  vramgate exporter                serve them at http://127.0.0.1:9835/metrics";
+  vramgate exporter                serve them at http://127.0.0.1:9835/metrics
+  vramgate replay events.jsonl --gpus 2x141Gi --compare strategy=best-fit,spread
+                                   what-if on the host's own history";
 
 /// Shown after `vramgate-hook --help` and in vramgate-hook(8).
 const HOOK_EXAMPLES: &str = "\
@@ -99,6 +101,50 @@ pub enum Command {
     Demo(DemoArgs),
     /// Wire vramgate into an engine: docker, containerd, podman or crio
     Setup(SetupArgs),
+    /// Replay a workload (a host's events.jsonl, or a job file) on vramgate's own decision
+    /// code, on simulated GPUs and a virtual clock: what other GPUs, a strategy, backfill, a
+    /// policy or headroom would have done. Settings not given are the config's
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    /// A host's events.jsonl, or a job file: JSON lines with arrival (s), memory ("6Gi"),
+    /// duration (s), and optionally gpus ("0", "auto", "auto:2"), policy, timeout, id
+    #[arg(value_name = "WORKLOAD")]
+    pub workload: PathBuf,
+    /// The GPUs to replay on, COUNTxSIZE[,COUNTxSIZE...] (default: the config's
+    /// [[inventory.gpus]]; an event log does not record GPU sizes)
+    #[arg(long, value_name = "GPUS")]
+    pub gpus: Option<String>,
+    /// Placement strategy: best-fit or spread
+    #[arg(long, value_name = "STRATEGY")]
+    pub strategy: Option<String>,
+    /// Let requests that fit pass older waiters: true or false
+    #[arg(long, value_name = "BOOL")]
+    pub backfill: Option<String>,
+    /// ...but never one that has waited longer than this ("30s")
+    #[arg(long, value_name = "DURATION")]
+    pub backfill_bound: Option<String>,
+    /// Policy for jobs that do not set one: wait or reject
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+    /// Memory kept free on every GPU ("2Gi", "5%")
+    #[arg(long, value_name = "QUANTITY")]
+    pub headroom: Option<String>,
+    /// Replay once per value and show them side by side: KEY=V1,V2 with KEY one of gpus,
+    /// strategy, backfill, backfill-bound, policy, headroom (gpus values are separated by '|')
+    #[arg(long, value_name = "KEY=V1,V2")]
+    pub compare: Option<String>,
+    /// Print JSON for scripts instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Write the timeline (reserved bytes per GPU and queue length at each event) as CSV
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// Write a plot of the first setting's timeline as SVG
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -28,6 +28,7 @@ pub mod privilege;
 pub mod procfs;
 pub mod quantity;
 pub mod queue;
+pub mod replay;
 pub mod request;
 pub mod runtime;
 pub mod service;

@@ -77,6 +77,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Setup(args) => setup(config_path, &args),
+        Command::Replay(args) => replay(config_path, &args),
         Command::Demo(args) => {
             let summaries = vramgate::demo::run(&args)?;
             let ok = summaries
@@ -241,5 +242,51 @@ fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode
         setup::apply(&plan)?;
     }
     print!("{}", setup::describe(&plan, args.dry_run));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn replay(config_path: &Path, args: &vramgate::cli::ReplayArgs) -> Result<ExitCode> {
+    use vramgate::replay;
+    let mut config = Config::load_from(config_path)?;
+    let overrides = [
+        ("gpus", &args.gpus),
+        ("strategy", &args.strategy),
+        ("backfill", &args.backfill),
+        ("backfill-bound", &args.backfill_bound),
+        ("policy", &args.policy),
+        ("headroom", &args.headroom),
+    ];
+    for (key, value) in overrides {
+        if let Some(value) = value {
+            replay::apply_setting(&mut config, key, value)?;
+        }
+    }
+    let compares_gpus = args.compare.as_deref().is_some_and(|c| c.starts_with("gpus="));
+    if config.inventory.gpus.is_empty() && !compares_gpus {
+        anyhow::bail!(
+            "replay needs the GPUs to replay on: give --gpus COUNTxSIZE (e.g. 1x80Gi), or a config with [[inventory.gpus]]"
+        );
+    }
+    let jobs = replay::workload::read(&args.workload)?;
+    let settings = replay::settings_for(&config, args.compare.as_deref())?;
+    let mut outcomes = Vec::new();
+    for (name, setting) in &settings {
+        let mut progress =
+            |done: f64| eprintln!("vramgate replay: {name}: {:.0}% of {} jobs", done * 100.0, jobs.len());
+        outcomes.push(replay::run(&jobs, setting, name, &mut progress)?);
+    }
+    if let Some(path) = &args.timeline {
+        std::fs::write(path, replay::report::timeline_csv(&outcomes))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, replay::report::plot_svg(&outcomes[0]))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&outcomes)?);
+    } else {
+        print!("{}", replay::report::table(&outcomes));
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -688,8 +688,9 @@ impl<'a> Service<'a> {
 
     /// An unlocked look at the ledger: is this waiter at the head of its GPUs' queues, or is
     /// someone ahead of it gone (which only a transaction can clean up), or was its ticket
-    /// removed (cancelled)?
-    fn may_be_served(&self, progress: &Progress) -> bool {
+    /// removed (cancelled)? What a waiter asks before it tries again; a caller that drives the
+    /// attempts itself (`vramgate replay`) asks the same.
+    pub fn may_be_served(&self, progress: &Progress) -> bool {
         let Ok(ledger) = self.dir.read() else { return true };
         let Some(mine) = progress.ticket.and_then(|t| ledger.ticket(t)) else {
             return true;

@@ -1,0 +1,436 @@
+//! `vramgate replay`: what-if over a workload, on the real decision code.
+//!
+//! The jobs ([`workload`]) are run through the same [`Service`] the hook and the wrapper use
+//! (its admission, queue order, backfill bound, placement, timeouts and events), on a static
+//! inventory of simulated GPUs, a virtual clock and a liveness in which every job's processes
+//! live until the replay releases them. Nothing sleeps and no process is started: the loop
+//! jumps from one instant where something happens (an arrival, a completion, a wait's
+//! deadline) to the next. The ledger is a real state directory, on tmpfs (`/dev/shm`) where
+//! there is one, so a commit costs what it costs in memory; it is removed afterwards.
+//!
+//! What the replay cannot know it takes from the workload: how long a job holds its memory
+//! (admission to release). What it leaves out: memory used outside vramgate changing during
+//! the run, containers that die without a stop (both show in the real inventory only), and the
+//! time an engine takes between the hook's admission and the job's start.
+
+pub mod report;
+pub mod workload;
+
+use std::cell::Cell;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{Config, Policy, StaticGpu};
+use crate::inventory::StaticInventory;
+use crate::ledger::StateDir;
+use crate::procfs::{Life, Liveness, ProcessIdentity};
+use crate::request::Request;
+use crate::service::{Admission, AdmitRequest, Refusal, Service, ServiceError, Step};
+use crate::spec::SpecView;
+
+pub use report::{Outcome, Percentiles};
+pub use workload::{Job, WorkloadError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{0}")]
+    Workload(#[from] WorkloadError),
+    #[error("job {id} (line {line}): {reason}")]
+    Job { id: String, line: usize, reason: String },
+    #[error("--gpus {value:?}: {reason}; write it as COUNTxSIZE[,COUNTxSIZE...], e.g. 2x141Gi or 1x80Gi,1x24Gi")]
+    Gpus { value: String, reason: String },
+    #[error("--{key} {value:?}: {reason}")]
+    Setting { key: String, value: String, reason: String },
+    #[error("the replay's state directory {path}: {source}")]
+    State { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Service(#[from] ServiceError),
+}
+
+type Result<T> = std::result::Result<T, ReplayError>;
+
+/// The simulated GPUs of `--gpus 2x141Gi,1x24Gi`.
+pub fn parse_gpus(value: &str) -> Result<Vec<StaticGpu>> {
+    let bad = |reason: String| ReplayError::Gpus {
+        value: value.to_string(),
+        reason,
+    };
+    let mut gpus = Vec::new();
+    for part in value.split(',').map(str::trim) {
+        let (count, size) = part
+            .split_once('x')
+            .ok_or_else(|| bad(format!("{part:?} has no 'x'")))?;
+        let count: u32 = count
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{count:?} is not a count of GPUs")))?;
+        let size = match crate::quantity::parse_quantity(size.trim()) {
+            Ok(crate::quantity::Quantity::Bytes(b)) if b > 0 => b,
+            _ => return Err(bad(format!("{size:?} is not a memory size such as 141Gi"))),
+        };
+        for _ in 0..count {
+            let index = gpus.len() as u32;
+            gpus.push(StaticGpu {
+                index,
+                uuid: format!("GPU-replay-{index:04}"),
+                total: size,
+                used_outside: 0,
+                minor: index,
+            });
+        }
+    }
+    if gpus.is_empty() || gpus.len() > 1024 {
+        return Err(bad(format!("{} GPUs; give 1 to 1024", gpus.len())));
+    }
+    Ok(gpus)
+}
+
+/// One setting a replay may override: the name as `--compare` and the flags spell it.
+pub const SETTINGS: &[&str] = &["gpus", "strategy", "backfill", "backfill-bound", "policy", "headroom"];
+
+/// Applies one override to `config`.
+pub fn apply_setting(config: &mut Config, key: &str, value: &str) -> Result<()> {
+    let bad = |reason: &str| ReplayError::Setting {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    match key {
+        "gpus" => {
+            config.inventory.backend = crate::config::Backend::Static;
+            config.inventory.gpus = parse_gpus(value)?;
+        }
+        "strategy" => {
+            config.placement.strategy =
+                crate::placement::Strategy::parse(value).ok_or_else(|| bad("give best-fit or spread"))?;
+        }
+        "backfill" => {
+            config.queue.backfill = match value {
+                "true" | "on" => true,
+                "false" | "off" => false,
+                _ => return Err(bad("give true or false")),
+            }
+        }
+        "backfill-bound" => {
+            config.queue.backfill_bound = crate::quantity::parse_duration(value).map_err(|e| bad(&e.to_string()))?;
+        }
+        "policy" => config.policy = Policy::parse(value).ok_or_else(|| bad("give wait or reject"))?,
+        "headroom" => config.headroom = crate::quantity::parse_quantity(value).map_err(|e| bad(&e.to_string()))?,
+        _ => {
+            return Err(bad(&format!(
+                "not a setting a replay overrides ({})",
+                SETTINGS.join(", ")
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// The virtual clock: milliseconds since the replay's start, on every clock the service reads.
+struct VirtualClock {
+    now_ms: Cell<u64>,
+}
+
+/// The wall-clock origin written into the replay's ledger and events: fixed, so that a replay
+/// is the same every time.
+const EPOCH_MS: u64 = 1_700_000_000_000;
+
+impl Clock for VirtualClock {
+    fn now_unix_ms(&self) -> u64 {
+        EPOCH_MS + self.now_ms.get()
+    }
+    fn monotonic(&self) -> Duration {
+        Duration::from_millis(self.now_ms.get())
+    }
+    fn boot_ms(&self) -> Option<u64> {
+        Some(self.now_ms.get())
+    }
+}
+
+/// Every job's processes live until the replay releases the job, which it does itself.
+struct AllAlive;
+
+impl Liveness for AllAlive {
+    fn life(&self, _: &ProcessIdentity) -> Life {
+        Life::Alive
+    }
+}
+
+/// A job's request, read by the same parser a container's spec goes through.
+fn request_of(job: &Job) -> Result<Request> {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(crate::request::MEMORY_ANNOTATION.into(), job.memory.clone().into());
+    annotations.insert(crate::request::GPUS_ANNOTATION.into(), job.gpus.clone().into());
+    if let Some(p) = &job.policy {
+        annotations.insert(crate::request::POLICY_ANNOTATION.into(), p.clone().into());
+    }
+    if let Some(t) = &job.timeout {
+        annotations.insert(crate::request::TIMEOUT_ANNOTATION.into(), t.clone().into());
+    }
+    let spec = serde_json::json!({"ociVersion": "1.0.2", "annotations": annotations});
+    let bad = |reason: String| ReplayError::Job {
+        id: job.id.clone(),
+        line: job.line,
+        reason,
+    };
+    let bytes = serde_json::to_vec(&spec).expect("JSON serializes");
+    let view = SpecView::parse(&bytes, std::path::Path::new("replay")).map_err(|e| bad(e.to_string()))?;
+    let mut request = Request::from_spec(&view)
+        .map_err(|e| bad(e.to_string()))?
+        .ok_or_else(|| bad("it requests nothing".into()))?;
+    // As vramgate-runtime does at create: `auto` is placed by the service.
+    if let Some(placed) = request.gpus.to_place() {
+        request.gpus = placed;
+    }
+    Ok(request)
+}
+
+/// A replay's state directory, private (0700) and new, removed when dropped.
+struct ScratchState {
+    path: PathBuf,
+}
+
+impl Drop for ScratchState {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn scratch_state() -> Result<ScratchState> {
+    use std::os::unix::fs::DirBuilderExt;
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = base.join(format!("vramgate-replay-{}-{nanos}", std::process::id()));
+    // `create`, not `create_all`: a name that exists already is refused, never reused.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .map_err(|source| ReplayError::State {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(ScratchState { path })
+}
+
+struct Waiting {
+    job: usize,
+    progress: crate::service::Progress,
+    deadline_ms: u64,
+}
+
+/// Replays `jobs` under `config` (its GPUs must be static), calling `progress` now and then
+/// with the share of jobs done.
+pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMut(f64)) -> Result<Outcome> {
+    let requests: Vec<Request> = jobs.iter().map(request_of).collect::<Result<_>>()?;
+    let scratch = scratch_state()?;
+    let mut config = config.clone();
+    config.state_dir = scratch.path.join("state");
+    config.source = None;
+    let gpus = config.inventory.static_gpus_or_simulated();
+    // A job no GPU can ever hold is the workload's mistake, said before anything runs.
+    let largest = gpus.iter().map(|g| g.total).max().unwrap_or(0);
+    for (job, request) in jobs.iter().zip(&requests) {
+        let on_largest = request.memory.bytes_on(largest);
+        if on_largest > largest {
+            return Err(ReplayError::Job {
+                id: job.id.clone(),
+                line: job.line,
+                reason: format!(
+                    "it asks {} and the largest GPU holds {}",
+                    crate::quantity::format_bytes(on_largest),
+                    crate::quantity::format_bytes(largest)
+                ),
+            });
+        }
+    }
+    let inventory = StaticInventory::from_gpus(gpus.clone());
+    let clock = VirtualClock { now_ms: Cell::new(0) };
+    let dir = StateDir::open_or_create(&config.state_dir).map_err(ServiceError::Ledger)?;
+    let service = Service::new(dir, &inventory, &clock, &AllAlive, &config);
+    let identity = |i: usize| ProcessIdentity {
+        pid: 1_000_000 + i as u32,
+        start_time: 1,
+    };
+    let admit_request = |i: usize| AdmitRequest {
+        container: &jobs[i].id,
+        init: identity(i),
+        request: &requests[i],
+        bundle: None,
+        policy: requests[i].policy.unwrap_or(config.policy),
+        wait_for: crate::service::wait_for(&requests[i], &config, None),
+        waiter: identity(i),
+        runtime: None,
+        budget: None,
+        pending: true,
+        enforcement: None,
+    };
+
+    let mut record = report::Recorder::new(&gpus, setting);
+    let mut completions: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let mut next_arrival = 0;
+    let mut done = 0usize;
+    let mut last_progress = 0usize;
+    loop {
+        let now = [
+            jobs.get(next_arrival).map(|j| j.arrival_ms),
+            completions.peek().map(|Reverse((t, _))| *t),
+            waiting.iter().map(|w| w.deadline_ms).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(now) = now else { break };
+        clock.now_ms.set(now);
+        let mut freed = false;
+        while let Some(Reverse((t, i))) = completions.peek().copied() {
+            if t > now {
+                break;
+            }
+            completions.pop();
+            service.release(&jobs[i].id, None, "replay: the job ended")?;
+            record.released(i, now);
+            done += 1;
+            freed = true;
+        }
+        while jobs.get(next_arrival).is_some_and(|j| j.arrival_ms <= now) {
+            let i = next_arrival;
+            next_arrival += 1;
+            let req = admit_request(i);
+            let mut progress = crate::service::Progress::start(&clock);
+            match service.attempt(&req, &mut progress)? {
+                Step::Wait => {
+                    let deadline_ms = now.saturating_add(req.wait_for.as_millis() as u64);
+                    waiting.push(Waiting {
+                        job: i,
+                        progress,
+                        deadline_ms,
+                    });
+                }
+                Step::Done(admission) => {
+                    done += settle(&mut record, &mut completions, jobs, i, now, admission);
+                }
+            }
+        }
+        // Waiters in ticket order: each that may be served now (the service's own test: at the
+        // head of its GPUs' queues, or backfill) or whose deadline came tries again; an
+        // admission or a timeout removes a ticket, which may put the next at a head.
+        let mut changed = freed;
+        loop {
+            let mut progressed = false;
+            let mut k = 0;
+            while k < waiting.len() {
+                let due = waiting[k].deadline_ms <= now;
+                if !(due || (changed && service.may_be_served(&waiting[k].progress))) {
+                    k += 1;
+                    continue;
+                }
+                let i = waiting[k].job;
+                let req = admit_request(i);
+                match service.attempt(&req, &mut waiting[k].progress)? {
+                    Step::Wait => k += 1,
+                    Step::Done(admission) => {
+                        waiting.remove(k);
+                        done += settle(&mut record, &mut completions, jobs, i, now, admission);
+                        progressed = true;
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+            changed = true;
+        }
+        record.sample(now, waiting.len());
+        if jobs.len() >= 1000 && done * 20 / jobs.len() > last_progress {
+            last_progress = done * 20 / jobs.len();
+            progress(done as f64 / jobs.len() as f64);
+        }
+    }
+    let outcome = record.finish(jobs);
+    drop(service);
+    drop(scratch);
+    Ok(outcome)
+}
+
+/// Records an attempt's end; returns 1 when the job will not run (so it counts as done now).
+fn settle(
+    record: &mut report::Recorder,
+    completions: &mut BinaryHeap<Reverse<(u64, usize)>>,
+    jobs: &[Job],
+    i: usize,
+    now: u64,
+    admission: Admission,
+) -> usize {
+    match admission {
+        Admission::Admitted { shares, .. } => {
+            record.admitted(i, now, jobs[i].arrival_ms, &shares);
+            completions.push(Reverse((now.saturating_add(jobs[i].duration_ms), i)));
+            0
+        }
+        Admission::Refused(Refusal::TimedOut { .. }) => {
+            record.timed_out(i);
+            1
+        }
+        Admission::Refused(_) => {
+            record.refused(i);
+            1
+        }
+        // A replayed job is admitted once, by its one attempt: never confirmed, never again.
+        Admission::Confirmed { .. } | Admission::AlreadyAdmitted => 0,
+    }
+}
+
+/// The settings of one replay in a `--compare`: `base` with `key=value` applied.
+pub fn settings_for(base: &Config, compare: Option<&str>) -> Result<Vec<(String, Config)>> {
+    let Some(compare) = compare else {
+        return Ok(vec![(describe(base), base.clone())]);
+    };
+    let (key, values) = compare.split_once('=').ok_or_else(|| ReplayError::Setting {
+        key: "compare".into(),
+        value: compare.into(),
+        reason: format!("write it as KEY=V1,V2 with KEY one of {}", SETTINGS.join(", ")),
+    })?;
+    let values: Vec<&str> = if key == "gpus" {
+        // A GPU list holds commas itself: alternatives are separated by ';' or '|'.
+        values.split(['|', ';']).collect()
+    } else {
+        values.split(',').collect()
+    };
+    values
+        .iter()
+        .map(|v| {
+            let mut config = base.clone();
+            apply_setting(&mut config, key, v.trim())?;
+            Ok((format!("{key}={}", v.trim()), config))
+        })
+        .collect()
+}
+
+/// A few words for a setting: what the GPUs and rules are.
+pub fn describe(config: &Config) -> String {
+    let mut sizes: BTreeMap<u64, usize> = BTreeMap::new();
+    for g in config.inventory.static_gpus_or_simulated() {
+        *sizes.entry(g.total).or_default() += 1;
+    }
+    let gpus: Vec<String> = sizes
+        .iter()
+        .map(|(size, n)| format!("{n}x{}", crate::quantity::format_bytes(*size).replace(' ', "")))
+        .collect();
+    format!(
+        "{} {}{}",
+        gpus.join(","),
+        config.placement.strategy.as_str(),
+        if config.queue.backfill { " backfill" } else { "" }
+    )
+}

@@ -1,0 +1,314 @@
+//! What a replay runs: jobs, read from a host's event log or from a job file.
+//!
+//! A job file has one JSON object per line: `arrival` (seconds from the start), `memory` (a
+//! vramgate quantity: `"6Gi"`, `"25%"`), `duration` (seconds), and optionally `gpus` (as the
+//! `vramgate.dev/gpus` key: `"0"`, `"0,1"`, `"auto"`, `"auto:2"`; default `auto`), `policy`
+//! (`wait` or `reject`), `timeout` (`"90s"`) and `id`.
+//!
+//! An event log (`events.jsonl`) is turned into jobs container by container: arrival is its
+//! first request event (`admit`, `enqueue`, `refuse`), its size and GPUs are those of its
+//! admission (a placed admission asks `auto`, or `auto:N`; a pinned one the GPUs' indices, in
+//! the order the log first names them), its duration runs from admission to release (or
+//! reclaim: a stop the hook never saw), and its policy is `wait` when it ever queued.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}: {reason}")]
+    Line { path: PathBuf, line: usize, reason: String },
+    #[error(
+        "{path} holds no job: give a job file (JSON lines with arrival, memory, duration) or a host's events.jsonl"
+    )]
+    Empty { path: PathBuf },
+}
+
+/// One job to replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub id: String,
+    /// Milliseconds from the workload's start.
+    pub arrival_ms: u64,
+    /// As a container would say it (`vramgate.dev/memory`).
+    pub memory: String,
+    pub duration_ms: u64,
+    /// As a container would say it (`vramgate.dev/gpus`).
+    pub gpus: String,
+    pub policy: Option<String>,
+    pub timeout: Option<String>,
+    /// Where it came from, for messages: the line of the job file, or of its first event.
+    pub line: usize,
+}
+
+/// Reads a workload, telling the two formats apart by the first line.
+pub fn read(path: &Path) -> Result<Vec<Job>, WorkloadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let jobs = if first.contains("\"event\"") {
+        from_events(&text, path)?
+    } else {
+        from_job_file(&text, path)?
+    };
+    if jobs.is_empty() {
+        return Err(WorkloadError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(jobs)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobLine {
+    arrival: f64,
+    memory: String,
+    duration: f64,
+    #[serde(default)]
+    gpus: Option<String>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    timeout: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+fn seconds_to_ms(value: f64, what: &str) -> Result<u64, String> {
+    if !value.is_finite() || value < 0.0 || value > 1e12 {
+        return Err(format!(
+            "{what} must be a number of seconds from 0 to 1e12, not {value}"
+        ));
+    }
+    Ok((value * 1000.0).round() as u64)
+}
+
+pub fn from_job_file(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
+    let mut jobs = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let bad = |reason: String| WorkloadError::Line {
+            path: path.to_path_buf(),
+            line: line_no,
+            reason,
+        };
+        let job: JobLine = serde_json::from_str(line).map_err(|e| bad(format!("not a job ({e})")))?;
+        jobs.push(Job {
+            id: job.id.unwrap_or_else(|| format!("job-{line_no}")),
+            arrival_ms: seconds_to_ms(job.arrival, "arrival").map_err(bad)?,
+            memory: job.memory,
+            duration_ms: seconds_to_ms(job.duration, "duration").map_err(bad)?,
+            gpus: job.gpus.unwrap_or_else(|| "auto".into()),
+            policy: job.policy,
+            timeout: job.timeout,
+            line: line_no,
+        });
+    }
+    jobs.sort_by_key(|j| (j.arrival_ms, j.line));
+    Ok(jobs)
+}
+
+#[derive(Deserialize)]
+struct LoggedEvent {
+    time_unix_ms: u64,
+    event: String,
+    container: String,
+    #[serde(default)]
+    gpus: Vec<crate::ledger::GpuShare>,
+    #[serde(default)]
+    placement: Option<crate::placement::Placement>,
+}
+
+/// The events vramgate writes ([`crate::events::Kind`]); anything else is not a vramgate log.
+const KNOWN_EVENTS: &[&str] = &[
+    "admit",
+    "admit_after_wait",
+    "refuse",
+    "enqueue",
+    "timeout",
+    "cancel",
+    "release",
+    "confirm",
+    "reclaim",
+    "abandon_ticket",
+    "fail_open",
+    "enforce",
+    "note",
+];
+
+#[derive(Default)]
+struct Seen {
+    first_ms: Option<u64>,
+    first_line: usize,
+    admitted_ms: Option<u64>,
+    ended_ms: Option<u64>,
+    bytes: u64,
+    gpus: Option<String>,
+    queued: bool,
+}
+
+pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
+    let mut seen: HashMap<String, Seen> = HashMap::new();
+    let mut order: Vec<String> = Vec::new();
+    // Host GPUs by UUID, numbered in the order the log names them (a placement's candidates
+    // carry the host's own index, which wins).
+    let mut index_of: HashMap<String, u32> = HashMap::new();
+    let mut last_ms = 0;
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |reason: String| WorkloadError::Line {
+            path: path.to_path_buf(),
+            line: line_no,
+            reason,
+        };
+        let e: LoggedEvent = serde_json::from_str(line)
+            .map_err(|err| bad(format!("not a vramgate event ({err}); is the log truncated?")))?;
+        if !KNOWN_EVENTS.contains(&e.event.as_str()) {
+            return Err(bad(format!("unknown event {:?}", e.event)));
+        }
+        last_ms = last_ms.max(e.time_unix_ms);
+        if let Some(p) = &e.placement {
+            for c in &p.candidates {
+                index_of.entry(c.uuid.clone()).or_insert(c.index);
+            }
+        }
+        for g in &e.gpus {
+            let next = index_of.len() as u32;
+            index_of.entry(g.uuid.clone()).or_insert(next);
+        }
+        let s = seen.entry(e.container.clone()).or_insert_with(|| {
+            order.push(e.container.clone());
+            Seen::default()
+        });
+        match e.event.as_str() {
+            "admit" | "admit_after_wait" | "enqueue" | "refuse" | "timeout" => {
+                if s.first_ms.is_none() {
+                    s.first_ms = Some(e.time_unix_ms);
+                    s.first_line = line_no;
+                }
+                if e.event == "enqueue" || e.event == "admit_after_wait" || e.event == "timeout" {
+                    s.queued = true;
+                }
+                if let Some(share) = e.gpus.first() {
+                    s.bytes = share.bytes;
+                }
+                if e.event.starts_with("admit") {
+                    s.admitted_ms.get_or_insert(e.time_unix_ms);
+                    s.gpus = Some(match &e.placement {
+                        Some(p) if p.chosen.len() > 1 => format!("auto:{}", p.chosen.len()),
+                        Some(_) => "auto".into(),
+                        None => e
+                            .gpus
+                            .iter()
+                            .map(|g| index_of[&g.uuid].to_string())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    });
+                }
+            }
+            "release" | "reclaim" if s.admitted_ms.is_some() && s.ended_ms.is_none() => {
+                s.ended_ms = Some(e.time_unix_ms);
+            }
+            _ => {}
+        }
+    }
+    let start = seen.values().filter_map(|s| s.first_ms).min().unwrap_or(0);
+    let mut jobs = Vec::new();
+    for id in order {
+        let s = &seen[&id];
+        let Some(first) = s.first_ms else { continue };
+        // A request that was refused, or ran out its wait, ran for no time: it is replayed to
+        // be refused or to wait again.
+        let duration = match (s.admitted_ms, s.ended_ms) {
+            (Some(a), Some(e)) => e.saturating_sub(a),
+            // Still running when the log ends.
+            (Some(a), None) => last_ms.saturating_sub(a),
+            _ => 0,
+        };
+        if s.bytes == 0 {
+            continue;
+        }
+        jobs.push(Job {
+            id: id.clone(),
+            arrival_ms: first - start,
+            memory: s.bytes.to_string(),
+            duration_ms: duration,
+            gpus: s.gpus.clone().unwrap_or_else(|| "auto".into()),
+            policy: s.queued.then(|| "wait".to_string()),
+            timeout: None,
+            line: s.first_line,
+        });
+    }
+    jobs.sort_by_key(|j| (j.arrival_ms, j.line));
+    Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_files_and_their_errors() {
+        let p = Path::new("jobs.jsonl");
+        let jobs = from_job_file(
+            "{\"arrival\":1.5,\"memory\":\"6Gi\",\"duration\":10,\"id\":\"a\"}\n\n# note\n{\"arrival\":0,\"memory\":\"1Gi\",\"duration\":2,\"gpus\":\"0\",\"policy\":\"reject\"}\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(jobs[0].id, "job-4");
+        assert_eq!(
+            (jobs[1].arrival_ms, jobs[1].duration_ms, jobs[1].gpus.as_str()),
+            (1500, 10_000, "auto")
+        );
+        let err = from_job_file("{\"arrival\":0,\"memory\":\"1Gi\"}\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("jobs.jsonl:1: not a job (missing field `duration`"),
+            "{err}"
+        );
+        let err = from_job_file("{\"arrival\":-1,\"memory\":\"1Gi\",\"duration\":1}", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("arrival must be"), "{err}");
+    }
+
+    #[test]
+    fn event_logs_become_jobs_and_bad_lines_are_named() {
+        let p = Path::new("events.jsonl");
+        let log = r#"{"time_unix_ms":1000,"event":"admit","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":1500,"event":"enqueue","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
+{"time_unix_ms":4000,"event":"release","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":4000,"event":"admit_after_wait","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
+{"time_unix_ms":9000,"event":"reclaim","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
+"#;
+        let jobs = from_events(log, p).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(
+            (jobs[0].arrival_ms, jobs[0].duration_ms, jobs[0].gpus.as_str()),
+            (0, 3000, "0")
+        );
+        assert_eq!((jobs[1].arrival_ms, jobs[1].duration_ms), (500, 5000));
+        assert_eq!(jobs[1].policy.as_deref(), Some("wait"));
+        assert_eq!(jobs[1].memory, "7");
+        let err = from_events(&log.replace("\"reclaim\"", "\"teleport\""), p)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "events.jsonl:5: unknown event \"teleport\"");
+        let err = from_events(&log[..log.len() - 30], p).unwrap_err().to_string();
+        assert!(err.starts_with("events.jsonl:5: not a vramgate event"), "{err}");
+    }
+}

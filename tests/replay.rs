@@ -1,0 +1,180 @@
+//! `vramgate replay` through the built binary, on small workloads whose outcome is known by
+//! hand: FIFO order, the backfill bound, a refusal, a timeout, best fit against spread, and
+//! bad input.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::Value;
+use support::{stderr, stdout, VRAMGATE};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Writes `jobs` (JSON lines) and replays them with `args`; returns the JSON outcomes.
+fn replay(jobs: &str, args: &[&str]) -> Vec<Value> {
+    let (ok, out, err) = replay_raw(jobs, args);
+    assert!(ok, "replay failed: {err}");
+    serde_json::from_str::<Vec<Value>>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn replay_raw(jobs: &str, args: &[&str]) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, jobs).unwrap();
+    let out = Command::new(VRAMGATE)
+        .args(["--config", "/dev/null", "replay"])
+        .arg(&file)
+        .args(["--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.success(), stdout(&out), stderr(&out))
+}
+
+fn order(outcome: &Value) -> Vec<&str> {
+    outcome["admission_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect()
+}
+
+/// A 10 GiB GPU: `a` holds 6 GiB from 0 s to 10 s; `b` (6 GiB) arrives at 1 s and must wait;
+/// `c` (2 GiB) arrives at 2 s and would fit beside `a`.
+const FIFO: &str = r#"{"id":"a","arrival":0,"memory":"6Gi","duration":10,"gpus":"0"}
+{"id":"b","arrival":1,"memory":"6Gi","duration":10,"gpus":"0","policy":"wait","timeout":"1h"}
+{"id":"c","arrival":2,"memory":"2Gi","duration":5,"gpus":"0","policy":"wait","timeout":"1h"}
+"#;
+
+#[test]
+fn fifo_holds_a_small_job_behind_an_older_waiter_and_backfill_lets_it_pass() {
+    let fifo = &replay(FIFO, &["--gpus", "1x10Gi", "--backfill", "false"])[0];
+    // c waits behind b; both are admitted when a ends at 10 s; b ends at 20 s.
+    assert_eq!(order(fifo), ["a", "b", "c"]);
+    assert_eq!(fifo["makespan_s"], 20.0);
+    assert_eq!(fifo["wait_s"]["max"], 9.0);
+    assert_eq!(fifo["admitted"], 3);
+    let backfill = &replay(FIFO, &["--gpus", "1x10Gi", "--backfill", "true"])[0];
+    // c passes b at once; b still starts at 10 s.
+    assert_eq!(order(backfill), ["a", "c", "b"]);
+    assert_eq!(backfill["makespan_s"], 20.0);
+    assert_eq!(backfill["wait_s"]["p50"], 0.0);
+}
+
+#[test]
+fn backfill_passes_no_waiter_older_than_the_bound() {
+    // c arrives at 7 s, when b has waited 6 s.
+    let jobs = FIFO.replace(r#""arrival":2"#, r#""arrival":7"#);
+    let within = &replay(
+        &jobs,
+        &["--gpus", "1x10Gi", "--backfill", "true", "--backfill-bound", "30s"],
+    )[0];
+    assert_eq!(order(within), ["a", "c", "b"]);
+    let past = &replay(
+        &jobs,
+        &["--gpus", "1x10Gi", "--backfill", "true", "--backfill-bound", "5s"],
+    )[0];
+    assert_eq!(
+        order(past),
+        ["a", "b", "c"],
+        "b has waited past the bound: c may not pass it"
+    );
+    // Side by side in one run, named by the setting.
+    let both = replay(
+        &jobs,
+        &[
+            "--gpus",
+            "1x10Gi",
+            "--backfill",
+            "true",
+            "--compare",
+            "backfill-bound=30s,5s",
+        ],
+    );
+    assert_eq!(both.len(), 2);
+    assert_eq!(both[0]["setting"], "backfill-bound=30s");
+    assert_eq!(order(&both[1]), ["a", "b", "c"]);
+}
+
+#[test]
+fn a_refusal_and_a_timeout() {
+    let jobs = r#"{"id":"a","arrival":0,"memory":"6Gi","duration":100,"gpus":"0"}
+{"id":"r","arrival":1,"memory":"6Gi","duration":10,"gpus":"0","policy":"reject"}
+{"id":"t","arrival":2,"memory":"6Gi","duration":10,"gpus":"0","policy":"wait","timeout":"5s"}
+"#;
+    let o = &replay(jobs, &["--gpus", "1x10Gi"])[0];
+    assert_eq!(
+        (o["admitted"].as_u64(), o["refused"].as_u64(), o["timed_out"].as_u64()),
+        (Some(1), Some(1), Some(1))
+    );
+    assert_eq!(o["makespan_s"], 100.0);
+    // The lower bound: a's 100 s (6 GiB of 10 for 100 s is 60 GiB·s of work; the job itself is longer).
+    assert_eq!(o["lower_bound_s"], 100.0);
+}
+
+#[test]
+fn best_fit_packs_and_spread_spreads() {
+    let jobs = r#"{"id":"a","arrival":0,"memory":"6Gi","duration":100,"gpus":"0"}
+{"id":"b","arrival":1,"memory":"2Gi","duration":100,"gpus":"auto"}
+"#;
+    let both = replay(jobs, &["--gpus", "2x10Gi", "--compare", "strategy=best-fit,spread"]);
+    let peaks = |o: &Value| -> Vec<f64> {
+        o["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| (g["peak_share"].as_f64().unwrap() * 100.0).round())
+            .collect()
+    };
+    assert_eq!(
+        peaks(&both[0]),
+        [80.0, 0.0],
+        "best fit: b beside a, in the tightest hole"
+    );
+    assert_eq!(peaks(&both[1]), [60.0, 20.0], "spread: b on the empty GPU");
+    assert_eq!(both[0]["gpus"][0]["total_bytes"].as_f64().unwrap(), 10.0 * GIB);
+}
+
+#[test]
+fn bad_input_gets_one_line_that_names_the_line() {
+    for (jobs, args, want) in [
+        (
+            "{\"arrival\":0,\"memory\":\"6Gi\",\"duration\":1}\n{\"arrival\":1,\"memory\":\"99Gi\",\"duration\":1}\n",
+            &["--gpus", "1x10Gi"][..],
+            "job job-2 (line 2): it asks 99.0 GiB and the largest GPU holds 10.0 GiB",
+        ),
+        (
+            "{\"arrival\":0,\"memory\":\"6Gi\"}\n",
+            &["--gpus", "1x10Gi"][..],
+            "jobs.jsonl:1: not a job (missing field `duration`",
+        ),
+        (
+            "{\"time_unix_ms\":1,\"event\":\"admit\",\"container\":\"a\",\"gpus\":[{\"uuid\":\"GPU-a\",\"bytes\":5}]}\n{\"time_unix_ms\":2,\"event\":\"teleport\",\"container\":\"a\"}\n",
+            &["--gpus", "1x10Gi"][..],
+            "jobs.jsonl:2: unknown event \"teleport\"",
+        ),
+        (
+            "{\"time_unix_ms\":1,\"event\":\"admit\",\"container\":\"a\",\"gpus\":[{\"uuid\":\"GPU-a\",\"by",
+            &["--gpus", "1x10Gi"][..],
+            "jobs.jsonl:1: not a vramgate event",
+        ),
+        (
+            "{\"arrival\":0,\"memory\":\"6Gi\",\"duration\":1}\n",
+            &[][..],
+            "replay needs the GPUs to replay on: give --gpus",
+        ),
+        (
+            "{\"arrival\":0,\"memory\":\"6Gi\",\"duration\":1}\n",
+            &["--gpus", "2 by 80"][..],
+            "--gpus \"2 by 80\": \"2 by 80\" has no 'x'",
+        ),
+    ] {
+        let (ok, out, err) = replay_raw(jobs, args);
+        assert!(!ok, "{want}: succeeded");
+        assert!(out.is_empty(), "{want}: printed a result: {out}");
+        assert!(err.contains(want), "wanted {want:?} in: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}
