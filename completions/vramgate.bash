@@ -40,6 +40,9 @@ _vramgate() {
             vramgate,release)
                 cmd="vramgate__subcmd__release"
                 ;;
+            vramgate,replay)
+                cmd="vramgate__subcmd__replay"
+                ;;
             vramgate,setup)
                 cmd="vramgate__subcmd__setup"
                 ;;
@@ -69,6 +72,9 @@ _vramgate() {
                 ;;
             vramgate__subcmd__help,release)
                 cmd="vramgate__subcmd__help__subcmd__release"
+                ;;
+            vramgate__subcmd__help,replay)
+                cmd="vramgate__subcmd__help__subcmd__replay"
                 ;;
             vramgate__subcmd__help,setup)
                 cmd="vramgate__subcmd__help__subcmd__setup"
@@ -107,7 +113,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc metrics exporter ledger demo setup help"
+            opts="-h -V --config --help --version status doctor release gc metrics exporter ledger demo setup replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -225,7 +231,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc metrics exporter ledger demo setup help"
+            opts="status doctor release gc metrics exporter ledger demo setup replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -365,6 +371,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__release)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__replay)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -545,6 +565,60 @@ _vramgate() {
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__replay)
+            opts="-h -V --gpus --strategy --backfill --backfill-bound --policy --headroom --compare --json --timeline --plot --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --gpus)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --strategy)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --backfill)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --backfill-bound)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --policy)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --headroom)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compare)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeline)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --plot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -329,9 +329,19 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
         loop {
             let mut progressed = false;
             let mut k = 0;
+            // One read of the ledger answers the question for every waiter until an attempt
+            // changes it.
+            let mut ledger = if changed {
+                Some(service.state_dir().read().map_err(ServiceError::Ledger)?)
+            } else {
+                None
+            };
             while k < waiting.len() {
                 let due = waiting[k].deadline_ms <= now;
-                if !(due || (changed && service.may_be_served(&waiting[k].progress))) {
+                let may = ledger
+                    .as_ref()
+                    .is_some_and(|l| service.may_be_served_in(l, &waiting[k].progress));
+                if !(due || may) {
                     k += 1;
                     continue;
                 }
@@ -343,6 +353,9 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
                         waiting.remove(k);
                         done += settle(&mut record, &mut completions, jobs, i, now, admission);
                         progressed = true;
+                        if ledger.is_some() {
+                            ledger = Some(service.state_dir().read().map_err(ServiceError::Ledger)?);
+                        }
                     }
                 }
             }

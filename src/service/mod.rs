@@ -692,11 +692,17 @@ impl<'a> Service<'a> {
     /// attempts itself (`vramgate replay`) asks the same.
     pub fn may_be_served(&self, progress: &Progress) -> bool {
         let Ok(ledger) = self.dir.read() else { return true };
+        self.may_be_served_in(&ledger, progress)
+    }
+
+    /// [`Service::may_be_served`] on a ledger the caller has read: one read for a whole
+    /// queue's worth of questions.
+    pub fn may_be_served_in(&self, ledger: &Ledger, progress: &Progress) -> bool {
         let Some(mine) = progress.ticket.and_then(|t| ledger.ticket(t)) else {
             return true;
         };
         let mut any_ahead = false;
-        for t in crate::queue::ahead_of(&ledger, Some(mine.ticket), &mine.gpus) {
+        for t in crate::queue::ahead_of(ledger, Some(mine.ticket), &mine.gpus) {
             if self.liveness.life(&t.waiter) == procfs::Life::Gone {
                 return true;
             }
