@@ -132,7 +132,10 @@ pub fn run(paths: &Paths) -> Report {
             checks.push(problem(
                 "config",
                 e.to_string(),
-                format!("edit {} (the README lists every key)", paths.config.display()),
+                format!(
+                    "edit {} (the manual's reference, /usr/share/doc/vramgate/book/reference.html, lists every key)",
+                    paths.config.display()
+                ),
             ));
             None
         }
@@ -518,7 +521,7 @@ fn check_engines(paths: &Paths, checks: &mut Vec<Check>) -> Vec<PathBuf> {
         checks.push(problem(
             "engines",
             "no container engine is set up to run vramgate, so no container is admitted or refused",
-            "add runtimes.vramgate to /etc/docker/daemon.json, a vramgate runtime to containerd, or a hooks.d file for podman/CRI-O (see the README)",
+            "add runtimes.vramgate to /etc/docker/daemon.json, a vramgate runtime to containerd, or a hooks.d file for podman/CRI-O (see `vramgate setup --help` and the manual's engines chapter)",
         ));
     }
     named

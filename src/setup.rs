@@ -574,7 +574,7 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
             return Err(SetupError::Shape {
                 path: main.clone(),
                 what: format!(
-                    "containerd config version {} is not one setup writes for (it writes version 2 for containerd 1.5 to 1.7 and version 3 for containerd 2.x); migrate it with `containerd config migrate`, or add the runtime by hand as the README shows",
+                    "containerd config version {} is not one setup writes for (it writes version 2 for containerd 1.5 to 1.7 and version 3 for containerd 2.x); migrate it with `containerd config migrate`, or add the runtime by hand as the manual's engines chapter shows",
                     other.map_or("1 (no version key)".to_string(), |v| v.to_string())
                 ),
             })

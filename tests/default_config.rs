@@ -1,6 +1,6 @@
 //! `packaging/config.toml` becomes the package's `/etc/vramgate/config.toml`. It must parse,
-//! the defaults it shows in comments must be the real defaults, and it, the README's
-//! configuration reference and vramgate.toml(5) must name the same keys.
+//! the defaults it shows in comments must be the real defaults, and it, the manual's
+//! configuration chapter and vramgate.toml(5) must name the same keys.
 
 use std::path::{Path, PathBuf};
 
@@ -69,11 +69,11 @@ fn the_commented_defaults_are_the_real_defaults() {
 }
 
 #[test]
-fn readme_shipped_config_and_man_page_name_the_same_keys() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+fn manual_shipped_config_and_man_page_name_the_same_keys() {
+    let readme = std::fs::read_to_string(root().join("docs/src/configuration.md")).unwrap();
     let start = readme
-        .find("## Configuration")
-        .expect("README has a Configuration section");
+        .find("# Configuration")
+        .expect("docs/src/configuration.md has its heading");
     let block = &readme[start..];
     let block = &block[block.find("```toml").expect("with a toml block") + 7..];
     let block = &block[..block.find("```").unwrap()];
@@ -84,7 +84,7 @@ fn readme_shipped_config_and_man_page_name_the_same_keys() {
     let missing: Vec<_> = readme_keys.iter().filter(|k| !shipped_keys.contains(k)).collect();
     assert!(
         missing.is_empty(),
-        "packaging/config.toml lacks the README's keys {missing:?}"
+        "packaging/config.toml lacks the configuration chapter's keys {missing:?}"
     );
 
     // roff escapes '-' but not '_', so the keys appear as written.

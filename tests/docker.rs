@@ -368,7 +368,7 @@ fn docker_runs_through_vramgate_runtime() {
 
 /// Docker Engine 24 and later pass `docker run --annotation` into the OCI spec, so the request
 /// can be written the way podman and Kubernetes users write it. Also checks, on this engine,
-/// what the README says of a waiting start: dockerd holds the container's lock while its
+/// what the manual says of a waiting start: dockerd holds the container's lock while its
 /// create waits, and `vramgate release <id>` ends the wait.
 #[test]
 fn docker_engine_26_takes_the_request_as_an_annotation() {
@@ -456,7 +456,7 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         inspect.try_wait().unwrap().is_none(),
-        "docker inspect of a container whose create waits returned: the README's note on Docker's lock is out of date"
+        "docker inspect of a container whose create waits returned: the manual's note on Docker's lock (docs/src/engines.md) is out of date"
     );
     let release = Command::new(VRAMGATE)
         .args(["release", &waiting_id])

@@ -50,6 +50,9 @@ fn installed() -> bool {
 
 /// The binaries the packages must ship: one per `src/bin/*.rs`, so that a binary merged in
 /// later (vramgate-runtime) is required the moment its source exists.
+/// Where the package puts the manual's HTML.
+const BOOK: &str = "/usr/share/doc/vramgate/book";
+
 fn expected_binaries() -> Vec<String> {
     let mut bins: Vec<String> = std::fs::read_dir(root().join("src/bin"))
         .unwrap()
@@ -213,7 +216,15 @@ fn packages_install_gate_a_container_and_purge_clean() {
     for path in &rpm_expected {
         assert!(files.lines().any(|l| l == path), "the rpm lacks {path}:\n{files}");
     }
-    let unexpected: Vec<&str> = files.lines().filter(|l| !rpm_expected.iter().any(|p| p == l)).collect();
+    // The manual's HTML: its pages and mdbook's assets, whatever mdbook version built them.
+    for page in ["index.html", "reference.html", "replay.html"] {
+        let path = format!("{BOOK}/{page}");
+        assert!(files.lines().any(|l| l == path), "the rpm lacks {path}");
+    }
+    let unexpected: Vec<&str> = files
+        .lines()
+        .filter(|l| !rpm_expected.iter().any(|p| p == l) && !l.starts_with(&format!("{BOOK}/")))
+        .collect();
     assert!(
         unexpected.is_empty(),
         "the rpm ships files nobody listed: {unexpected:?}"
@@ -290,6 +301,8 @@ fn packages_install_gate_a_container_and_purge_clean() {
         "/usr/share/zsh/vendor-completions/_vramgate",
         "/usr/share/fish/vendor_completions.d/vramgate.fish",
         "/usr/share/doc/vramgate/copyright",
+        &format!("{BOOK}/index.html"),
+        &format!("{BOOK}/reference.html"),
     ] {
         assert!(Path::new(path).is_file(), "{path} was not installed");
     }
