@@ -17,6 +17,7 @@ pub mod counters;
 #[cfg(feature = "device-plugin")]
 pub mod deviceplugin;
 pub mod doctor;
+pub mod dra;
 pub mod enforce;
 pub mod events;
 pub mod hook;

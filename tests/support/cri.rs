@@ -131,8 +131,10 @@ impl Containerd {
         let opt = containerd_opt_section(dir);
         let cni_bin = dir.join("cni/bin").display().to_string();
         let cni_conf = dir.join("cni/net.d").display().to_string();
+        let cdi = dir.join("cdi").display().to_string();
         match self {
             Containerd::Debian => format!(
+                // No CDI in 1.6.
                 r#"version = 2
 {opt}
 [plugins."io.containerd.grpc.v1.cri"]
@@ -158,6 +160,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   sandbox = "{PAUSE_IMAGE}"
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
+  # CDI specs (a DRA driver's) come from the test's own directory, not the host's.
+  enable_cdi = true
+  cdi_spec_dirs = [{cdi:?}]
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = [{cni_bin:?}]
   conf_dir = {cni_conf:?}
@@ -367,7 +372,7 @@ impl Cri {
     /// containerd and imports the images.
     pub fn launch(tb: Testbed, containerd: Containerd) -> Cri {
         let dir = tb.dir.join("containerd");
-        for sub in ["cni/bin", "cni/net.d"] {
+        for sub in ["cni/bin", "cni/net.d", "cdi"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let main = dir.join("config.toml");

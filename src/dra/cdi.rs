@@ -1,0 +1,126 @@
+//! The CDI spec of a prepared claim: one CDI device per allocation result, whose edits give
+//! the container the request vramgate reads (`VRAMGATE_MEMORY`, `VRAMGATE_GPUS`) and the GPU's
+//! device nodes. Written atomically into the runtime's CDI directory (the runtime may read it
+//! at any moment), one file per claim, removed at unprepare; both idempotent.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+/// The CDI kind (`vendor/class`): ids are `vramgate.dev/gpu-memory=<device>`.
+pub const KIND: &str = "vramgate.dev/gpu-memory";
+/// Device names start with the claim's UID, which may start with a digit: CDI 0.5.0 allows it,
+/// and `env` and `deviceNodes` need nothing newer (containerd 1.7 and 2.x read it).
+pub const CDI_VERSION: &str = "0.5.0";
+/// Where kubelet-era runtimes look for generated specs.
+pub const DEFAULT_DIR: &str = "/var/run/cdi";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error("claim uid {0:?} is not a Kubernetes UID (letters, digits and '-'); refusing to name a file after it")]
+    BadUid(String),
+    #[error("cannot write the CDI spec {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot remove the CDI spec {path}: {source}")]
+    Remove { path: PathBuf, source: std::io::Error },
+}
+
+/// One device of a claim, ready for the container: what to reserve, where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimDevice {
+    /// The device's name in the slice (`gpu-0`).
+    pub device: String,
+    pub bytes: u64,
+    pub uuid: String,
+    pub device_nodes: Vec<PathBuf>,
+}
+
+fn checked(uid: &str) -> Result<&str, CdiError> {
+    let ok = !uid.is_empty() && uid.len() <= 128 && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if ok {
+        Ok(uid)
+    } else {
+        Err(CdiError::BadUid(uid.to_string()))
+    }
+}
+
+/// The spec file of claim `uid` in `dir` (CDI's transient-spec naming: `<vendor>-<class>_<id>`).
+pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
+    Ok(dir.join(format!("vramgate.dev-gpu-memory_{}.json", checked(uid)?)))
+}
+
+/// Writes (or rewrites: a second prepare is the same) the spec of claim `uid`; returns the CDI
+/// ids kubelet hands to the runtime, one per device, in order.
+pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice]) -> Result<Vec<String>, CdiError> {
+    let path = spec_path(dir, uid)?;
+    let names: Vec<String> = devices.iter().map(|d| format!("{uid}-{}", d.device)).collect();
+    let spec = json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": devices.iter().zip(&names).map(|(d, name)| json!({
+            "name": name,
+            "containerEdits": {
+                "env": [
+                    format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
+                    format!("{}={}", crate::request::GPUS_ENV, d.uuid),
+                ],
+                "deviceNodes": d.device_nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
+            },
+        })).collect::<Vec<_>>(),
+    });
+    let write = |source| CdiError::Write {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(write)?;
+    let bytes = serde_json::to_vec_pretty(&spec).expect("JSON serializes");
+    crate::atomic_file::replace(&path, &bytes, 0o644, None).map_err(write)?;
+    Ok(names.iter().map(|n| format!("{KIND}={n}")).collect())
+}
+
+/// Removes the spec of claim `uid`; a claim never prepared (or unprepared twice) is fine.
+pub fn remove_spec(dir: &Path, uid: &str) -> Result<(), CdiError> {
+    let path = spec_path(dir, uid)?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CdiError::Remove { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_spec_is_written_rewritten_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = ClaimDevice {
+            device: "gpu-1".into(),
+            bytes: 6 << 30,
+            uuid: "GPU-one".into(),
+            device_nodes: vec![PathBuf::from("/dev/nvidia1")],
+        };
+        let uid = "0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10";
+        let ids = write_spec(dir.path(), uid, std::slice::from_ref(&device)).unwrap();
+        assert_eq!(ids, [format!("vramgate.dev/gpu-memory={uid}-gpu-1")]);
+        assert_eq!(write_spec(dir.path(), uid, &[device]).unwrap(), ids, "prepare twice");
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(spec_path(dir.path(), uid).unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["env"],
+            json!(["VRAMGATE_MEMORY=6442450944", "VRAMGATE_GPUS=GPU-one"])
+        );
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/nvidia1"
+        );
+        remove_spec(dir.path(), uid).unwrap();
+        remove_spec(dir.path(), uid).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        assert!(matches!(
+            write_spec(dir.path(), "../../etc/x", &[]),
+            Err(CdiError::BadUid(_))
+        ));
+    }
+}
