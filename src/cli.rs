@@ -280,3 +280,41 @@ pub struct DevicePluginCli {
     #[arg(long, value_name = "DURATION", default_value = "500ms")]
     pub poll_interval: String,
 }
+
+/// The line a binary prints for an error that ended it: the error and each cause that its
+/// message does not already hold. vramgate's errors carry their cause in their own message
+/// (`cannot read config /x: Is a directory`) and also expose it as `source()`, so printing the
+/// whole chain would say the cause twice; a context added at the binary edge (`writing /y`)
+/// still gets its cause appended.
+pub fn error_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    crate::one_line(&line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory");
+        let config = crate::config::ConfigError::Read {
+            path: "/root".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(config);
+        assert_eq!(error_line(&e), "cannot read config /root: Is a directory");
+        let e = anyhow::Error::new(std::io::Error::other("disk full")).context("writing /y");
+        assert_eq!(error_line(&e), "writing /y: disk full");
+    }
+}

@@ -166,6 +166,11 @@ fn bad_input_gets_one_line_that_names_the_line() {
             "replay needs the GPUs to replay on: give --gpus",
         ),
         (
+            "{\"arrival\":0,\"memory\":\"1Gi\",\"duration\":1,\"gpus\":\"3\"}\n",
+            &["--gpus", "1x10Gi"][..],
+            "job job-1 (line 1): container job-1: vramgate.dev/gpus = \"3\" names GPU \"3\", which this host does not have",
+        ),
+        (
             "{\"arrival\":0,\"memory\":\"6Gi\",\"duration\":1}\n",
             &["--gpus", "2 by 80"][..],
             "--gpus \"2 by 80\": \"2 by 80\" has no 'x'",

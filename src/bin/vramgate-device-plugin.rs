@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vramgate-device-plugin: {e:#}");
+            eprintln!("vramgate-device-plugin: {}", vramgate::cli::error_line(&e));
             ExitCode::from(1)
         }
     }

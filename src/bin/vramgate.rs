@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("vramgate: {e:#}");
+            eprintln!("vramgate: {}", vramgate::cli::error_line(&e));
             ExitCode::from(1)
         }
     }

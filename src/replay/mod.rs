@@ -308,7 +308,10 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
             next_arrival += 1;
             let req = admit_request(i);
             let mut progress = crate::service::Progress::start(&clock);
-            match service.attempt(&req, &mut progress)? {
+            match service
+                .attempt(&req, &mut progress)
+                .map_err(|e| job_error(&jobs[i], &e))?
+            {
                 Step::Wait => {
                     let deadline_ms = now.saturating_add(req.wait_for.as_millis() as u64);
                     waiting.push(Waiting {
@@ -347,7 +350,10 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
                 }
                 let i = waiting[k].job;
                 let req = admit_request(i);
-                match service.attempt(&req, &mut waiting[k].progress)? {
+                match service
+                    .attempt(&req, &mut waiting[k].progress)
+                    .map_err(|e| job_error(&jobs[i], &e))?
+                {
                     Step::Wait => k += 1,
                     Step::Done(admission) => {
                         waiting.remove(k);
@@ -374,6 +380,23 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
     drop(service);
     drop(scratch);
     Ok(outcome)
+}
+
+/// An error of one job's attempt (a GPU the replayed host does not have, say), named by the
+/// job and its line; vramgate's own state errors stay as they are.
+fn job_error(job: &Job, e: &ServiceError) -> ReplayError {
+    if e.is_state_error() {
+        return ReplayError::Job {
+            id: job.id.clone(),
+            line: job.line,
+            reason: format!("the replay's own state: {e}"),
+        };
+    }
+    ReplayError::Job {
+        id: job.id.clone(),
+        line: job.line,
+        reason: e.to_string(),
+    }
 }
 
 /// Records an attempt's end; returns 1 when the job will not run (so it counts as done now).
