@@ -635,16 +635,7 @@ mod tests {
         // A ticket without a boot time (an older vramgate's) is aged on the wall clock.
         ledger.queue.iter_mut().for_each(|q| q.enqueued_boot_ms = None);
         assert_eq!(
-            decide(
-                &ledger,
-                &snap(CARD),
-                &Allocated::new(),
-                &r,
-                &small,
-                None,
-                None,
-                Stamp::wall(10_031_000)
-            ),
+            decide_one(&ledger, &snap(CARD), &Allocated::new(), &r, &small, None, 10_031_000),
             Decision::Queued { ahead: 1 }
         );
     }

@@ -22,7 +22,6 @@
 //! then read the ledger) and never fails the transaction.
 
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
@@ -33,6 +32,7 @@ use nix::sys::stat::{fstatat, mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use super::model::Ledger;
+use super::store::c_name as c;
 
 /// The subdirectory of the state directory that holds the markers.
 pub const MARKS_DIR: &str = "held";
@@ -54,10 +54,6 @@ pub fn mark_name(container: &str) -> String {
 
 fn synced_name(inode: u64) -> String {
     format!("{SYNCED_PREFIX}{inode}")
-}
-
-fn c(name: &str) -> CString {
-    CString::new(name).expect("marker names hold no NUL")
 }
 
 /// The marker names a ledger needs: one per container it names.
@@ -85,19 +81,24 @@ pub fn ledger_inode(state: &File) -> Option<u64> {
 /// The markers' directory, opened without following a link and checked to be root's and
 /// closed to others (a state directory is; anything else is not trusted).
 fn open_marks(state: &File, create: bool) -> Option<File> {
-    if create {
-        match mkdirat(state.as_fd(), c(MARKS_DIR).as_c_str(), Mode::from_bits_truncate(0o700)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(_) => return None,
+    let open = || {
+        openat(
+            state.as_fd(),
+            c(MARKS_DIR).as_c_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    // Made once, by the first commit; every later one only opens it.
+    let fd = match open() {
+        Err(Errno::ENOENT) if create => {
+            match mkdirat(state.as_fd(), c(MARKS_DIR).as_c_str(), Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(Errno::EEXIST) => open().ok()?,
+                Err(_) => return None,
+            }
         }
-    }
-    let fd = openat(
-        state.as_fd(),
-        c(MARKS_DIR).as_c_str(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
+        other => other.ok()?,
+    };
     let dir = File::from(fd);
     let meta = dir.metadata().ok()?;
     (meta.uid() == 0 && meta.mode() & 0o077 == 0).then_some(dir)

@@ -85,7 +85,7 @@ fn check_owned(path: &Path, meta: &std::fs::Metadata, want_dir: bool) -> Result<
     Ok(())
 }
 
-fn c_name(name: &str) -> CString {
+pub(super) fn c_name(name: &str) -> CString {
     // Names are this module's constants and generated names: never a NUL.
     CString::new(name).expect("state file names hold no NUL")
 }
