@@ -2,8 +2,11 @@
 //! the defaults it shows in comments must be the real defaults, and it, the manual's
 //! configuration chapter and vramgate.toml(5) must name the same keys.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
+use support::config_keys;
 use vramgate::config::Config;
 
 fn root() -> PathBuf {
@@ -28,20 +31,6 @@ fn uncomment_settings(text: &str) -> String {
 
 fn without_source(config: Config) -> String {
     format!("{:?}", Config { source: None, ..config })
-}
-
-/// Keys set in a TOML text, commented or not: `key = ...` at the start of a line.
-fn keys(text: &str) -> Vec<String> {
-    let mut keys: Vec<String> = text
-        .lines()
-        .map(|l| l.trim_start_matches('#').trim_start())
-        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
-        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-        .map(str::to_string)
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
 }
 
 #[test]
@@ -77,10 +66,10 @@ fn manual_shipped_config_and_man_page_name_the_same_keys() {
     let block = &readme[start..];
     let block = &block[block.find("```toml").expect("with a toml block") + 7..];
     let block = &block[..block.find("```").unwrap()];
-    let readme_keys = keys(block);
+    let readme_keys = config_keys(block);
     assert!(readme_keys.len() >= 10, "{readme_keys:?}");
 
-    let shipped_keys = keys(&std::fs::read_to_string(shipped()).unwrap());
+    let shipped_keys = config_keys(&std::fs::read_to_string(shipped()).unwrap());
     let missing: Vec<_> = readme_keys.iter().filter(|k| !shipped_keys.contains(k)).collect();
     assert!(
         missing.is_empty(),

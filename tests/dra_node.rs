@@ -26,29 +26,6 @@ const CLAIM: &str = r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim"
     {"request":"gpu","driver":"gpu-memory.vramgate.dev","pool":"node-a","device":"gpu-1",
      "shareID":"9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f60","consumedCapacity":{"memory":"6Gi"}}]}}}}"#;
 
-/// Each GPU's reservations in `vramgate status`: (uuid, [(container, bytes)]).
-fn held(cri: &Cri) -> Vec<(String, Vec<(String, u64)>)> {
-    status(&cri.tb.config_path)["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            let list = g["reservations"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    (
-                        r["container_id"].as_str().unwrap().to_string(),
-                        r["bytes"].as_u64().unwrap(),
-                    )
-                })
-                .collect();
-            (g["uuid"].as_str().unwrap().to_string(), list)
-        })
-        .collect()
-}
-
 #[test]
 fn a_prepared_claim_reserves_exactly_its_consumed_memory_on_its_gpu() {
     let cri = cri_host_on(Containerd::Two, "vramgate-dra-node", GPUS);
@@ -93,7 +70,7 @@ fn a_prepared_claim_reserves_exactly_its_consumed_memory_on_its_gpu() {
         "{env:?}"
     );
     assert_eq!(
-        held(&cri),
+        reservations_by_gpu(&cri.tb),
         [
             ("GPU-zero".to_string(), vec![]),
             ("GPU-one".to_string(), vec![(id.clone(), 6u64 << 30)])
@@ -107,5 +84,9 @@ fn a_prepared_claim_reserves_exactly_its_consumed_memory_on_its_gpu() {
     dra::cdi::remove_spec(&cdi_dir, UID).unwrap();
     dra::cdi::remove_spec(&cdi_dir, UID).unwrap();
     assert_eq!(std::fs::read_dir(&cdi_dir).unwrap().count(), 0);
-    assert!(held(&cri).iter().all(|(_, list)| list.is_empty()), "{:?}", held(&cri));
+    assert!(
+        reservations_by_gpu(&cri.tb).iter().all(|(_, list)| list.is_empty()),
+        "{:?}",
+        reservations_by_gpu(&cri.tb)
+    );
 }

@@ -203,13 +203,7 @@ fn reference_names(heading: &str, column: usize) -> BTreeSet<String> {
 #[test]
 fn the_reference_names_every_config_key_and_no_other() {
     let shipped = std::fs::read_to_string(root().join("packaging/config.toml")).unwrap();
-    let code: BTreeSet<String> = shipped
-        .lines()
-        .map(|l| l.trim_start_matches('#').trim_start())
-        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
-        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-        .map(str::to_string)
-        .collect();
+    let code: BTreeSet<String> = support::config_keys(&shipped).into_iter().collect();
     let documented = reference_names("## Configuration keys", 1);
     assert_eq!(
         documented, code,

@@ -136,18 +136,46 @@ pub fn status(config: &Path) -> Value {
 
 /// The reservations `vramgate status --json` lists: (container id, bytes).
 pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
+    reservations_by_gpu(tb).into_iter().flat_map(|(_, held)| held).collect()
+}
+
+/// Each GPU's reservations in `vramgate status --json`: (uuid, [(container id, bytes)]).
+pub fn reservations_by_gpu(tb: &Testbed) -> Vec<(String, Vec<(String, u64)>)> {
     status(&tb.config_path)["gpus"]
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|g| g["reservations"].as_array().cloned().unwrap_or_default())
-        .map(|r| {
-            (
-                r["container_id"].as_str().unwrap().to_string(),
-                r["bytes"].as_u64().unwrap(),
-            )
+        .map(|g| {
+            let held = g["reservations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|r| {
+                    (
+                        r["container_id"].as_str().unwrap().to_string(),
+                        r["bytes"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            (g["uuid"].as_str().unwrap().to_string(), held)
         })
         .collect()
+}
+
+/// The keys a TOML text sets, commented out or not (`key = ...` at the start of a line),
+/// sorted and each once: what `packaging/config.toml` offers an admin.
+pub fn config_keys(text: &str) -> Vec<String> {
+    let mut keys: Vec<String> = text
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
 }
 
 /// Polls `check` every 100 ms for at most `limit`; panics with `what` and the last state.
