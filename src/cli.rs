@@ -281,6 +281,68 @@ pub struct DevicePluginCli {
     pub poll_interval: String,
 }
 
+/// Shown after `vramgate-dra --help` and in vramgate-dra(8).
+const DRA_EXAMPLES: &str = "\
+Runs on each GPU node, as root, beside kubelet: the DaemonSet in k8s/dra.yaml or the
+package's systemd unit (systemctl enable --now vramgate-dra, with NODE_NAME and a kubeconfig
+in /etc/default/vramgate-dra). Needs Kubernetes 1.34 or later with consumable capacity
+(feature gate DRAConsumableCapacity: beta and on by default from 1.36). Pods then ask for
+GPU memory through a ResourceClaim of device class gpu-memory.vramgate.dev:
+  exactly: {deviceClassName: gpu-memory.vramgate.dev, capacity: {requests: {memory: 6Gi}}}
+and the node's vramgate-runtime reserves exactly what the claim consumed, on its GPU.
+
+Examples:
+  vramgate-dra --node-name \"$(hostname)\"          in a DaemonSet: NODE_NAME from the pod's spec.nodeName
+  vramgate-dra --step 1Gi --default-request 4Gi   claims in whole GiB, 4 GiB when they name none
+
+Exit status: 0 stopped by SIGTERM or SIGINT; 1 failed (one line on stderr); 2 usage error.";
+
+/// The Kubernetes DRA driver.
+#[derive(Debug, Parser)]
+#[command(
+    name = "vramgate-dra",
+    version,
+    about = "Kubernetes DRA driver that publishes each GPU's memory, as vramgate accounts it, for claims to share",
+    long_about = "Publishes the node's ResourceSlice for driver gpu-memory.vramgate.dev: one device per GPU (and MIG device) whose memory capacity many claims share (allowMultipleAllocations), lowered by memory held outside Kubernetes (reservations of other containers, memory used outside vramgate, headroom) and republished within a second of the ledger or the inventory changing. Registers with kubelet and prepares each claim as a CDI device that gives its container VRAMGATE_MEMORY (the consumed capacity) and the GPU, which vramgate-runtime reserves and enforces when the container starts.",
+    after_help = DRA_EXAMPLES
+)]
+pub struct DraCli {
+    /// Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// This node's name, as the API server knows it: the slice's pool and nodeName
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node_name: String,
+    /// kubeconfig to reach the API server with (default: $KUBECONFIG, ~/.kube/config, else the
+    /// pod's service account)
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubelet's plugin registration directory, where the registration socket goes
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/plugins_registry")]
+    pub registry_dir: PathBuf,
+    /// The driver's directory, where the DRA socket kubelet dials goes
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/plugins/gpu-memory.vramgate.dev"
+    )]
+    pub plugin_dir: PathBuf,
+    /// Where the container runtime reads CDI specs; each prepared claim's spec goes here
+    #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// Claims consume memory in whole steps from one step up (a whole number of MiB); the
+    /// published capacity is rounded down to it
+    #[arg(long, value_name = "SIZE", default_value = "256Mi")]
+    pub step: String,
+    /// What a claim that names no memory consumes (a whole number of steps)
+    #[arg(long, value_name = "SIZE", default_value = "1Gi")]
+    pub default_request: String,
+    /// How often the view is recomputed without a ledger change (memory used outside vramgate
+    /// on an NVML host shows only then); ledger and config changes are seen at once
+    #[arg(long, value_name = "DURATION", default_value = "500ms")]
+    pub poll_interval: String,
+}
+
 /// The line a binary prints for an error that ended it: the error and each cause that its
 /// message does not already hold. vramgate's errors carry their cause in their own message
 /// (`cannot read config /x: Is a directory`) and also expose it as `source()`, so printing the

@@ -403,6 +403,7 @@ mod tests {
             state_dir: "/run/vramgate".into(),
             generation: 1,
             gpus: vec![GpuStatus {
+                gpu: crate::inventory::GpuMemory::for_test(0, None, "GPU-0"),
                 available: account.available(),
                 used_outside: account.used_outside(),
                 account,

@@ -29,6 +29,11 @@ pub const POLICY_ANNOTATION: &str = "vramgate.dev/policy";
 pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
 pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
+/// What a prepared DRA claim's CDI edits set, one variable per claim device
+/// (`VRAMGATE_DRA_DEVICE_<device>=<device>`, see [`crate::dra`]): a name of its own for each
+/// device, so that two devices given to one container leave two variables (CDI merges
+/// environments by name, the last one winning) and the request is refused, never half counted.
+pub const CLAIM_DEVICE_ENV_PREFIX: &str = "VRAMGATE_DRA_DEVICE_";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -77,6 +82,8 @@ pub enum RequestError {
     },
     #[error("{source_name} = {value:?} leaves the choice of GPU to vramgate, which only vramgate-runtime can make (it rewrites the container's devices before it starts; a hook cannot): run the container with the vramgate runtime (docker run --runtime vramgate, podman run --runtime /usr/bin/vramgate-runtime, RuntimeClass vramgate) or name the GPU")]
     PlacementNeedsRuntime { source_name: String, value: String },
+    #[error("the container was given {count} devices of Kubernetes resource claims ({devices}): vramgate holds a container to one amount on its GPUs, and their environments would overwrite each other's, leaving all but one unaccounted; give each container one claim with one request of driver gpu-memory.vramgate.dev")]
+    SeveralClaimDevices { count: usize, devices: String },
     #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
     TooFewGpus {
         source_name: String,
@@ -85,6 +92,13 @@ pub enum RequestError {
         found: usize,
         candidates: String,
     },
+}
+
+/// The DRA claim devices the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]).
+pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
+    spec.env_entries()
+        .iter()
+        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('=').map(|(_, v)| v))
 }
 
 /// Where a value came from, so that errors and logs name the place the user must edit.
@@ -194,6 +208,13 @@ impl Request {
     pub fn from_spec(spec: &SpecView) -> Result<Option<Request>, RequestError> {
         if !has_request(spec) {
             return Ok(None);
+        }
+        let claim_devices: Vec<&str> = claim_devices(spec).collect();
+        if claim_devices.len() > 1 {
+            return Err(RequestError::SeveralClaimDevices {
+                count: claim_devices.len(),
+                devices: claim_devices.join(", ").chars().take(200).collect(),
+            });
         }
         let Some((memory_source, memory_value)) = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV) else {
             return Ok(None);

@@ -28,6 +28,10 @@ pub struct StatusReport {
 
 #[derive(Debug, Serialize)]
 pub struct GpuStatus {
+    /// The inventory's entry the account was made from (for the DRA driver's slice: MIG index,
+    /// device nodes); not in the JSON, whose fields say it already.
+    #[serde(skip)]
+    pub gpu: crate::inventory::GpuMemory,
     #[serde(flatten)]
     pub account: GpuAccount,
     pub available: u64,
@@ -189,6 +193,7 @@ pub fn build_report(
                 })
                 .collect();
             GpuStatus {
+                gpu: gpu.clone(),
                 available: account.available(),
                 used_outside: account.used_outside(),
                 account,

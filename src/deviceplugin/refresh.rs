@@ -136,14 +136,15 @@ impl Refresher {
 }
 
 /// inotify on the state directory (the ledger is replaced by a rename) and on the config
-/// file's directory (editors and tests replace or rewrite it).
-struct FileWatch {
+/// file's directory (editors and tests replace or rewrite it). The DRA driver's view waits on
+/// the same watch.
+pub(crate) struct FileWatch {
     inotify: Inotify,
     config_name: Option<OsString>,
 }
 
 impl FileWatch {
-    fn new(state_dir: &Path, config: &Path) -> Result<FileWatch> {
+    pub(crate) fn new(state_dir: &Path, config: &Path) -> Result<FileWatch> {
         let watch_err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| DevicePluginError::Watch { path, source }
@@ -168,7 +169,7 @@ impl FileWatch {
     }
 
     /// Waits up to `timeout` for the ledger or the config file to change.
-    fn wait(&mut self, timeout: Duration) {
+    pub(crate) fn wait(&mut self, timeout: Duration) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let deadline = Instant::now() + timeout;
         loop {

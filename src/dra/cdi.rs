@@ -44,9 +44,13 @@ fn checked(uid: &str) -> Result<&str, CdiError> {
     }
 }
 
-/// The spec file of claim `uid` in `dir` (CDI's transient-spec naming: `<vendor>-<class>_<id>`).
+/// What this driver's spec files are named by (CDI's transient-spec naming:
+/// `<vendor>-<class>_<id>`).
+const SPEC_PREFIX: &str = "vramgate.dev-gpu-memory_";
+
+/// The spec file of claim `uid` in `dir`.
 pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
-    Ok(dir.join(format!("vramgate.dev-gpu-memory_{}.json", checked(uid)?)))
+    Ok(dir.join(format!("{SPEC_PREFIX}{}.json", checked(uid)?)))
 }
 
 /// Writes (or rewrites: a second prepare is the same) the spec of claim `uid`; returns the CDI
@@ -63,6 +67,7 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice]) -> Result<Vec<
                 "env": [
                     format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
                     format!("{}={}", crate::request::GPUS_ENV, d.uuid),
+                    format!("{}={name}", super::claim_device_env(name)),
                 ],
                 "deviceNodes": d.device_nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
             },
@@ -76,6 +81,62 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice]) -> Result<Vec<
     let bytes = serde_json::to_vec_pretty(&spec).expect("JSON serializes");
     crate::atomic_file::replace(&path, &bytes, 0o644, None).map_err(write)?;
     Ok(names.iter().map(|n| format!("{KIND}={n}")).collect())
+}
+
+/// One device of a prepared claim, as its spec file says: what the claim may hold, where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    pub uuid: String,
+    pub bytes: u64,
+}
+
+/// Every device of every claim prepared on this node, by CDI device name (`<uid>-<device>`),
+/// read back from this driver's spec files in `dir`: they are the driver's record of what it
+/// prepared, so the record survives a restart and needs no second file. Files of other kinds
+/// and files that do not parse are passed over (the runtime reads the directory too; a
+/// half-written file of ours cannot be seen, they are renamed into place).
+pub fn prepared(dir: &Path) -> std::collections::HashMap<String, PreparedDevice> {
+    let mut found = std::collections::HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with(SPEC_PREFIX) && name.ends_with(".json")) {
+            continue;
+        }
+        // Our files are a few hundred bytes; anything large is not ours.
+        let Ok(Some(bytes)) = crate::spec::read_limited(&entry.path(), 1 << 20) else {
+            continue;
+        };
+        let Ok(spec) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            continue;
+        };
+        if spec["kind"] != KIND {
+            continue;
+        }
+        for device in spec["devices"].as_array().into_iter().flatten() {
+            let Some(device_name) = device["name"].as_str() else {
+                continue;
+            };
+            let env = device["containerEdits"]["env"].as_array().into_iter().flatten();
+            let value = |key: &str| {
+                env.clone()
+                    .filter_map(|e| e.as_str()?.strip_prefix(key)?.strip_prefix('='))
+                    .next()
+                    .map(str::to_string)
+            };
+            let (Some(uuid), Some(bytes)) = (
+                value(crate::request::GPUS_ENV),
+                value(crate::request::MEMORY_ENV).and_then(|b| b.parse().ok()),
+            ) else {
+                continue;
+            };
+            found.insert(device_name.to_string(), PreparedDevice { uuid, bytes });
+        }
+    }
+    found
 }
 
 /// Removes the spec of claim `uid`; a claim never prepared (or unprepared twice) is fine.
@@ -109,7 +170,21 @@ mod tests {
             serde_json::from_slice(&std::fs::read(spec_path(dir.path(), uid).unwrap()).unwrap()).unwrap();
         assert_eq!(
             spec["devices"][0]["containerEdits"]["env"],
-            json!(["VRAMGATE_MEMORY=6442450944", "VRAMGATE_GPUS=GPU-one"])
+            json!([
+                "VRAMGATE_MEMORY=6442450944",
+                "VRAMGATE_GPUS=GPU-one",
+                format!("VRAMGATE_DRA_DEVICE_{}_gpu_1={uid}-gpu-1", uid.replace('-', "_"))
+            ])
+        );
+        assert_eq!(
+            prepared(dir.path()),
+            std::collections::HashMap::from([(
+                format!("{uid}-gpu-1"),
+                PreparedDevice {
+                    uuid: "GPU-one".into(),
+                    bytes: 6 << 30
+                }
+            )])
         );
         assert_eq!(
             spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],

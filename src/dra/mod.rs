@@ -1,30 +1,71 @@
-//! Kubernetes Dynamic Resource Allocation (`resource.k8s.io/v1`) for GPU memory: the node
-//! side of a claim (issue 21, in progress).
+//! Kubernetes Dynamic Resource Allocation (`resource.k8s.io/v1`) for GPU memory: the
+//! `vramgate-dra` kubelet plugin.
 //!
-//! With consumable capacity the scheduler shares a GPU among claims and records what each
-//! consumed (`status.allocation.devices.results[].consumedCapacity.memory`). The node must then
-//! hold each container to exactly that, on exactly that GPU: the driver's prepare turns each
-//! of this driver's allocation results into a CDI device whose edits set `VRAMGATE_MEMORY` (the
-//! consumed bytes) and `VRAMGATE_GPUS` (the GPU's UUID), kubelet hands the CDI ids to the
-//! runtime (CRI `cdi_devices`), and the container goes through `vramgate-runtime`, which
-//! reserves, places nothing (the GPU is named) and enforces as for any other request. So a
-//! claim that no longer fits (memory taken outside Kubernetes since scheduling) is queued or
-//! refused by the node's policy like any container, with its line in the start error.
+//! **Publishing.** Each node publishes one ResourceSlice ([`slice`]), pool = node name: one
+//! device per GPU (and per MIG device), named `gpu-<index>` (`gpu-<index>-mig-<n>`), with
+//! `allowMultipleAllocations: true` and a `memory` capacity that many claims share. With
+//! consumable capacity (KEP-5075, beta and on by default in 1.36) the scheduler keeps each
+//! GPU's sum of claims within that capacity and records what each claim consumed. The
+//! capacity is what Kubernetes may hold on the GPU, from the same service snapshot `vramgate
+//! status` and the metrics read ([`view`]):
 //!
-//! Built so far: reading a claim as the scheduler leaves it ([`claim`]) and the claim's CDI
-//! spec ([`cdi`]), tested end to end through containerd 2.1's CRI plugin
-//! (`tests/dra_node.rs`). Still to build: the kubelet plugin (registration and the DRA v1
-//! gRPC service), the ResourceSlice publisher on the shared service snapshot, the manifests
-//! and the node image; `docs/design/dra.md` has the research for them.
+//! ```text
+//! capacity = floor_step(available + held by this driver's claims)
+//!          = floor_step(total - headroom - used outside vramgate - reserved by others)
+//! ```
+//!
+//! as the device plugin computes its healthy units, so memory held outside Kubernetes
+//! (containers started outside it, processes without a reservation, the headroom) lowers it.
+//! It is recomputed when the ledger is replaced (inotify) and every poll interval, and
+//! republished when it changed, with the pool's generation one higher.
+//!
+//! **Preparing.** kubelet registers the plugin through `pluginregistration.Registration`
+//! and calls `NodePrepareResources` ([`plugin`]). For each claim the driver reads it from the
+//! API server (uid checked), takes this driver's allocation results ([`claim`]) and writes a
+//! CDI spec for it ([`cdi`]) whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never
+//! the request), `VRAMGATE_GPUS` (the device's GPU) and [`CLAIM_DEVICE_ENV`], and give the
+//! GPU's device nodes. kubelet hands the CDI ids to the runtime (CRI `cdi_devices`), and the
+//! container goes through `vramgate-runtime`, which reserves exactly that on exactly that GPU
+//! and enforces it like any other request: a claim that no longer fits (memory taken outside
+//! Kubernetes since scheduling) queues or is refused by the node's policy, with the reason in
+//! the start error kubelet records on the pod.
+//!
+//! **Telling claims' containers apart.** A reservation is held for a claim when its bundle's
+//! spec carries a [`claim_device_env`] naming a device of a claim this node prepared (the CDI
+//! spec files are the driver's record) on the GPU it reserved on; it counts for at most what
+//! the claim consumed, and a device two markers name counts once. Any container can set the
+//! env; one that names no prepared claim counts as held by others.
 
 pub mod cdi;
 pub mod claim;
+pub mod view;
+
+#[cfg(feature = "dra")]
+pub mod api;
+#[cfg(feature = "dra")]
+pub mod driver;
+#[cfg(feature = "dra")]
+pub mod kube;
+#[cfg(feature = "dra")]
+pub mod plugin;
+#[cfg(feature = "dra")]
+pub mod slice;
 
 /// The driver name: `spec.driver` of the slices, `results[].driver` of the claims, the DRA
 /// plugin's registration name.
 pub const DRIVER: &str = "gpu-memory.vramgate.dev";
 /// The capacity the slices publish and claims consume.
 pub const MEMORY_CAPACITY: &str = "memory";
+/// The variable a prepared claim device's CDI edits set to the CDI device's name
+/// (`<claim uid>-<device>`): what tells a claim's container in the ledger (see the module
+/// documentation and [`crate::request::CLAIM_DEVICE_ENV_PREFIX`]).
+pub fn claim_device_env(cdi_device: &str) -> String {
+    format!(
+        "{}{}",
+        crate::request::CLAIM_DEVICE_ENV_PREFIX,
+        cdi_device.replace(['-', '.'], "_")
+    )
+}
 
 use crate::inventory::GpuMemory;
 
@@ -44,12 +85,15 @@ pub fn gpu_named<'g>(device: &str, gpus: &'g [GpuMemory]) -> Option<&'g GpuMemor
 }
 
 /// The device nodes a container of `gpu` needs, of those this host has: its `/dev/nvidiaN`
-/// and the driver's control nodes. A host without them (no GPU: a simulated inventory) gets
-/// none, and the container only the environment.
+/// (the parent's, for a MIG device, with the MIG device's capability nodes) and the driver's
+/// control nodes. A host without them (no GPU: a simulated inventory) gets none, and the
+/// container only the environment.
 pub fn device_nodes(gpu: &GpuMemory, dev: &std::path::Path) -> Vec<std::path::PathBuf> {
     let own = gpu.minor.map(|m| format!("nvidia{m}"));
+    let caps = gpu.mig_caps.iter().map(|c| format!("nvidia-caps/nvidia-cap{c}"));
     own.into_iter()
         .chain(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"].map(String::from))
+        .chain(caps)
         .map(|name| dev.join(name))
         .filter(|path| path.exists())
         .collect()

@@ -150,6 +150,12 @@ pub trait Inventory {
     }
     /// A few words for logs and `vramgate doctor` ("NVML 580.xx", "static (simulated)").
     fn describe(&self) -> String;
+    /// Each GPU's product name and, for a MIG device, its profile (`1g.10gb`), by UUID: what
+    /// the DRA driver publishes as attributes. Asked once, never on a decision's path; empty
+    /// where the backend cannot tell (a static list).
+    fn product_names(&self) -> std::collections::HashMap<String, (String, Option<String>)> {
+        std::collections::HashMap::new()
+    }
 }
 
 /// The inventory of operations that never read the GPUs (release, gc): opening NVML at every
@@ -218,6 +224,10 @@ impl Inventory for OpenOnUse<'_> {
             Ok(inventory) => inventory.describe(),
             Err(e) => format!("not opened ({e})"),
         }
+    }
+
+    fn product_names(&self) -> std::collections::HashMap<String, (String, Option<String>)> {
+        self.get().map(|i| i.product_names()).unwrap_or_default()
     }
 }
 

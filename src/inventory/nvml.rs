@@ -119,6 +119,37 @@ impl NvmlInventory {
 }
 
 impl Inventory for NvmlInventory {
+    fn product_names(&self) -> std::collections::HashMap<String, (String, Option<String>)> {
+        let mut names = std::collections::HashMap::new();
+        let count = self.nvml.device_count().unwrap_or(0);
+        for index in 0..count {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let (Ok(uuid), Ok(product)) = (device.uuid(), device.name()) else {
+                continue;
+            };
+            let slots = match device.mig_mode() {
+                Ok(m) if m.current == 1 => device.mig_device_count().unwrap_or(0),
+                _ => 0,
+            };
+            for mig_index in 0..slots {
+                let Ok(mig) = device.mig_device_by_index(mig_index) else {
+                    continue;
+                };
+                // A MIG device's name is its parent's with the profile after " MIG "
+                // ("NVIDIA H100 80GB HBM3 MIG 1g.10gb").
+                let (Ok(mig_uuid), Ok(mig_name)) = (mig.uuid(), mig.name()) else {
+                    continue;
+                };
+                let profile = mig_name.rsplit_once(" MIG ").map(|(_, p)| p.to_string());
+                names.insert(mig_uuid, (product.clone(), profile));
+            }
+            names.insert(uuid, (product, None));
+        }
+        names
+    }
+
     fn snapshot(&self) -> Result<Snapshot, InventoryError> {
         self.snapshot_with_processes(&|_| true)
     }

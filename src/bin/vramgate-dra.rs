@@ -1,0 +1,64 @@
+//! The Kubernetes DRA driver binary: parse the flags, run `vramgate::dra::driver`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use vramgate::cli::DraCli;
+use vramgate::dra::driver::{self, Options};
+use vramgate::dra::view::RequestPolicy;
+use vramgate::quantity::{parse_quantity, Quantity};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vramgate-dra: {}", vramgate::cli::error_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn bytes(flag: &str, value: &str) -> Result<u64> {
+    match parse_quantity(value).with_context(|| format!("{flag} {value:?}"))? {
+        Quantity::Bytes(b) => Ok(b),
+        _ => bail!("{flag} {value:?}: must be an amount of memory (256Mi, 1Gi), not a share of a GPU"),
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = DraCli::parse();
+    let policy = RequestPolicy::new(
+        bytes("--step", &cli.step)?,
+        bytes("--default-request", &cli.default_request)?,
+    )
+    .map_err(|e| anyhow::anyhow!("--step {:?} --default-request {:?}: {e}", cli.step, cli.default_request))?;
+    let poll_interval = vramgate::quantity::parse_duration(&cli.poll_interval)
+        .with_context(|| format!("--poll-interval {:?}", cli.poll_interval))?;
+    // Below 10ms the driver spends its time querying the driver; above 1s the scheduler
+    // hears late of memory used outside vramgate.
+    if poll_interval < Duration::from_millis(10) || poll_interval > Duration::from_secs(1) {
+        bail!("--poll-interval {:?}: must be between 10ms and 1s", cli.poll_interval);
+    }
+    if cli.node_name.is_empty() {
+        bail!("--node-name (or NODE_NAME) is empty: set it to this node's name");
+    }
+    // A long-running daemon keeps only what a view needs, the hook's one capability (reading
+    // containers' pid namespaces for attribution); before any thread starts, since
+    // capabilities are per thread. Sockets, CDI specs and bundles are root's own files.
+    vramgate::privilege::drop_for_hook().context("dropping capabilities")?;
+    let options = Options {
+        config_path: cli.config.unwrap_or_else(vramgate::config::path_from_env),
+        node: cli.node_name,
+        registry_dir: cli.registry_dir,
+        plugin_dir: cli.plugin_dir,
+        cdi_dir: cli.cdi_dir,
+        dev_dir: PathBuf::from("/dev"),
+        kubeconfig: cli.kubeconfig,
+        policy,
+        poll_interval,
+    };
+    driver::run(options).map_err(|e| anyhow::anyhow!("{e}"))
+}

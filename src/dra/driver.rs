@@ -1,0 +1,427 @@
+//! Running the driver: a thread that recomputes the view when the ledger changes and every
+//! poll interval, a task that keeps the node's ResourceSlice equal to it, and the two sockets
+//! kubelet talks to (registration and the DRA service), served again if they are removed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
+
+use super::api::registration::registration_server::RegistrationServer;
+use super::api::{v1, v1beta1};
+use super::kube::{ApiClient, ApiError};
+use super::plugin::{DraService, Preparer, Registrar};
+use super::view::{held_by_claims, DraView, Markers, ProductNames, RequestPolicy};
+use super::{cdi, slice, DRIVER};
+use crate::clock::SystemClock;
+use crate::config::Config;
+use crate::deviceplugin::refresh::FileWatch;
+use crate::inventory::Inventory;
+use crate::ledger::StateDir;
+use crate::procfs::{Life, Liveness, ProcLiveness};
+use crate::service::Service;
+
+/// How often the publisher reads its slice back even when nothing changed here: kubelet
+/// deletes a node's slices when it starts and when a driver deregisters, and an admin may.
+pub const RESYNC_EVERY: Duration = Duration::from_secs(30);
+/// How soon a failed publish is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often the sockets are checked for removal.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub config_path: PathBuf,
+    /// This node's name: the pool's and the slice's `nodeName`.
+    pub node: String,
+    /// kubelet's plugin registration directory (`/var/lib/kubelet/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// The driver's own directory, for the DRA socket (`/var/lib/kubelet/plugins/<driver>`).
+    pub plugin_dir: PathBuf,
+    /// Where the runtime reads CDI specs (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// Where the GPUs' device nodes are (`/dev`).
+    pub dev_dir: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
+    pub policy: RequestPolicy,
+    pub poll_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("state directory {path} does not exist: run the driver where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
+    NoStateDir { path: PathBuf },
+    #[error("{0}")]
+    Watch(String),
+    #[error("cannot serve on {socket}: {message}")]
+    Serve { socket: PathBuf, message: String },
+    #[error("cannot start the driver's threads: {0}")]
+    Runtime(std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, DriverError>;
+
+/// Recomputes the view from the service snapshot.
+struct Refresher {
+    config_path: PathBuf,
+    cdi_dir: PathBuf,
+    policy: RequestPolicy,
+    inventory: Box<dyn Inventory>,
+    products: ProductNames,
+    dir: StateDir,
+    markers: Markers,
+    earlier: Option<DraView>,
+}
+
+impl Refresher {
+    fn open(options: &Options) -> Result<(Refresher, FileWatch)> {
+        let config = Config::load_from(&options.config_path)?;
+        let inventory = crate::inventory::open(&config)?;
+        // Never created here: a directory the driver made itself would hold an empty ledger,
+        // and every GPU would look free.
+        let dir = StateDir::open_existing(&config.state_dir)?.ok_or_else(|| DriverError::NoStateDir {
+            path: config.state_dir.clone(),
+        })?;
+        let watch = FileWatch::new(dir.path(), &options.config_path).map_err(|e| DriverError::Watch(e.to_string()))?;
+        let products = inventory.product_names();
+        Ok((
+            Refresher {
+                config_path: options.config_path.clone(),
+                cdi_dir: options.cdi_dir.clone(),
+                policy: options.policy,
+                inventory,
+                products,
+                dir,
+                markers: Markers::default(),
+                earlier: None,
+            },
+            watch,
+        ))
+    }
+
+    /// The view now; what cannot be read leaves every device without capacity, with the reason.
+    fn view(&mut self) -> DraView {
+        let view = match self.try_view() {
+            Ok(view) => view,
+            Err(e) => {
+                let earlier = self.earlier.clone().unwrap_or(DraView {
+                    devices: Vec::new(),
+                    policy: self.policy,
+                    error: None,
+                });
+                DraView::failed(&earlier, crate::one_line(&e.to_string()))
+            }
+        };
+        self.earlier = Some(view.clone());
+        view
+    }
+
+    fn try_view(&mut self) -> Result<DraView> {
+        // Re-read each time, like every hook: a changed headroom shows at once.
+        let config = Config::load_from(&self.config_path)?;
+        let mut ledger = self.dir.read()?;
+        // A reservation whose container is gone holds nothing: the next transaction reclaims
+        // it (the device plugin counts the same way).
+        ledger.reservations.retain(|r| ProcLiveness.life(&r.init) != Life::Gone);
+        let service = Service::new(
+            self.dir.clone(),
+            self.inventory.as_ref(),
+            &SystemClock,
+            &ProcLiveness,
+            &config,
+        );
+        let report = service
+            .snapshot_of(&ledger)
+            .map_err(|e| DriverError::Watch(e.to_string()))?;
+        let prepared = cdi::prepared(&self.cdi_dir);
+        let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
+        if report.gpus.iter().any(|g| !self.products.contains_key(&g.gpu.uuid)) && !self.products.is_empty() {
+            // A GPU that appeared since (a MIG device made): ask for the names again.
+            self.products = self.inventory.product_names();
+        }
+        Ok(DraView::compute(&report, &held, self.policy, &self.products))
+    }
+}
+
+/// Runs the driver until SIGTERM or SIGINT.
+pub fn run(options: Options) -> Result<()> {
+    let (views, wake) = start_refresher(&options)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DriverError::Runtime)?;
+    runtime.block_on(async move {
+        let api = ApiClient::connect(options.kubeconfig.as_deref()).await?;
+        let registered = Arc::new(Notify::new());
+        let publisher = tokio::spawn(publish(
+            api.clone(),
+            options.node.clone(),
+            views.clone(),
+            registered.clone(),
+        ));
+        let preparer = Arc::new(Preparer::new(
+            api,
+            views,
+            options.node.clone(),
+            options.cdi_dir.clone(),
+            options.dev_dir.clone(),
+        ));
+        let served = serve(&options, preparer, registered).await;
+        publisher.abort();
+        drop(wake);
+        served
+    })
+}
+
+/// Starts the view thread; returns once the first view is there (or what stopped it).
+fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, watch::Sender<()>)> {
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    // Dropped by `run` when it returns: the thread then ends at its next wake.
+    let (alive_tx, alive_rx) = watch::channel(());
+    let options = options.clone();
+    std::thread::Builder::new()
+        .name("view".into())
+        .spawn(move || {
+            let (mut refresher, mut file_watch) = match Refresher::open(&options) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            let first = refresher.view();
+            eprintln!("vramgate-dra: {}", first.describe());
+            let (tx, rx) = watch::channel(Arc::new(first));
+            if started_tx.send(Ok(rx)).is_err() {
+                return;
+            }
+            loop {
+                file_watch.wait(options.poll_interval);
+                if alive_rx.has_changed().is_err() {
+                    return;
+                }
+                let view = refresher.view();
+                tx.send_if_modified(|current| {
+                    let changed = !current.publishes_as(&view) || current.error != view.error;
+                    if changed {
+                        eprintln!("vramgate-dra: {}", view.describe());
+                    }
+                    *current = Arc::new(view);
+                    changed
+                });
+            }
+        })
+        .map_err(DriverError::Runtime)?;
+    let views = started_rx.recv().unwrap_or_else(|_| {
+        Err(DriverError::Runtime(std::io::Error::other(
+            "the view thread ended before its first view",
+        )))
+    })?;
+    Ok((views, alive_tx))
+}
+
+/// What the publisher last wrote: the slice it built and the version the API server gave it.
+struct Written {
+    desired: serde_json::Value,
+    resource_version: Option<String>,
+}
+
+/// Keeps the node's slice equal to the latest view: after each change, after each
+/// registration, and every [`RESYNC_EVERY`]; a failed write is tried again after
+/// [`RETRY_AFTER`].
+async fn publish(api: ApiClient, node: String, mut views: watch::Receiver<Arc<DraView>>, registered: Arc<Notify>) {
+    let mut node_uid: Option<String> = None;
+    let mut generation: i64 = 0;
+    let mut written: Option<Written> = None;
+    loop {
+        if node_uid.is_none() {
+            match api.node_uid(&node).await {
+                Ok(uid) => node_uid = uid,
+                Err(e) => eprintln!("vramgate-dra: {e} (the slice is published without an owner until it can be read)"),
+            }
+        }
+        let view = views.borrow_and_update().clone();
+        let started = Instant::now();
+        let wait = match publish_once(&api, &node, node_uid.as_deref(), &view, &mut generation, &mut written).await {
+            Ok(true) => {
+                eprintln!(
+                    "vramgate-dra: published ResourceSlice {} at pool generation {generation} in {} ms",
+                    slice::slice_name(&node),
+                    started.elapsed().as_millis()
+                );
+                RESYNC_EVERY
+            }
+            Ok(false) => RESYNC_EVERY,
+            Err(e) => {
+                eprintln!("vramgate-dra: {e}: trying again in {}s", RETRY_AFTER.as_secs());
+                written = None;
+                RETRY_AFTER
+            }
+        };
+        tokio::select! {
+            changed = views.changed() => if changed.is_err() { return },
+            _ = registered.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Makes the node's slice that of `view`; `Ok(true)` when it wrote. Slices of this driver
+/// and node under another name (an earlier version's) are deleted.
+async fn publish_once(
+    api: &ApiClient,
+    node: &str,
+    node_uid: Option<&str>,
+    view: &DraView,
+    generation: &mut i64,
+    written: &mut Option<Written>,
+) -> std::result::Result<bool, ApiError> {
+    let name = slice::slice_name(node);
+    let existing = api.slices(node).await?;
+    // Continue from the highest generation there: consumers use only the newest, so a
+    // restarted driver must not start again from 1 while its old slice is there.
+    let highest = existing
+        .iter()
+        .filter(|s| s.spec.pool.name == node)
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    for stray in existing
+        .iter()
+        .filter(|s| s.metadata.name.as_deref() != Some(name.as_str()))
+    {
+        if let Some(stray) = stray.metadata.name.as_deref() {
+            api.delete_slice(stray).await?;
+        }
+    }
+    let ours = existing
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some(name.as_str()));
+    let desired = serde_json::to_value(slice::build(view, node, node_uid, 0)).unwrap_or_default();
+    if let (Some(ours), Some(w)) = (ours, written.as_ref()) {
+        if w.desired == desired && ours.metadata.resource_version == w.resource_version {
+            return Ok(false);
+        }
+    }
+    *generation = (*generation).max(highest) + 1;
+    let mut slice = slice::build(view, node, node_uid, *generation);
+    let stored = match ours {
+        Some(ours) => {
+            slice.metadata.resource_version = ours.metadata.resource_version.clone();
+            api.replace_slice(&slice).await?
+        }
+        None => api.create_slice(&slice).await?,
+    };
+    *written = Some(Written {
+        desired,
+        resource_version: stored.metadata.resource_version,
+    });
+    Ok(true)
+}
+
+/// The path of the registration socket kubelet's plugin watcher finds.
+pub fn registration_socket(registry_dir: &Path) -> PathBuf {
+    registry_dir.join(format!("{DRIVER}-reg.sock"))
+}
+
+/// The DRA service's socket.
+pub fn dra_socket(plugin_dir: &Path) -> PathBuf {
+    plugin_dir.join("dra.sock")
+}
+
+fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
+    let serve_err = |e: std::io::Error| DriverError::Serve {
+        socket: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(serve_err)?;
+    }
+    // A socket left by an earlier run: ours to replace.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(serve_err(e)),
+    }
+    tokio::net::UnixListener::bind(path).map_err(serve_err)
+}
+
+/// The socket file's inode, to tell our socket from one that replaced it.
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+/// Serves the DRA service, then registration (kubelet dials the DRA socket as soon as it has
+/// registered the driver), until a signal; both again when either socket is removed.
+async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notify>) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    use tokio_stream::wrappers::UnixListenerStream;
+    let mut terminate = signal(SignalKind::terminate()).map_err(DriverError::Runtime)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(DriverError::Runtime)?;
+    let dra_path = dra_socket(&options.plugin_dir);
+    let reg_path = registration_socket(&options.registry_dir);
+    let service = DraService(preparer);
+    loop {
+        let dra = bind(&dra_path)?;
+        let dra_inode = inode(&dra_path);
+        let dra_server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(v1::dra_plugin_server::DraPluginServer::new(service.clone()))
+                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(service.clone()))
+                .serve_with_incoming(UnixListenerStream::new(dra)),
+        );
+        let reg = bind(&reg_path)?;
+        let reg_inode = inode(&reg_path);
+        let registrar = Registrar {
+            endpoint: dra_path.clone(),
+            registered: registered.clone(),
+        };
+        let reg_server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(registrar))
+                .serve_with_incoming(UnixListenerStream::new(reg)),
+        );
+        eprintln!(
+            "vramgate-dra: serving {DRIVER} on {} (registration {})",
+            dra_path.display(),
+            reg_path.display()
+        );
+        let stop = loop {
+            tokio::select! {
+                _ = terminate.recv() => break true,
+                _ = interrupt.recv() => break true,
+                _ = tokio::time::sleep(CHECK_EVERY) => {
+                    if inode(&dra_path) != dra_inode || inode(&reg_path) != reg_inode {
+                        eprintln!("vramgate-dra: a socket was removed: serving again");
+                        break false;
+                    }
+                }
+            }
+        };
+        reg_server.abort();
+        dra_server.abort();
+        let _ = reg_server.await;
+        let _ = dra_server.await;
+        if stop {
+            // Removing the registration socket deregisters the driver; kubelet removes the
+            // node's slices if it does not come back.
+            for (path, identity) in [(&reg_path, reg_inode), (&dra_path, dra_inode)] {
+                if inode(path) == identity {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            eprintln!("vramgate-dra: stopped");
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The few API server calls the driver makes, through kube's client: read a claim and the
+//! node, and list, create, replace and delete the node's slices. Every call has a deadline.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+use super::DRIVER;
+
+/// The deadline on one API call: prepare waits for it with kubelet waiting on prepare (kubelet
+/// gives a call 45 s), and the publisher retries after it.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot find the API server's address and credentials ({0}): run in a pod with a service account, or pass --kubeconfig")]
+    Config(String),
+    #[error("{what}: the API server answered {code}: {message}")]
+    Status { what: String, code: u16, message: String },
+    #[error("{what}: {message}")]
+    Call { what: String, message: String },
+    #[error("{what}: no answer within {}s", CALL_TIMEOUT.as_secs())]
+    Timeout { what: String },
+}
+
+impl ApiError {
+    /// The HTTP status the API server answered, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// A client of one API server.
+#[derive(Clone)]
+pub struct ApiClient {
+    client: kube::Client,
+}
+
+async fn bounded<T>(
+    what: impl Fn() -> String,
+    call: impl std::future::Future<Output = kube::Result<T>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Err(_) => Err(ApiError::Timeout { what: what() }),
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(kube::Error::Api(status))) => Err(ApiError::Status {
+            what: what(),
+            code: status.code,
+            message: crate::one_line(&status.message),
+        }),
+        Ok(Err(e)) => Err(ApiError::Call {
+            what: what(),
+            message: crate::one_line(&e.to_string()),
+        }),
+    }
+}
+
+impl ApiClient {
+    /// The client of the kubeconfig at `kubeconfig`, else the one kube infers: `$KUBECONFIG` or
+    /// `~/.kube/config`, else the pod's service account.
+    pub async fn connect(kubeconfig: Option<&Path>) -> Result<ApiClient, ApiError> {
+        let mut config = match kubeconfig {
+            Some(path) => {
+                let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                    ApiError::Config(format!("{}: {}", path.display(), crate::one_line(&e.to_string())))
+                })?;
+                kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| ApiError::Config(format!("{}: {}", path.display(), crate::one_line(&e.to_string()))))?
+            }
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| ApiError::Config(crate::one_line(&e.to_string())))?,
+        };
+        config.connect_timeout = Some(CALL_TIMEOUT);
+        config.read_timeout = Some(CALL_TIMEOUT);
+        config.write_timeout = Some(CALL_TIMEOUT);
+        let client = kube::Client::try_from(config).map_err(|e| ApiError::Config(crate::one_line(&e.to_string())))?;
+        Ok(ApiClient { client })
+    }
+
+    /// The ResourceClaim `namespace`/`name` as the API server's JSON, for [`super::claim::shares`].
+    pub async fn claim_json(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
+        let what = || format!("reading ResourceClaim {namespace}/{name}");
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+        let request = http::Request::get(path).body(Vec::new()).map_err(|e| ApiError::Call {
+            what: what(),
+            message: e.to_string(),
+        })?;
+        bounded(what, self.client.request_text(request))
+            .await
+            .map(String::into_bytes)
+    }
+
+    /// The UID of Node `node`, which the slice's owner reference names.
+    pub async fn node_uid(&self, node: &str) -> Result<Option<String>, ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let found = bounded(|| format!("reading Node {node}"), api.get(node)).await?;
+        Ok(found.metadata.uid)
+    }
+
+    /// This driver's slices of `node`.
+    pub async fn slices(&self, node: &str) -> Result<Vec<ResourceSlice>, ApiError> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let params = ListParams::default().fields(&format!("spec.driver={DRIVER},spec.nodeName={node}"));
+        let list = bounded(
+            || format!("listing the ResourceSlices of node {node}"),
+            api.list(&params),
+        )
+        .await?;
+        Ok(list.items)
+    }
+
+    pub async fn create_slice(&self, slice: &ResourceSlice) -> Result<ResourceSlice, ApiError> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        bounded(
+            || format!("creating ResourceSlice {name}"),
+            api.create(&PostParams::default(), slice),
+        )
+        .await
+    }
+
+    /// Replaces the slice; `slice.metadata.resourceVersion` must be the stored one (409 if
+    /// someone wrote it since).
+    pub async fn replace_slice(&self, slice: &ResourceSlice) -> Result<ResourceSlice, ApiError> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        bounded(
+            || format!("replacing ResourceSlice {name}"),
+            api.replace(&name, &PostParams::default(), slice),
+        )
+        .await
+    }
+
+    pub async fn delete_slice(&self, name: &str) -> Result<(), ApiError> {
+        let api: Api<ResourceSlice> = Api::all(self.client.clone());
+        match bounded(
+            || format!("deleting ResourceSlice {name}"),
+            api.delete(name, &DeleteParams::default()),
+        )
+        .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The kubelet side: the `Registration` service kubelet's plugin watcher calls, and the
+//! `DRAPlugin` service (v1, and v1beta1 for kubelets before 1.34) whose prepare turns a claim's
+//! allocation into a CDI device and whose unprepare removes it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Notify};
+use tonic::{Request, Response, Status};
+
+use super::api::registration::registration_server::Registration;
+use super::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use super::api::{v1, v1beta1};
+use super::cdi::{self, ClaimDevice};
+use super::claim;
+use super::kube::ApiClient;
+use super::view::DraView;
+use super::DRIVER;
+
+/// What kubelet's plugin watcher routes DRA drivers by.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The gRPC services the driver serves, as kubelet names them (`<package>.<service>`).
+pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+
+/// One claim kubelet asks about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// One device of a prepared claim, as kubelet is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub cdi_ids: Vec<String>,
+    pub share_id: Option<String>,
+}
+
+/// The node side of claims: prepares and unprepares them against the latest view.
+pub struct Preparer {
+    pub api: ApiClient,
+    pub views: watch::Receiver<Arc<DraView>>,
+    pub node: String,
+    pub cdi_dir: PathBuf,
+    pub dev_dir: PathBuf,
+    /// One prepare or unprepare at a time, as the Go helper does by default: a claim prepared
+    /// and unprepared at once must end as the later call says.
+    serial: tokio::sync::Mutex<()>,
+}
+
+impl Preparer {
+    pub fn new(
+        api: ApiClient,
+        views: watch::Receiver<Arc<DraView>>,
+        node: String,
+        cdi_dir: PathBuf,
+        dev_dir: PathBuf,
+    ) -> Preparer {
+        Preparer {
+            api,
+            views,
+            node,
+            cdi_dir,
+            dev_dir,
+            serial: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Prepares each claim; the answer has an entry for every claim, keyed by uid, each its
+    /// devices or one line saying why not (one bad claim fails alone).
+    pub async fn prepare(&self, claims: &[ClaimRef]) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+        let _serial = self.serial.lock().await;
+        let mut answers = HashMap::new();
+        for c in claims {
+            let answer = self.prepare_one(c).await;
+            if let Err(e) = &answer {
+                eprintln!(
+                    "vramgate-dra: prepare of claim {}/{} ({}): {e}",
+                    c.namespace, c.name, c.uid
+                );
+            }
+            answers.insert(c.uid.clone(), answer);
+        }
+        answers
+    }
+
+    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        let json = self
+            .api
+            .claim_json(&c.namespace, &c.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let shares = claim::shares(&json, &c.namespace, &c.name, &c.uid).map_err(|e| e.to_string())?;
+        if shares.len() > 1 {
+            return Err(format!(
+                "claim {}/{} has {} allocation results of driver {DRIVER}: vramgate holds a container to one amount on its GPUs, so a claim asks for one device (one request, count 1); use one claim per GPU share",
+                c.namespace,
+                c.name,
+                shares.len()
+            ));
+        }
+        let view = self.views.borrow().clone();
+        let mut devices = Vec::new();
+        for share in &shares {
+            if share.pool != self.node {
+                return Err(format!(
+                    "claim {}/{}: device {} was allocated from pool {:?}, and this node's pool is {:?}",
+                    c.namespace, c.name, share.device, share.pool, self.node
+                ));
+            }
+            let Some(published) = view.device(&share.device) else {
+                let names: Vec<&str> = view.devices.iter().map(|d| d.name.as_str()).collect();
+                return Err(format!(
+                    "claim {}/{}: this node has no device {:?} (it has {})",
+                    c.namespace,
+                    c.name,
+                    share.device,
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ));
+            };
+            devices.push(ClaimDevice {
+                device: share.device.clone(),
+                bytes: share.bytes,
+                uuid: published.gpu.uuid.clone(),
+                device_nodes: super::device_nodes(&published.gpu, &self.dev_dir),
+            });
+        }
+        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &devices).map_err(|e| e.to_string())?;
+        Ok(shares
+            .into_iter()
+            .zip(ids)
+            .map(|(share, id)| PreparedDevice {
+                request: share.request,
+                pool: share.pool,
+                device: share.device,
+                cdi_ids: vec![id],
+                share_id: share.share_id,
+            })
+            .collect())
+    }
+
+    /// Removes each claim's CDI spec; a claim never prepared here is fine.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> HashMap<String, Result<(), String>> {
+        let _serial = self.serial.lock().await;
+        claims
+            .iter()
+            .map(|c| {
+                let answer = cdi::remove_spec(&self.cdi_dir, &c.uid).map_err(|e| e.to_string());
+                if let Err(e) = &answer {
+                    eprintln!(
+                        "vramgate-dra: unprepare of claim {}/{} ({}): {e}",
+                        c.namespace, c.name, c.uid
+                    );
+                }
+                (c.uid.clone(), answer)
+            })
+            .collect()
+    }
+}
+
+/// The `DRAPlugin` services over a [`Preparer`].
+#[derive(Clone)]
+pub struct DraService(pub Arc<Preparer>);
+
+fn claim_refs<'c>(claims: impl Iterator<Item = (&'c str, &'c str, &'c str)>) -> Vec<ClaimRef> {
+    claims
+        .map(|(namespace, name, uid)| ClaimRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let claims = claim_refs(
+            request
+                .get_ref()
+                .claims
+                .iter()
+                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
+        );
+        let claims = self
+            .0
+            .prepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let response = match answer {
+                    Ok(devices) => v1::NodePrepareResourceResponse {
+                        devices: devices
+                            .into_iter()
+                            .map(|d| v1::Device {
+                                request_names: vec![d.request],
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_ids,
+                                share_id: d.share_id,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => v1::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    },
+                };
+                (uid, response)
+            })
+            .collect();
+        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = claim_refs(
+            request
+                .get_ref()
+                .claims
+                .iter()
+                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
+        );
+        let claims = self
+            .0
+            .unprepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let error = answer.err().unwrap_or_default();
+                (uid, v1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+/// v1beta1: the same calls, without the share ID kubelets before 1.34 do not know.
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| v1::Claim {
+                namespace: c.namespace,
+                uid: c.uid,
+                name: c.name,
+            })
+            .collect();
+        let answer = v1::dra_plugin_server::DraPlugin::node_prepare_resources(
+            self,
+            Request::new(v1::NodePrepareResourcesRequest { claims }),
+        )
+        .await?;
+        let claims = answer
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let devices = r
+                    .devices
+                    .into_iter()
+                    .map(|d| v1beta1::Device {
+                        request_names: d.request_names,
+                        pool_name: d.pool_name,
+                        device_name: d.device_name,
+                        cdi_device_ids: d.cdi_device_ids,
+                    })
+                    .collect();
+                (
+                    uid,
+                    v1beta1::NodePrepareResourceResponse {
+                        devices,
+                        error: r.error,
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = claim_refs(
+            request
+                .get_ref()
+                .claims
+                .iter()
+                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
+        );
+        let claims = self
+            .0
+            .unprepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| {
+                let error = answer.err().unwrap_or_default();
+                (uid, v1beta1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+/// The `Registration` service on the socket kubelet's plugin watcher finds.
+#[derive(Clone)]
+pub struct Registrar {
+    /// The DRA service's socket, which kubelet then dials.
+    pub endpoint: PathBuf,
+    /// Told when kubelet confirms a registration: kubelet wipes a node's slices when it starts
+    /// and when a driver goes away, so the publisher checks its slice again.
+    pub registered: Arc<Notify>,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.to_string(),
+            name: DRIVER.to_string(),
+            endpoint: self.endpoint.display().to_string(),
+            supported_versions: SERVICES.map(String::from).to_vec(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            eprintln!("vramgate-dra: registered with kubelet as {DRIVER}");
+            self.registered.notify_one();
+        } else {
+            eprintln!(
+                "vramgate-dra: kubelet refused the registration of {DRIVER}: {}",
+                crate::one_line(&status.error)
+            );
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}

@@ -1,0 +1,331 @@
+//! What the node publishes: each GPU's `memory` capacity for Kubernetes, computed from the
+//! service snapshot (the report `vramgate status` and the metrics show) and the claims this
+//! node prepared. The rule is in the documentation of [`super`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use super::cdi::PreparedDevice;
+use super::device_name;
+use crate::inventory::GpuMemory;
+use crate::ledger::{Ledger, Reservation};
+use crate::quantity::format_bytes;
+use crate::status::StatusReport;
+
+/// The smallest step: quantities the slice publishes stay in whole MiB, which the API server
+/// keeps as written (`79Gi`, `1536Mi`), so what was published reads back the same.
+pub const MIN_STEP: u64 = 1 << 20;
+
+/// How claims may ask for memory (`capacity.memory.requestPolicy`): in multiples of `step`
+/// from `step` up, `default` for a claim that names no amount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestPolicy {
+    pub step: u64,
+    pub default: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("step {0}: must be a whole number of MiB, at least 1Mi")]
+    Step(String),
+    #[error("default request {default}: must be a multiple of the step {step}, at least one step")]
+    Default { default: String, step: String },
+}
+
+impl RequestPolicy {
+    pub fn new(step: u64, default: u64) -> Result<RequestPolicy, PolicyError> {
+        if step < MIN_STEP || !step.is_multiple_of(MIN_STEP) {
+            return Err(PolicyError::Step(format_bytes(step)));
+        }
+        if default < step || !default.is_multiple_of(step) {
+            return Err(PolicyError::Default {
+                default: format_bytes(default),
+                step: format_bytes(step),
+            });
+        }
+        Ok(RequestPolicy { step, default })
+    }
+
+    /// `bytes` rounded down to a whole number of steps: what the slice publishes, so that the
+    /// scheduler's sums, made of steps, never pass what is there.
+    pub fn floor(&self, bytes: u64) -> u64 {
+        bytes - bytes % self.step
+    }
+}
+
+/// One device of the slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The device's name in the slice (`gpu-0`).
+    pub name: String,
+    /// The inventory's entry (UUID, index, MIG index, device nodes).
+    pub gpu: GpuMemory,
+    /// What claims may consume on it in all, in bytes, a whole number of steps.
+    pub capacity: u64,
+    /// The product name (`NVIDIA H100 80GB HBM3`) and a MIG device's profile (`1g.10gb`),
+    /// where the inventory can tell.
+    pub product: Option<String>,
+    pub mig_profile: Option<String>,
+}
+
+/// The node's devices at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraView {
+    pub devices: Vec<Published>,
+    pub policy: RequestPolicy,
+    /// Why every capacity is 0, when the inventory or the ledger could not be read.
+    pub error: Option<String>,
+}
+
+/// Product names and MIG profiles by GPU UUID (see [`crate::inventory::Inventory::product_names`]).
+pub type ProductNames = HashMap<String, (String, Option<String>)>;
+
+impl DraView {
+    /// The view of `report` (the service snapshot), with `held` the bytes this driver's claims
+    /// hold per GPU UUID ([`held_by_claims`]).
+    pub fn compute(
+        report: &StatusReport,
+        held: &BTreeMap<String, u64>,
+        policy: RequestPolicy,
+        products: &ProductNames,
+    ) -> DraView {
+        let mut devices: Vec<Published> = report
+            .gpus
+            .iter()
+            .map(|status| {
+                let held = held.get(&status.gpu.uuid).copied().unwrap_or(0);
+                let (product, mig_profile) = products.get(&status.gpu.uuid).cloned().unzip();
+                Published {
+                    name: device_name(&status.gpu),
+                    gpu: status.gpu.clone(),
+                    capacity: policy.floor(status.available.saturating_add(held).min(status.gpu.total)),
+                    product,
+                    mig_profile: mig_profile.flatten(),
+                }
+            })
+            .collect();
+        devices.sort_by_key(|d| (d.gpu.index, d.gpu.mig_index));
+        DraView {
+            devices,
+            policy,
+            error: None,
+        }
+    }
+
+    /// The view when the facts cannot be read: the devices known so far with no capacity, so
+    /// that the scheduler sends nothing more here while vramgate cannot account for it.
+    pub fn failed(earlier: &DraView, error: String) -> DraView {
+        DraView {
+            devices: earlier
+                .devices
+                .iter()
+                .map(|d| Published {
+                    capacity: 0,
+                    ..d.clone()
+                })
+                .collect(),
+            policy: earlier.policy,
+            error: Some(error),
+        }
+    }
+
+    /// Whether the slice of `self` would differ from that of `other` (the inventory's free
+    /// memory changes all the time and is not published).
+    pub fn publishes_as(&self, other: &DraView) -> bool {
+        let key = |v: &DraView| {
+            v.devices
+                .iter()
+                .map(|d| {
+                    (
+                        d.name.clone(),
+                        d.gpu.uuid.clone(),
+                        d.capacity,
+                        d.product.clone(),
+                        d.mig_profile.clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        self.policy == other.policy && key(self) == key(other)
+    }
+
+    pub fn device(&self, name: &str) -> Option<&Published> {
+        self.devices.iter().find(|d| d.name == name)
+    }
+
+    /// One line for the log: "gpu-0 (GPU-...) 70 GiB, gpu-1 (...) 0 B".
+    pub fn describe(&self) -> String {
+        let devices: Vec<String> = self
+            .devices
+            .iter()
+            .map(|d| format!("{} ({}) {}", d.name, d.gpu.uuid, format_bytes(d.capacity)))
+            .collect();
+        let devices = if devices.is_empty() {
+            "no GPU".to_string()
+        } else {
+            devices.join(", ")
+        };
+        match &self.error {
+            Some(e) => format!("{devices}; no capacity: {e}"),
+            None => devices,
+        }
+    }
+}
+
+/// The claim device a reservation's container was started for: the one
+/// [`super::claim_device_env`] in its bundle's spec. `Ok(None)`: none (or several, which no
+/// admitted container has: see [`crate::request::RequestError::SeveralClaimDevices`]); `Err`:
+/// the spec cannot be read (yet).
+pub fn read_marker(bundle: &Path) -> Result<Option<String>, crate::spec::SpecError> {
+    let spec = crate::spec::SpecView::read_bundle(bundle)?;
+    let mut devices = crate::request::claim_devices(&spec);
+    Ok(match (devices.next(), devices.next()) {
+        (Some(device), None) => Some(device.to_string()),
+        _ => None,
+    })
+}
+
+/// The marker of each reservation, by (container id, created time): a reservation never
+/// changes what it holds, so its bundle is read once.
+#[derive(Debug, Default)]
+pub struct Markers {
+    known: HashMap<(String, u64), Option<String>>,
+}
+
+impl Markers {
+    fn of(
+        &mut self,
+        r: &Reservation,
+        read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+    ) -> Option<String> {
+        let key = (r.container_id.clone(), r.created_unix_ms);
+        if let Some(marker) = self.known.get(&key) {
+            return marker.clone();
+        }
+        // A bundle that cannot be read now (being written) is asked again next time.
+        let marker = read(r.bundle.as_deref()?).ok()?;
+        self.known.insert(key, marker.clone());
+        marker
+    }
+
+    /// Forgets reservations that are no longer in `ledger`.
+    fn retain(&mut self, ledger: &Ledger) {
+        if self.known.len() <= ledger.reservations.len() {
+            return;
+        }
+        let live: HashSet<(&str, u64)> = ledger
+            .reservations
+            .iter()
+            .map(|r| (r.container_id.as_str(), r.created_unix_ms))
+            .collect();
+        self.known.retain(|(id, at), _| live.contains(&(id.as_str(), *at)));
+    }
+}
+
+/// The bytes held for this node's prepared claims, per GPU UUID: each reservation whose
+/// marker names a prepared claim device on the GPU it reserved on counts for what it holds
+/// there, at most what the claim consumed; each claim device counts once.
+pub fn held_by_claims(
+    ledger: &Ledger,
+    prepared: &HashMap<String, PreparedDevice>,
+    markers: &mut Markers,
+    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+) -> BTreeMap<String, u64> {
+    markers.retain(ledger);
+    let mut counted = HashSet::new();
+    let mut held: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &ledger.reservations {
+        let Some(marker) = markers.of(r, read) else { continue };
+        let Some(device) = prepared.get(&marker) else { continue };
+        let Some(share) = r.gpus.iter().find(|s| s.uuid == device.uuid) else {
+            continue;
+        };
+        if counted.insert(marker) {
+            *held.entry(device.uuid.clone()).or_default() += share.bytes.min(device.bytes);
+        }
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::GpuShare;
+    use crate::procfs::ProcessIdentity;
+    use std::path::PathBuf;
+
+    const GI: u64 = 1 << 30;
+
+    fn reservation(id: &str, uuid: &str, bytes: u64) -> Reservation {
+        Reservation {
+            container_id: id.into(),
+            gpus: vec![GpuShare {
+                uuid: uuid.into(),
+                bytes,
+            }],
+            init: ProcessIdentity { pid: 1, start_time: 1 },
+            created_unix_ms: 1,
+            waited_ms: 0,
+            bundle: Some(PathBuf::from(format!("/bundles/{id}"))),
+            pending: false,
+            enforcement: None,
+            extra: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_policy_is_whole_mib_and_its_default_whole_steps() {
+        assert!(RequestPolicy::new(256 << 20, GI).is_ok());
+        assert_eq!(RequestPolicy::new(1000, GI), Err(PolicyError::Step("1000 B".into())));
+        assert!(matches!(
+            RequestPolicy::new(256 << 20, 300 << 20),
+            Err(PolicyError::Default { .. })
+        ));
+        let policy = RequestPolicy::new(256 << 20, GI).unwrap();
+        assert_eq!(policy.floor(GI + 255 * (1 << 20)), GI);
+    }
+
+    #[test]
+    fn claims_count_only_for_prepared_devices_on_their_gpu_at_most_what_they_consumed() {
+        let mut ledger = Ledger::default();
+        ledger.reservations = vec![
+            reservation("claimed", "GPU-0", 6 * GI),
+            // Names a prepared device but reserved more than the claim consumed.
+            reservation("greedy", "GPU-1", 9 * GI),
+            // Names a device no claim of this node has.
+            reservation("forged", "GPU-0", 2 * GI),
+            // Names the same device as "claimed": counts once.
+            reservation("copy", "GPU-0", 6 * GI),
+            reservation("plain", "GPU-0", 3 * GI),
+        ];
+        let prepared = HashMap::from([
+            (
+                "uid-a-gpu-0".to_string(),
+                PreparedDevice {
+                    uuid: "GPU-0".into(),
+                    bytes: 6 * GI,
+                },
+            ),
+            (
+                "uid-b-gpu-1".to_string(),
+                PreparedDevice {
+                    uuid: "GPU-1".into(),
+                    bytes: 4 * GI,
+                },
+            ),
+        ]);
+        let read = |bundle: &Path| -> Result<Option<String>, crate::spec::SpecError> {
+            Ok(match bundle.file_name().unwrap().to_str().unwrap() {
+                "claimed" | "copy" => Some("uid-a-gpu-0".into()),
+                "greedy" => Some("uid-b-gpu-1".into()),
+                "forged" => Some("uid-x-gpu-0".into()),
+                _ => None,
+            })
+        };
+        let held = held_by_claims(&ledger, &prepared, &mut Markers::default(), &read);
+        assert_eq!(
+            held,
+            BTreeMap::from([("GPU-0".into(), 6 * GI), ("GPU-1".into(), 4 * GI)])
+        );
+    }
+}
