@@ -1,60 +1,66 @@
-//! The node side of a DRA claim with consumable capacity (issue 21, in progress): a claim as
-//! the scheduler leaves it (6 GiB consumed on device `gpu-1`) is prepared into a CDI spec by
-//! the library the DRA plugin will call, kubelet's CreateContainer names the CDI device (the
-//! CRI `cdi_devices` field, as kubelet sets it), containerd 2.1's CRI plugin (CDI on) applies
-//! it, and the container goes through vramgate-runtime, which reserves exactly the claim's
-//! memory on exactly that GPU. After the pod is gone, unprepare leaves nothing.
+//! A DRA claim end to end below kubelet: the scheduler allocates 6 GiB of `gpu-1` from the
+//! slice the built `vramgate-dra` published (stand-in API server), kubelet's DRA manager
+//! (stand-in) has the driver prepare it, kubelet's CreateContainer names the CDI device the
+//! driver returned (the CRI `cdi_devices` field, as kubelet sets it), containerd 2.1's CRI
+//! plugin (CDI on) applies it, and the container goes through vramgate-runtime, which reserves
+//! exactly the claim's consumed memory on exactly that GPU. A claim that no longer fits when
+//! its pod starts is refused with the reason in the CRI error kubelet records on the pod.
+//! After the pod is gone, unprepare leaves nothing.
 
 #[path = "support/cri.rs"]
 mod cri_support;
+#[path = "support/dra.rs"]
+mod dra_support;
+#[path = "support/kubelet.rs"]
+mod kubelet;
 mod support;
+
+use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 
 use cri_support::*;
+use dra_support::*;
+use kubelet::claim;
 use support::*;
-use vramgate::dra;
 
+const NODE: &str = "node-a";
 const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
     [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
     [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
-const UID: &str = "0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10";
-const CLAIM: &str = r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim",
-  "metadata":{"name":"trainer-gpu","namespace":"default","uid":"0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10"},
-  "spec":{"devices":{"requests":[{"name":"gpu","exactly":{"deviceClassName":"gpu-memory.vramgate.dev","capacity":{"requests":{"memory":"6Gi"}}}}]}},
-  "status":{"allocation":{"devices":{"results":[
-    {"request":"gpu","driver":"gpu-memory.vramgate.dev","pool":"node-a","device":"gpu-1",
-     "shareID":"9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f60","consumedCapacity":{"memory":"6Gi"}}]}}}}"#;
+
+/// The CDI ids of a prepared claim, as kubelet puts them in the container's config.
+fn cdi_devices(ids: &[String]) -> Vec<cri::CdiDevice> {
+    ids.iter().map(|name| cri::CdiDevice { name: name.clone() }).collect()
+}
 
 #[test]
-fn a_prepared_claim_reserves_exactly_its_consumed_memory_on_its_gpu() {
+fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gpu() {
     let cri = cri_host_on(Containerd::Two, "vramgate-dra-node", GPUS);
     let cdi_dir = cri.tb.dir.join("containerd/cdi");
+    let api = ApiServer::start(&cri.tb.dir, &[NODE]);
+    let driver = Driver::start(&cri.tb.dir, &cri.tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = cri.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_until("the node's slice", Duration::from_secs(10), || {
+        let now = cri.block_on(api.capacities(NODE));
+        (now.len() == 2, now)
+    });
 
-    // Prepare, as the plugin's NodePrepareResources will: this driver's results, each on the
-    // GPU the slice published under that device name.
-    let config = vramgate::config::Config::load_from(&cri.tb.config_path).unwrap();
-    let gpus = vramgate::inventory::open(&config).unwrap().snapshot().unwrap().gpus;
-    let devices: Vec<dra::cdi::ClaimDevice> = dra::claim::shares(CLAIM.as_bytes(), "default", "trainer-gpu", UID)
-        .unwrap()
-        .into_iter()
-        .map(|share| {
-            let gpu = dra::gpu_named(&share.device, &gpus).expect("a published device");
-            dra::cdi::ClaimDevice {
-                device: share.device.clone(),
-                bytes: share.bytes,
-                uuid: gpu.uuid.clone(),
-                device_nodes: dra::device_nodes(gpu, std::path::Path::new("/dev")),
-            }
-        })
-        .collect();
-    let ids = dra::cdi::write_spec(&cdi_dir, UID, &devices).unwrap();
-    assert_eq!(ids, [format!("vramgate.dev/gpu-memory={UID}-gpu-1")]);
+    // The scheduler: 6 GiB of gpu-1 for the pod's claim.
+    let uid = cri.block_on(api.create_claim("default", "trainer-gpu", "6Gi"));
+    cri.block_on(api.allocate("default", "trainer-gpu", NODE, &[("gpu-1", "6Gi")]));
+    let answer = cri.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "trainer-gpu", &uid)],
+    ));
+    let prepared = &answer.claims[&uid];
+    assert_eq!(prepared.error, "");
+    let ids = prepared.devices[0].cdi_device_ids.clone();
 
     // kubelet: a pod with no vramgate annotation; the container names the CDI device.
     let pods = run_all(&cri, vec![pod_config("trainer", &[])]);
     let mut config = container_config("main", RUN_UNTIL_STOPPED, &[]);
-    config.cdi_devices = ids.iter().map(|name| cri::CdiDevice { name: name.clone() }).collect();
+    config.cdi_devices = cdi_devices(&ids);
     let id = cri.create(&pods[0], config);
     cri.start_one(&id).unwrap();
 
@@ -77,16 +83,78 @@ fn a_prepared_claim_reserves_exactly_its_consumed_memory_on_its_gpu() {
         ],
         "exactly the claim's consumed memory, on its GPU, and nothing for the sandbox"
     );
+    // The claim's own reservation leaves the published capacity as it was: the scheduler
+    // counts the claim already.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        cri.block_on(api.capacities(NODE)),
+        [
+            ("gpu-0".to_string(), "16Gi".to_string()),
+            ("gpu-1".to_string(), "16Gi".to_string())
+        ]
+    );
 
-    // The pod goes, then kubelet unprepares: nothing is left.
+    // A second claim, allocated when gpu-1 had room; then 9 GiB are taken outside Kubernetes
+    // (a container started by hand, through the same runtime) before its pod starts: the
+    // node refuses it (policy reject) and says why, in the error kubelet puts in the pod's
+    // events.
+    let late = cri.block_on(api.create_claim("default", "late-gpu", "4Gi"));
+    cri.block_on(api.allocate("default", "late-gpu", NODE, &[("gpu-1", "4Gi")]));
+    let late_ids = cri
+        .block_on(kubelet::prepare(
+            &registered.endpoint,
+            vec![claim("default", "late-gpu", &late)],
+        ))
+        .claims[&late]
+        .devices[0]
+        .cdi_device_ids
+        .clone();
+    let outside_pods = run_all(&cri, vec![pod_config("outside", &[])]);
+    let outside = cri.create(
+        &outside_pods[0],
+        container_config(
+            "hog",
+            RUN_UNTIL_STOPPED,
+            &[("VRAMGATE_MEMORY", "9Gi"), ("VRAMGATE_GPUS", "GPU-one")],
+        ),
+    );
+    cri.start_one(&outside).unwrap();
+    wait_until("gpu-1's capacity lowered by the 9 GiB", Duration::from_secs(10), || {
+        let now = cri.block_on(api.capacities(NODE));
+        (now.get(1).is_some_and(|(_, c)| c == "7Gi"), now)
+    });
+    let late_pods = run_all(&cri, vec![pod_config("late", &[])]);
+    let mut config = container_config("main", RUN_UNTIL_STOPPED, &[]);
+    config.cdi_devices = cdi_devices(&late_ids);
+    let late_id = cri.create(&late_pods[0], config);
+    let refused = cri.start_one(&late_id).expect_err("no room left on gpu-1");
+    eprintln!("StartContainer of the late claim's container: {}", refused.message());
+    assert!(
+        refused.message().contains("vramgate") && refused.message().contains("GPU 1 (GPU-one)"),
+        "{}",
+        refused.message()
+    );
+
+    // The pods go, then kubelet unprepares: nothing is left.
+    cri.delete_pods(&late_pods);
+    cri.delete_pods(&outside_pods);
     cri.delete_pods(&pods);
     wait_released(&cri.tb, &id);
-    dra::cdi::remove_spec(&cdi_dir, UID).unwrap();
-    dra::cdi::remove_spec(&cdi_dir, UID).unwrap();
+    wait_released(&cri.tb, &outside);
+    let answer = cri.block_on(kubelet::unprepare(
+        &registered.endpoint,
+        vec![
+            claim("default", "trainer-gpu", &uid),
+            claim("default", "late-gpu", &late),
+        ],
+    ));
+    assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");
     assert_eq!(std::fs::read_dir(&cdi_dir).unwrap().count(), 0);
     assert!(
         reservations_by_gpu(&cri.tb).iter().all(|(_, list)| list.is_empty()),
         "{:?}",
         reservations_by_gpu(&cri.tb)
     );
+    let rejected = cri.block_on(api.rejected());
+    assert!(rejected.is_empty(), "{rejected:#?}");
 }

@@ -17,7 +17,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::roff::{bold, roman, Roff};
 use clap_mangen::Man;
-use vramgate::cli::{Cli, DevicePluginCli, HookCli};
+use vramgate::cli::{Cli, DevicePluginCli, DraCli, HookCli};
 
 const REGENERATE: &str = "UPDATE_MAN=1 cargo test --release --test man_pages";
 /// The date in the pages' title line: that of the last change to what they say. clap_mangen
@@ -34,6 +34,7 @@ fn generated() -> Vec<(&'static str, Vec<u8>)> {
         ("man/vramgate.8", vramgate_page()),
         ("man/vramgate-hook.8", hook_page()),
         ("man/vramgate-device-plugin.8", device_plugin_page()),
+        ("man/vramgate-dra.8", dra_page()),
     ];
     for (path, shell) in [
         ("completions/vramgate.bash", Shell::Bash),
@@ -268,6 +269,26 @@ fn device_plugin_page() -> Vec<u8> {
             ],
         ),
         ("SEE ALSO", &["vramgate(8), vramgate-runtime(8), vramgate-hook(8), vramgate.toml(5)"]),
+        ],
+    )
+}
+
+fn dra_page() -> Vec<u8> {
+    single_command_page(
+        DraCli::command(),
+        "vramgate-dra(8)",
+        &[
+        (
+            "FILES",
+            &[
+                "/var/lib/kubelet/plugins_registry/gpu-memory.vramgate.dev-reg.sock\tThe registration socket kubelet's plugin watcher finds; removed at stop (kubelet then removes the node's slice unless the driver comes back).",
+                "/var/lib/kubelet/plugins/gpu-memory.vramgate.dev/dra.sock\tThe DRA service kubelet calls to prepare and unprepare claims.",
+                "/var/run/cdi/vramgate.dev-gpu-memory_<claim uid>.json\tEach prepared claim's CDI spec: the driver's record of what it prepared.",
+                "/etc/vramgate/config.toml\tThe configuration, see vramgate.toml(5): the state directory and the inventory the driver reads.",
+                "/usr/lib/systemd/system/vramgate-dra.service\tThe unit that runs it on a node (installed, not enabled), with /etc/default/vramgate-dra.",
+            ],
+        ),
+        ("SEE ALSO", &["vramgate(8), vramgate-runtime(8), vramgate-device-plugin(8), vramgate.toml(5)"]),
         ],
     )
 }

@@ -197,13 +197,17 @@ fn packages_install_gate_a_container_and_purge_clean() {
             "/usr/lib/tmpfiles.d/vramgate.conf",
             "/usr/lib/systemd/system/vramgate-exporter.service",
             "/usr/lib/systemd/system/vramgate-device-plugin.service",
+            "/usr/lib/systemd/system/vramgate-dra.service",
             "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
+            "/usr/share/doc/vramgate/k8s/dra.yaml",
+            "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
             "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
             "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
             "/usr/share/man/man8/vramgate.8.gz",
             "/usr/share/man/man8/vramgate-hook.8.gz",
             "/usr/share/man/man8/vramgate-runtime.8.gz",
             "/usr/share/man/man8/vramgate-device-plugin.8.gz",
+            "/usr/share/man/man8/vramgate-dra.8.gz",
             "/usr/share/man/man5/vramgate.toml.5.gz",
             "/usr/share/bash-completion/completions/vramgate",
             "/usr/share/zsh/site-functions/_vramgate",
@@ -289,13 +293,17 @@ fn packages_install_gate_a_container_and_purge_clean() {
         "/usr/lib/tmpfiles.d/vramgate.conf",
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
+        "/usr/lib/systemd/system/vramgate-dra.service",
         "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
+        "/usr/share/doc/vramgate/k8s/dra.yaml",
+        "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
         "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
         "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
         "/usr/share/man/man8/vramgate.8.gz",
         "/usr/share/man/man8/vramgate-hook.8.gz",
         "/usr/share/man/man8/vramgate-runtime.8.gz",
         "/usr/share/man/man8/vramgate-device-plugin.8.gz",
+        "/usr/share/man/man8/vramgate-dra.8.gz",
         "/usr/share/man/man5/vramgate.toml.5.gz",
         "/usr/share/bash-completion/completions/vramgate",
         "/usr/share/zsh/vendor-completions/_vramgate",
@@ -317,11 +325,12 @@ fn packages_install_gate_a_container_and_purge_clean() {
             .env("MANWIDTH", "80"),
     );
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
-    // The exporter's and the device plugin's units: valid for this systemd, installed but
-    // not enabled.
+    // The exporter's, the device plugin's and the DRA driver's units: valid for this
+    // systemd, installed but not enabled.
     for unit in [
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
+        "/usr/lib/systemd/system/vramgate-dra.service",
     ] {
         run_ok(Command::new("systemd-analyze").args(["verify", unit]));
     }
@@ -332,8 +341,15 @@ fn packages_install_gate_a_container_and_purge_clean() {
         .flatten()
         .filter_map(|e| Some(e.ok()?.path()))
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n == "vramgate-exporter.service" || n == "vramgate-device-plugin.service")
+            p.file_name().is_some_and(|n| {
+                [
+                    "vramgate-exporter.service",
+                    "vramgate-device-plugin.service",
+                    "vramgate-dra.service",
+                ]
+                .iter()
+                .any(|unit| n == *unit)
+            })
         })
         .collect();
     assert!(enabled.is_empty(), "the package enabled a service: {enabled:?}");

@@ -1,0 +1,286 @@
+//! The built `vramgate-dra` between a stand-in kubelet (tests/support/kubelet.rs: the plugin
+//! watcher's registration and the DRA v1 and v1beta1 calls, dialled as kubelet ≥ 1.26 dials)
+//! and a stand-in API server (tests/support/apiserver.py: every object the driver writes is
+//! validated against Kubernetes 1.36's strict schema and the API server's own rules; claims
+//! are allocated as the scheduler leaves them, with consumedCapacity and shareID). Containers
+//! outside Kubernetes are real runc containers with the vramgate hook.
+//!
+//! The path through containerd's CRI plugin (CDI) is in tests/dra_node.rs.
+
+#[path = "support/dra.rs"]
+mod dra_support;
+#[path = "support/kubelet.rs"]
+mod kubelet;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use dra_support::*;
+use kubelet::claim;
+use support::*;
+
+const NODE: &str = "node-a";
+const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
+    [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
+    [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn capacities(rt: &tokio::runtime::Runtime, api: &ApiServer) -> Vec<(String, String)> {
+    rt.block_on(api.capacities(NODE))
+}
+
+fn wait_capacities(rt: &tokio::runtime::Runtime, api: &ApiServer, want: &[(&str, &str)]) -> Duration {
+    let want: Vec<(String, String)> = want.iter().map(|(d, c)| (d.to_string(), c.to_string())).collect();
+    let started = Instant::now();
+    wait_until("the slice's capacities", Duration::from_secs(10), || {
+        let now = capacities(rt, api);
+        (now == want, now)
+    });
+    started.elapsed()
+}
+
+fn assert_nothing_rejected(rt: &tokio::runtime::Runtime, api: &ApiServer) {
+    let rejected = rt.block_on(api.rejected());
+    assert!(rejected.is_empty(), "the API server rejected writes: {rejected:#?}");
+}
+
+#[test]
+fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
+    let (dir, tb) = runc_testbed("vramgate-dra-driver", GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE, "node-b"]);
+    let cdi_dir = tb.dir.join("cdi");
+    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+
+    // The plugin watcher's registration, as kubelet checks it.
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    assert_eq!(registered.versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+    assert_eq!(registered.endpoint, driver.plugin_dir.join("dra.sock"));
+
+    // One device per GPU, all of its memory for claims (no headroom, nothing outside).
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let slice = rt.block_on(api.slice(NODE)).unwrap();
+    let device = &slice.spec.devices.as_ref().unwrap()[1];
+    assert_eq!(device.allow_multiple_allocations, Some(true));
+    let attributes = device.attributes.as_ref().unwrap();
+    assert_eq!(attributes["uuid"].string.as_deref(), Some("GPU-one"));
+    assert_eq!(attributes["index"].int, Some(1));
+    let policy = serde_json::to_value(&device.capacity.as_ref().unwrap()["memory"].request_policy).unwrap();
+    assert_eq!(
+        policy,
+        serde_json::json!({"default": "1Gi", "validRange": {"min": "256Mi", "max": "16Gi", "step": "256Mi"}})
+    );
+    assert_eq!(slice.spec.pool.name, NODE);
+    assert_eq!(
+        slice.metadata.owner_references.as_ref().map(|o| o[0].kind.as_str()),
+        Some("Node")
+    );
+
+    // The scheduler allocates claims as it would (and some as it would not).
+    let trainer = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
+    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let pending = rt.block_on(api.create_claim("default", "pending", "1Gi"));
+    let elsewhere = rt.block_on(api.create_claim("default", "elsewhere", "1Gi"));
+    rt.block_on(api.allocate("default", "elsewhere", "node-b", &[("gpu-0", "1Gi")]));
+    let nowhere = rt.block_on(api.create_claim("default", "nowhere", "1Gi"));
+    rt.block_on(api.allocate("default", "nowhere", NODE, &[("gpu-7", "1Gi")]));
+    let double = rt.block_on(api.create_claim("default", "double", "1Gi"));
+    rt.block_on(api.allocate("default", "double", NODE, &[("gpu-0", "1Gi"), ("gpu-1", "1Gi")]));
+
+    let endpoint = registered.endpoint.clone();
+    let answer = rt.block_on(kubelet::prepare(
+        &endpoint,
+        vec![
+            claim("default", "trainer", &trainer),
+            claim("default", "pending", &pending),
+            claim("default", "elsewhere", &elsewhere),
+            claim("default", "nowhere", &nowhere),
+            claim("default", "double", &double),
+            claim("default", "replaced", "5d0e8a34-0000-4000-8000-000000000001"),
+            claim("default", "trainer", "5d0e8a34-0000-4000-8000-000000000002"),
+        ],
+    ));
+    let ok = &answer.claims[&trainer];
+    assert_eq!(ok.error, "");
+    assert_eq!(ok.devices.len(), 1);
+    let prepared = &ok.devices[0];
+    assert_eq!(
+        (
+            prepared.request_names.as_slice(),
+            prepared.pool_name.as_str(),
+            prepared.device_name.as_str()
+        ),
+        (["gpu".to_string()].as_slice(), NODE, "gpu-1")
+    );
+    assert_eq!(
+        prepared.cdi_device_ids,
+        [format!("vramgate.dev/gpu-memory={trainer}-gpu-1")]
+    );
+    assert_eq!(
+        prepared.share_id.as_deref(),
+        Some("9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f00")
+    );
+    let error = |uid: &str| answer.claims[uid].error.clone();
+    let expect = [
+        (pending.as_str(), "claim default/pending is not allocated yet"),
+        (elsewhere.as_str(), "allocated from pool \"node-b\""),
+        (
+            nowhere.as_str(),
+            "this node has no device \"gpu-7\" (it has gpu-0, gpu-1)",
+        ),
+        (
+            double.as_str(),
+            "has 2 allocation results of driver gpu-memory.vramgate.dev",
+        ),
+        ("5d0e8a34-0000-4000-8000-000000000001", "404"),
+        ("5d0e8a34-0000-4000-8000-000000000002", "deleted and made again"),
+    ];
+    for (uid, says) in expect {
+        let error = error(uid);
+        assert!(error.contains(says), "claim {uid}: {error:?} should say {says:?}");
+        assert_eq!(error.lines().count(), 1, "{error:?}");
+        assert!(answer.claims[uid].devices.is_empty());
+    }
+
+    // The CDI spec kubelet's runtime will read: the consumed memory, the GPU, the marker.
+    let spec_path = cdi_dir.join(format!("vramgate.dev-gpu-memory_{trainer}.json"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "vramgate.dev/gpu-memory");
+    let env = &spec["devices"][0]["containerEdits"]["env"];
+    assert_eq!(env[0], "VRAMGATE_MEMORY=6442450944");
+    assert_eq!(env[1], "VRAMGATE_GPUS=GPU-one");
+    assert_eq!(
+        std::fs::read_dir(&cdi_dir).unwrap().count(),
+        1,
+        "only the prepared claim has a spec"
+    );
+
+    // Prepared again (kubelet retries), through v1 and v1beta1: the same answer.
+    let again = rt.block_on(kubelet::prepare(&endpoint, vec![claim("default", "trainer", &trainer)]));
+    assert_eq!(again.claims[&trainer], *ok);
+    let beta = rt.block_on(kubelet::prepare_v1beta1(
+        &endpoint,
+        vec![claim("default", "trainer", &trainer)],
+    ));
+    assert_eq!(beta.claims[&trainer].devices[0].cdi_device_ids, prepared.cdi_device_ids);
+
+    // Unprepared, twice, and a claim never prepared: no error, nothing left.
+    for _ in 0..2 {
+        let answer = rt.block_on(kubelet::unprepare(
+            &endpoint,
+            vec![
+                claim("default", "trainer", &trainer),
+                claim("default", "never", "5d0e8a34-0000-4000-8000-000000000003"),
+            ],
+        ));
+        assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");
+    }
+    assert_eq!(std::fs::read_dir(&cdi_dir).unwrap().count(), 0);
+
+    assert_nothing_rejected(&rt, &api);
+    let status = driver.stop();
+    assert!(status.success(), "{status:?}: {}", driver.log_text());
+    assert!(!driver.registration_socket().exists(), "stopping deregisters");
+    drop(dir);
+}
+
+#[test]
+fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
+    let (dir, tb) = runc_testbed("vramgate-dra-capacity", GPUS);
+    let _cleanup = Cleanup(&tb);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    // A runc container outside Kubernetes reserves 4 GiB on GPU-one: the scheduler must see
+    // 12 GiB there.
+    let mut outside = spawn_container(
+        &tb,
+        "outside",
+        &["sleep", "60"],
+        &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "GPU-one")],
+    );
+    wait_reserved(&tb, "outside", 4 << 30);
+    let took = wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
+    eprintln!(
+        "capacity republished {} ms after the reservation was seen",
+        took.as_millis()
+    );
+
+    // A claim's own container does not lower it: the scheduler already counts the claim.
+    let uid = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
+    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "trainer", &uid)],
+    ));
+    assert_eq!(answer.claims[&uid].error, "");
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"))).unwrap())
+            .unwrap();
+    // The container as the runtime leaves it after applying the CDI device's env.
+    let env: Vec<String> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    let mut claimed = tb
+        .runc_run(&bundle, "claimed")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_reserved(&tb, "claimed", 6 << 30);
+    let generation = rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation;
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(capacities(&rt, &api)[1], ("gpu-1".to_string(), "12Gi".to_string()));
+    assert_eq!(
+        rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation,
+        generation,
+        "nothing to republish"
+    );
+
+    // The outside container stops: its 4 GiB come back, at a higher generation.
+    tb.runc(&["kill", "outside", "KILL"]).status().unwrap();
+    let _ = outside.wait();
+    wait_released(&tb, "outside");
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let later = rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation;
+    assert!(later > generation, "{later} after {generation}");
+
+    // kubelet restarts: it deletes the node's slices, the driver registers again and
+    // publishes again; a restarted driver continues the generation.
+    rt.block_on(async {
+        let slices: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> = kube::Api::all(api.client().await);
+        slices
+            .delete(&format!("{NODE}-{DRIVER}"), &Default::default())
+            .await
+            .unwrap();
+    });
+    rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    driver.stop();
+    let restarted = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    wait_until("a republish after the restart", Duration::from_secs(10), || {
+        let generation = rt.block_on(api.slice(NODE)).map(|s| s.spec.pool.generation);
+        (generation.is_some_and(|g| g > later), generation)
+    });
+
+    tb.runc(&["kill", "claimed", "KILL"]).status().unwrap();
+    let _ = claimed.wait();
+    assert_nothing_rejected(&rt, &api);
+    drop(restarted);
+    drop(dir);
+}

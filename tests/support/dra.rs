@@ -1,0 +1,274 @@
+//! What the DRA tests run the built `vramgate-dra` against: the stand-in API server
+//! (tests/support/apiserver.py: the endpoints the driver and the scheduler use, every object
+//! written validated against Kubernetes 1.36's strict OpenAPI schema of `resource.k8s.io/v1`
+//! and the API server's own cross-field rules), the scheduler's part (reading the slice,
+//! allocating a claim with `consumedCapacity` and `shareID` as it does), and the driver itself.
+//!
+//! Included with `#[path = "support/dra.rs"] mod dra_support;`; it uses `crate::support`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, PostParams};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+pub const DRA: &str = env!("CARGO_BIN_EXE_vramgate-dra");
+pub const DRIVER: &str = vramgate::dra::DRIVER;
+
+/// Where scripts/fetch-k8s-schemas (run by scripts/install-deps) put the 1.36 schemas.
+pub fn schemas_dir() -> PathBuf {
+    let dir = std::env::var_os("VRAMGATE_K8S_SCHEMAS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/vramgate-tests/k8s-json-schema-1.36"));
+    assert!(
+        dir.join("_definitions.json").exists(),
+        "{}: no Kubernetes JSON schemas; run scripts/install-deps (or scripts/fetch-k8s-schemas)",
+        dir.display()
+    );
+    dir
+}
+
+/// The stand-in API server, killed when dropped.
+pub struct ApiServer {
+    child: Child,
+    pub url: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl ApiServer {
+    /// Starts it for `nodes`, with a kubeconfig for it in `dir`.
+    pub fn start(dir: &Path, nodes: &[&str]) -> ApiServer {
+        // Debian's python3, which has python3-jsonschema (scripts/install-deps).
+        let python = if Path::new("/usr/bin/python3").exists() {
+            "/usr/bin/python3"
+        } else {
+            "python3"
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/apiserver.py");
+        let mut command = Command::new(python);
+        command.arg(&script).arg("--schemas").arg(schemas_dir());
+        for node in nodes {
+            command.args(["--node", node]);
+        }
+        let log = std::fs::File::create(dir.join("apiserver.log")).unwrap();
+        let mut child = command.stdout(Stdio::piped()).stderr(log).spawn().unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let url = first
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "the stand-in API server did not start: {first:?}; {}",
+                    std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default()
+                )
+            })
+            .to_string();
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {url}\n\
+                 users:\n- name: standin\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n\
+                 current-context: standin\n"
+            ),
+        )
+        .unwrap();
+        ApiServer { child, url, kubeconfig }
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        let file = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    async fn get_json(&self, path: &str) -> Value {
+        let request = http::Request::get(path).body(Vec::new()).unwrap();
+        let text = self.client().await.request_text(request).await.unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// Every write the API server accepted, in order (`method`, `path`, `name`, `time_ns`).
+    pub async fn writes(&self) -> Vec<Value> {
+        self.get_json("/_writes").await.as_array().unwrap().clone()
+    }
+
+    /// Every write it rejected, with the reason: the driver's must be none.
+    pub async fn rejected(&self) -> Vec<Value> {
+        self.get_json("/_rejected").await.as_array().unwrap().clone()
+    }
+
+    /// The node's slice of this driver, if there is one.
+    pub async fn slice(&self, node: &str) -> Option<ResourceSlice> {
+        let api: Api<ResourceSlice> = Api::all(self.client().await);
+        api.get_opt(&format!("{node}-{DRIVER}")).await.unwrap()
+    }
+
+    /// `capacity.memory.value` of each device of the node's slice, by device name.
+    pub async fn capacities(&self, node: &str) -> Vec<(String, String)> {
+        let Some(slice) = self.slice(node).await else {
+            return Vec::new();
+        };
+        slice
+            .spec
+            .devices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| {
+                let value = d
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.get("memory"))
+                    .map(|c| c.value.0.clone());
+                (d.name, value.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// A claim for `memory` of one GPU, as a user (or a template) creates it; returns its uid.
+    pub async fn create_claim(&self, namespace: &str, name: &str, memory: &str) -> String {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}]}}
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &claim).await.unwrap();
+        created.metadata.uid.unwrap()
+    }
+
+    /// What the scheduler writes when it allocates the claim: `consumed` of `device` in the
+    /// node's pool, with a share ID, and the node selector of the node.
+    pub async fn allocate(&self, namespace: &str, name: &str, node: &str, results: &[(&str, &str)]) {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
+        let mut claim = api.get(name).await.unwrap();
+        let results: Vec<Value> = results
+            .iter()
+            .enumerate()
+            .map(|(n, (device, consumed))| {
+                json!({"request": "gpu", "driver": DRIVER, "pool": node, "device": device,
+                    "shareID": format!("9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f{n:02}"),
+                    "consumedCapacity": {"memory": consumed}})
+            })
+            .collect();
+        claim.status = Some(
+            serde_json::from_value(json!({"allocation": {
+                "devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}))
+            .unwrap(),
+        );
+        api.replace_status(name, &PostParams::default(), &claim).await.unwrap();
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The built driver, stopped (SIGTERM) when dropped.
+pub struct Driver {
+    pub child: Child,
+    pub registry_dir: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Driver {
+    /// Starts `vramgate-dra` for `node` with the testbed's config, kubelet's directories under
+    /// `dir`, and `cdi_dir` as the runtime's CDI directory; returns once its registration
+    /// socket is there.
+    pub fn start(dir: &Path, config: &Path, api: &ApiServer, node: &str, cdi_dir: &Path, extra: &[&str]) -> Driver {
+        // The state directory exists on a node (tmpfiles makes it at boot); the driver never
+        // makes it itself.
+        let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
+        vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+        let registry_dir = dir.join("kubelet/plugins_registry");
+        let plugin_dir = dir.join(format!("kubelet/plugins/{DRIVER}"));
+        std::fs::create_dir_all(&registry_dir).unwrap();
+        // Appended to, so that a restarted driver's lines follow the first one's.
+        let log = dir.join("vramgate-dra.log");
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(DRA)
+            .arg("--config")
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(&api.kubeconfig)
+            .arg("--registry-dir")
+            .arg(&registry_dir)
+            .arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--cdi-dir")
+            .arg(cdi_dir)
+            .args(["--poll-interval", "100ms"])
+            .args(extra)
+            .env("NODE_NAME", node)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        let driver = Driver {
+            child,
+            registry_dir,
+            plugin_dir,
+            cdi_dir: cdi_dir.to_path_buf(),
+            log,
+        };
+        let socket = driver.registration_socket();
+        let mut driver = driver;
+        wait_until("the driver's registration socket", Duration::from_secs(20), || {
+            if let Ok(Some(status)) = driver.child.try_wait() {
+                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
+            }
+            (socket.exists(), driver.log_text())
+        });
+        driver
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{DRIVER}-reg.sock"))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, and its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
