@@ -284,3 +284,122 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     drop(restarted);
     drop(dir);
 }
+
+/// The stand-in API server refuses what kube-apiserver refuses (so that the driver's writes
+/// passing it means something): each broken variant of a valid slice is a 422 naming the
+/// field, as the real server's validation answers.
+#[test]
+fn the_stand_in_api_server_refuses_what_kube_apiserver_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let api = ApiServer::start(dir.path(), &[NODE]);
+    let valid = serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu-memory.vramgate.dev"},
+        "spec": {"driver": DRIVER, "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 2, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "allowMultipleAllocations": true,
+                "attributes": {"uuid": {"string": "GPU-zero"}, "index": {"int": 0}},
+                "capacity": {"memory": {"value": "16Gi", "requestPolicy": {"default": "1Gi",
+                    "validRange": {"min": "256Mi", "max": "16Gi", "step": "256Mi"}}}}}]}});
+    let post = |body: &serde_json::Value| -> Result<(), (u16, String)> {
+        rt.block_on(async {
+            let request = http::Request::post("/apis/resource.k8s.io/v1/resourceslices")
+                .header("Content-Type", "application/json")
+                .body(serde_json::to_vec(body).unwrap())
+                .unwrap();
+            match api.client().await.request_text(request).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) => Err((status.code, status.message.clone())),
+                Err(e) => panic!("{e}"),
+            }
+        })
+    };
+    post(&valid).unwrap();
+    let broken = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut body = valid.clone();
+        body["metadata"]["name"] = serde_json::json!(name);
+        edit(&mut body);
+        post(&body).expect_err(name)
+    };
+    let policy = "/spec/devices/0/capacity/memory/requestPolicy";
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "misspelt",
+            Box::new(|b| b.pointer_mut(policy).unwrap()["validRange"]["stepp"] = "1Mi".into()),
+            "'stepp' was unexpected",
+        ),
+        (
+            "not-shared",
+            Box::new(|b| b["spec"]["devices"][0]["allowMultipleAllocations"] = false.into()),
+            "allowMultipleAllocations must be true",
+        ),
+        (
+            "off-step",
+            Box::new(|b| b.pointer_mut(policy).unwrap()["default"] = "1100Mi".into()),
+            "default is not a multiple of a given step",
+        ),
+        (
+            "no-room",
+            Box::new(|b| b["spec"]["devices"][0]["capacity"]["memory"]["value"] = "300Mi".into()),
+            "one step",
+        ),
+        (
+            "over",
+            Box::new(|b| b.pointer_mut(policy).unwrap()["validRange"]["max"] = "17Gi".into()),
+            "max is larger than capacity value",
+        ),
+        (
+            "values",
+            Box::new(|b| {
+                *b.pointer_mut(policy).unwrap() = serde_json::json!({"default": "1Gi", "validValues": ["2Gi", "1Gi"]})
+            }),
+            "sorted in ascending order",
+        ),
+        (
+            "two-nodes",
+            Box::new(|b| b["spec"]["allNodes"] = true.into()),
+            "exactly one of",
+        ),
+        ("Capital", Box::new(|_| {}), "metadata.name"),
+        (
+            "label",
+            Box::new(|b| b["spec"]["devices"][0]["name"] = "gpu_0".into()),
+            "spec.devices[0].name",
+        ),
+        (
+            "long",
+            Box::new(|b| b["spec"]["devices"][0]["attributes"]["uuid"]["string"] = "x".repeat(65).into()),
+            "may not be more than 64",
+        ),
+        (
+            "older",
+            Box::new(|b| b["spec"]["pool"]["generation"] = 1.into()),
+            "pool's newest",
+        ),
+        (
+            "stranger",
+            Box::new(|b| b["spec"]["nodeName"] = "node-z".into()),
+            "no such node",
+        ),
+    ];
+    for (name, edit, says) in cases {
+        let (code, message) = broken(name, &*edit);
+        assert_eq!(code, 422, "{name}: {message}");
+        assert!(message.contains(says), "{name}: {message:?} should say {says:?}");
+    }
+    let (code, message) = rt.block_on(async {
+        let request =
+            http::Request::get("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.pool.name%3Dnode-a")
+                .body(Vec::new())
+                .unwrap();
+        match api.client().await.request_text(request).await {
+            Err(kube::Error::Api(status)) => (status.code, status.message.clone()),
+            other => panic!("{other:?}"),
+        }
+    });
+    assert_eq!(code, 400, "{message}");
+    assert!(
+        message.contains("field label not supported: spec.pool.name"),
+        "{message}"
+    );
+}

@@ -60,14 +60,11 @@
 //! kubelet removes the sockets in the directory and creates a new `kubelet.sock`: the plugin
 //! watches the directory (inotify) and then serves on a new socket and registers again.
 //!
-//! **Later: DRA.** Dynamic Resource Allocation (resource.k8s.io) would let a claim ask for an
-//! amount of memory on one GPU directly, with the GPU and amount chosen by the scheduler from
-//! published ResourceSlices instead of by counting units. A DRA driver would reuse this
-//! module's parts unchanged: the view (what each GPU has free for Kubernetes) becomes the
-//! capacity published in ResourceSlices, placement stays [`crate::placement::choose`], and
-//! what `Allocate` returns (memory and GPU for the node's hook) becomes the claim's CDI edits
-//! in `NodePrepareResources`. Only the transport (kubelet's DRA gRPC plugin API and the API
-//! server) is new, which is why the API code sits apart in [`api`] and [`server`].
+//! **DRA.** With Kubernetes 1.34 or later, [`crate::dra`] lets a claim ask for an amount of
+//! memory on one GPU directly, chosen by the scheduler from the published ResourceSlices. It
+//! computes each GPU's capacity by the same rule as the healthy units here (what the
+//! admission rule leaves available, plus what its own claims hold), from the service snapshot
+//! `vramgate status` reads. Run one or the other on a node.
 
 pub mod allocate;
 pub mod api;

@@ -1,0 +1,308 @@
+//! Benchmark of the DRA driver, with this program as kubelet and as the scheduler, and the
+//! stand-in API server (tests/support/apiserver.py) as the API server: NodePrepareResources
+//! round trips (target p99 <= 10 ms) with N claims on 8 simulated 80 GiB GPUs, a ledger
+//! change to the republished slice (target <= 1 s), and the driver's resident memory.
+//!
+//!   cargo run --release --example dra-bench -- [--claims N] [--changes N]
+//!
+//! Run through `bench/dra.sh`, which builds first; needs root (the state dir is root's) and
+//! the Kubernetes schemas (scripts/fetch-k8s-schemas). Each prepare reads its claim from the
+//! stand-in over HTTP, as the driver reads it from the API server, so the figure includes
+//! one API round trip on this machine (a real API server over TLS adds its own). Each ledger
+//! change is a real transaction (lock, atomic rename) adding or removing one 1 GiB
+//! reservation outside Kubernetes on GPU 0, timed from its commit to the moment the stand-in
+//! accepted the slice that shows it (both on CLOCK_REALTIME).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tonic::transport::{Endpoint, Uri};
+use vramgate::dra::api::registration::registration_client::RegistrationClient;
+use vramgate::dra::api::registration::{InfoRequest, RegistrationStatus};
+use vramgate::dra::api::v1;
+use vramgate::dra::DRIVER;
+use vramgate::ledger::{GpuShare, Reservation, StateDir};
+use vramgate::procfs::ProcessIdentity;
+use vramgate::testbed::bench::{arg, built_binary, report};
+
+const GIB: u64 = 1 << 30;
+const GPUS: usize = 8;
+const NODE: &str = "bench-node";
+
+fn uuid(i: usize) -> String {
+    format!("GPU-bench-{i}")
+}
+
+async fn dial(path: std::path::PathBuf) -> tonic::transport::Channel {
+    Endpoint::try_from("http://localhost")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// GPU 0's published capacity in the node's slice.
+async fn gpu0_capacity(client: &kube::Client) -> Option<String> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let slice = slices.get_opt(&format!("{NODE}-{DRIVER}")).await.ok()??;
+    let device = slice.spec.devices?.into_iter().find(|d| d.name == "gpu-0")?;
+    Some(device.capacity?.get("memory")?.value.0.clone())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let claims: usize = arg(&args, "--claims", "100").parse().expect("--claims N");
+    let changes: usize = arg(&args, "--changes", "30").parse().expect("--changes N");
+
+    let work = tempfile::Builder::new()
+        .prefix("vramgate-dra-bench")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let state_dir = work.path().join("state");
+    let config = work.path().join("config.toml");
+    let mut toml = format!(
+        "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
+        state_dir.display().to_string()
+    );
+    for i in 0..GPUS {
+        toml += &format!(
+            "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
+            uuid(i)
+        );
+    }
+    std::fs::write(&config, toml).unwrap();
+    let state = StateDir::open_or_create(&state_dir).unwrap();
+
+    // The stand-in API server and a kubeconfig for it.
+    let schemas = std::env::var("VRAMGATE_K8S_SCHEMAS")
+        .unwrap_or_else(|_| "/var/cache/vramgate-tests/k8s-json-schema-1.36".into());
+    let mut api = Command::new("/usr/bin/python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/apiserver.py"))
+        .args(["--schemas", &schemas, "--node", NODE])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(work.path().join("apiserver.log")).unwrap())
+        .spawn()
+        .expect("python3 tests/support/apiserver.py");
+    let mut first = String::new();
+    BufReader::new(api.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let url = first
+        .trim()
+        .strip_prefix("listening ")
+        .expect("the stand-in started")
+        .to_string();
+    let kubeconfig = work.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: b\n  cluster:\n    server: {url}\nusers:\n- name: b\n  user: {{}}\n\
+             contexts:\n- name: b\n  context:\n    cluster: b\n    user: b\ncurrent-context: b\n"
+        ),
+    )
+    .unwrap();
+
+    let registry_dir = work.path().join("plugins_registry");
+    let plugin_dir = work.path().join("plugins").join(DRIVER);
+    let cdi_dir = work.path().join("cdi");
+    let mut driver = Command::new(built_binary("vramgate-dra"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--registry-dir")
+        .arg(&registry_dir)
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--cdi-dir")
+        .arg(&cdi_dir)
+        .args(["--node-name", NODE])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(work.path().join("driver.log")).unwrap())
+        .spawn()
+        .expect("starting vramgate-dra (build it first: bench/dra.sh)");
+    let socket = registry_dir.join(format!("{DRIVER}-reg.sock"));
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(started.elapsed() < Duration::from_secs(30), "no registration socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(async {
+        let file = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    });
+    let endpoint = rt.block_on(async {
+        let mut registration = RegistrationClient::new(dial(socket.clone()).await);
+        let info = registration.get_info(InfoRequest {}).await.unwrap().into_inner();
+        registration
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: true,
+                error: String::new(),
+            })
+            .await
+            .unwrap();
+        std::path::PathBuf::from(info.endpoint)
+    });
+    let started = Instant::now();
+    while rt.block_on(gpu0_capacity(&client)).is_none() {
+        assert!(started.elapsed() < Duration::from_secs(30), "no slice published");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // N claims of 4 GiB, allocated round-robin over the 8 GPUs as the scheduler leaves them.
+    let uids: Vec<String> = rt.block_on(async {
+        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+        let mut uids = Vec::new();
+        for n in 0..claims {
+            let name = format!("claim-{n}");
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": DRIVER, "capacity": {"requests": {"memory": "4Gi"}}}}]}}}))
+            .unwrap();
+            let mut created = api.create(&PostParams::default(), &claim).await.unwrap();
+            created.status = Some(
+                serde_json::from_value(json!({"allocation": {"devices": {"results": [{
+                    "request": "gpu", "driver": DRIVER, "pool": NODE, "device": format!("gpu-{}", n % GPUS),
+                    "shareID": format!("00000000-0000-4000-8000-{n:012}"),
+                    "consumedCapacity": {"memory": "4Gi"}}]}}}))
+                .unwrap(),
+            );
+            api.replace_status(&name, &PostParams::default(), &created)
+                .await
+                .unwrap();
+            uids.push(created.metadata.uid.unwrap());
+        }
+        uids
+    });
+
+    // NodePrepareResources, one claim a call (a pod with one claim), on one connection.
+    let mut dra = rt.block_on(async { v1::dra_plugin_client::DraPluginClient::new(dial(endpoint.clone()).await) });
+    let claim = |n: usize| v1::Claim {
+        namespace: "default".into(),
+        name: format!("claim-{n}"),
+        uid: uids[n].clone(),
+    };
+    let mut prepare = Vec::new();
+    for n in 0..claims {
+        let t = Instant::now();
+        let answer = rt
+            .block_on(dra.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim(n)] }))
+            .unwrap()
+            .into_inner();
+        prepare.push(t.elapsed());
+        assert_eq!(answer.claims[&uids[n]].error, "", "claim {n}");
+    }
+    let t = Instant::now();
+    rt.block_on(dra.node_prepare_resources(v1::NodePrepareResourcesRequest {
+        claims: (0..claims).map(claim).collect(),
+    }))
+    .unwrap();
+    let all_at_once = t.elapsed();
+    let mut unprepare = Vec::new();
+    for n in 0..claims {
+        let t = Instant::now();
+        rt.block_on(dra.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim(n)] }))
+            .unwrap();
+        unprepare.push(t.elapsed());
+    }
+
+    // Ledger change -> republished slice.
+    let init = ProcessIdentity::of(1).expect("pid 1 is readable");
+    let mut seen = Vec::new();
+    for n in 0..changes {
+        let adding = n % 2 == 0;
+        let want = if adding { "79Gi" } else { "80Gi" };
+        let mut tx = state.begin().unwrap();
+        if adding {
+            tx.ledger.reservations.push(Reservation {
+                container_id: "outside-k8s".into(),
+                gpus: vec![GpuShare {
+                    uuid: uuid(0),
+                    bytes: GIB,
+                }],
+                init,
+                created_unix_ms: 1,
+                waited_ms: 0,
+                bundle: None,
+                pending: false,
+                enforcement: None,
+                extra: Default::default(),
+            });
+        } else {
+            tx.ledger.reservations.retain(|r| r.container_id != "outside-k8s");
+        }
+        drop(tx.commit().unwrap());
+        let committed = now_ns();
+        let started = Instant::now();
+        while rt.block_on(gpu0_capacity(&client)).as_deref() != Some(want) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "change {n}: GPU 0 never showed {want}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // When the stand-in accepted the write that shows it.
+        let writes: serde_json::Value = rt.block_on(async {
+            let request = http::Request::get("/_writes").body(Vec::new()).unwrap();
+            serde_json::from_str(&client.request_text(request).await.unwrap()).unwrap()
+        });
+        let accepted = writes.as_array().unwrap().last().unwrap()["time_ns"].as_u64().unwrap() as u128;
+        seen.push(Duration::from_nanos(accepted.saturating_sub(committed) as u64));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    println!("{GPUS} GPUs of 80 GiB, {claims} claims of 4 GiB, stand-in API server on this machine");
+    report(
+        "NodePrepareResources, 1 claim (target p99 <= 10 ms; includes reading the claim)",
+        prepare,
+    );
+    println!(
+        "NodePrepareResources, all {claims} claims in one call: {:.1} ms",
+        all_at_once.as_secs_f64() * 1e3
+    );
+    report("NodeUnprepareResources, 1 claim", unprepare);
+    report("ledger commit -> slice republished (target <= 1 s)", seen);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", driver.id())).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("?")
+            .to_string()
+    };
+    println!(
+        "driver resident memory: {} KiB now, {} KiB at most",
+        field("VmRSS:"),
+        field("VmHWM:")
+    );
+    let _ = driver.kill();
+    let _ = driver.wait();
+    let _ = api.kill();
+    let _ = api.wait();
+}
