@@ -399,6 +399,8 @@ mod tests {
             reservations: reservations.len(),
         };
         StatusReport {
+            snapshot: Default::default(),
+            allocated: Default::default(),
             inventory: "test".into(),
             state_dir: "/run/vramgate".into(),
             generation: 1,

@@ -24,6 +24,13 @@ pub struct StatusReport {
     pub state_dir: String,
     pub generation: u64,
     pub gpus: Vec<GpuStatus>,
+    /// What the report was measured from: the inventory's answer and what each reserved
+    /// container has allocated on each GPU. Not in the JSON; the device plugin places on them
+    /// (GetPreferredAllocation), so that its numbers are this report's.
+    #[serde(skip)]
+    pub snapshot: crate::inventory::Snapshot,
+    #[serde(skip)]
+    pub allocated: crate::admission::Allocated,
 }
 
 #[derive(Debug, Serialize)]
@@ -213,6 +220,8 @@ pub fn build_report(
         state_dir: state_dir.display().to_string(),
         generation: ledger.generation,
         gpus,
+        allocated: attribution.allocated,
+        snapshot,
     })
 }
 

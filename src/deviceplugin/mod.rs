@@ -113,6 +113,8 @@ pub enum DevicePluginError {
     Inventory(#[from] crate::inventory::InventoryError),
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
+    #[error(transparent)]
+    Service(#[from] crate::service::ServiceError),
     #[error("device plugin directory {path}: {source}")]
     PluginDir { path: PathBuf, source: std::io::Error },
     #[error("cannot serve the device plugin on {socket}: {message}")]

@@ -16,10 +16,12 @@ use super::origin::Origins;
 use super::view::{Facts, GpuUnits, NodeView};
 use super::{DeviceId, DevicePluginError, Grants, Options, Result, GRANT_GRACE};
 use crate::admission::Rules;
+use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::ledger::{StateDir, LEDGER_FILE};
-use crate::procfs::{self, Life, Liveness, ProcLiveness};
+use crate::procfs::{Life, Liveness, ProcLiveness};
+use crate::service::Service;
 
 /// Computes views; lives on its own thread (the inventory is not shared between threads).
 pub struct Refresher {
@@ -83,17 +85,17 @@ impl Refresher {
         // A reservation whose container is gone holds nothing: the next transaction reclaims it.
         ledger.reservations.retain(|r| ProcLiveness.life(&r.init) != Life::Gone);
         self.origins.retain(&ledger);
-        let snapshot = self
-            .inventory
-            .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
-        let cgroup_usage = crate::enforce::cgroup_usage(&ledger, Path::new(&config.inventory.nvml_library));
-        let allocated = crate::attribution::attribute_measured(
-            &ledger,
-            &snapshot.processes,
-            procfs::pid_namespace,
-            cgroup_usage.as_ref(),
-        )
-        .allocated;
+        // Measured as `vramgate status`, the metrics and the DRA driver measure: one service
+        // snapshot, one accounting (crate::admission::account, on the same attribution).
+        let service = Service::new(
+            self.dir.clone(),
+            self.inventory.as_ref(),
+            &SystemClock,
+            &ProcLiveness,
+            &config,
+        );
+        let report = service.snapshot_of(&ledger)?;
+        let (snapshot, allocated) = (report.snapshot, report.allocated);
         let unit = self.options.unit.clone();
         // The units a container's marker may name: those kubelet's checkpoint lists as
         // allocated, and those this plugin granted and has not seen reserved yet.

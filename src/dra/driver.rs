@@ -58,6 +58,8 @@ pub enum DriverError {
     Ledger(#[from] crate::ledger::LedgerError),
     #[error(transparent)]
     Api(#[from] ApiError),
+    #[error(transparent)]
+    Service(#[from] crate::service::ServiceError),
     #[error("state directory {path} does not exist: run the driver where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
     NoStateDir { path: PathBuf },
     #[error("{0}")]
