@@ -82,7 +82,7 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
     // 2. Imported into containerd, as a node pulls it.
     let cri = cri_host_on(Containerd::Two, "vramgate-node-image", GPUS);
     run_ok(
-        cri.ctr(&["-n", "k8s.io", "images", "import", "--base-name", IMAGE_REPOSITORY])
+        cri.ctr(&["images", "import", "--base-name", IMAGE_REPOSITORY])
             .arg(&tar),
     );
     let image = format!("{IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"));
@@ -97,7 +97,13 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         std::fs::create_dir_all(dir).unwrap();
     }
     let tasks = cri.state.join("io.containerd.runtime.v2.task");
+    // The state directory exists on a node (tmpfiles makes it at boot, mode 0700): were it
+    // missing, the runtime would make the mount's source itself, open to all.
+    vramgate::ledger::StateDir::open_or_create(&cri.tb.state_dir).unwrap();
+    let logs = cri.tb.dir.join("pod-logs");
+    std::fs::create_dir_all(&logs).unwrap();
     let mut pod = pod_config("vramgate-dra", &[]);
+    pod.log_directory = logs.display().to_string();
     let namespaces = pod
         .linux
         .as_mut()
@@ -130,6 +136,7 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         ..Default::default()
     });
     config.args = args;
+    config.log_path = "dra.log".into();
     config.mounts = vec![
         mount(&registry_dir, false),
         mount(&plugins_dir, false),
@@ -146,7 +153,14 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
     // 4. From inside the pod: registration, the slice, a prepared claim.
     let socket = registry_dir.join(format!("{DRIVER}-reg.sock"));
     wait_until("the driver's registration socket", Duration::from_secs(30), || {
-        (socket.exists(), cri.container_status(&id).state)
+        let state = cri.container_status(&id).state;
+        if state == cri::ContainerState::ContainerExited as i32 {
+            panic!(
+                "the driver's container exited: {}",
+                std::fs::read_to_string(logs.join("dra.log")).unwrap_or_default()
+            );
+        }
+        (socket.exists(), state)
     });
     let registered = cri.block_on(kubelet::register(&socket, DRIVER));
     wait_until("the node's slice", Duration::from_secs(10), || {
