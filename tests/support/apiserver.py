@@ -367,6 +367,10 @@ def status(code, reason, message):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; without TCP_NODELAY the body waits for the
+    # client's delayed ACK of the headers (40 ms on Linux), which a real API server
+    # (Go's net/http sets TCP_NODELAY) never adds.
+    disable_nagle_algorithm = True
     store = None
 
     def log_message(self, fmt, *args):
