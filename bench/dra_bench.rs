@@ -4,6 +4,13 @@
 //! change to the republished slice (target <= 1 s), and the driver's resident memory.
 //!
 //!   cargo run --release --example dra-bench -- [--claims N] [--changes N]
+//!       [--config FILE [--outside-cmd CMD --outside-gib N]]
+//!
+//! With `--config` (a real GPU host: bench/gpu-dra.sh), the driver runs on that config's
+//! inventory (NVML) instead of 8 simulated GPUs: the bench prints what the slice publishes
+//! (product names, capacities), allocates the claims over the GPUs it lists, and with
+//! `--outside-cmd` runs a command that holds `--outside-gib` GiB on GPU 0 outside vramgate
+//! (a CUDA process of its own) and times how long the slice takes to show it gone and back.
 //!
 //! Run through `bench/dra.sh`, which builds first; needs root (the state dir is root's) and
 //! the Kubernetes schemas (scripts/fetch-k8s-schemas). Each prepare reads its claim from the
@@ -67,24 +74,36 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let claims: usize = arg(&args, "--claims", "100").parse().expect("--claims N");
     let changes: usize = arg(&args, "--changes", "30").parse().expect("--changes N");
+    let given_config = arg(&args, "--config", "");
+    let outside_cmd = arg(&args, "--outside-cmd", "");
+    let outside_gib: u64 = arg(&args, "--outside-gib", "10").parse().expect("--outside-gib N");
 
     let work = tempfile::Builder::new()
         .prefix("vramgate-dra-bench")
         .tempdir_in("/dev/shm")
         .unwrap();
-    let state_dir = work.path().join("state");
-    let config = work.path().join("config.toml");
-    let mut toml = format!(
-        "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
-        state_dir.display().to_string()
-    );
-    for i in 0..GPUS {
-        toml += &format!(
-            "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
-            uuid(i)
+    let (config, state_dir) = if given_config.is_empty() {
+        let state_dir = work.path().join("state");
+        let config = work.path().join("config.toml");
+        let mut toml = format!(
+            "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
+            state_dir.display().to_string()
         );
-    }
-    std::fs::write(&config, toml).unwrap();
+        for i in 0..GPUS {
+            toml += &format!(
+                "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
+                uuid(i)
+            );
+        }
+        std::fs::write(&config, toml).unwrap();
+        (config, state_dir)
+    } else {
+        let config = std::path::PathBuf::from(&given_config);
+        let state_dir = vramgate::config::Config::load_from(&config)
+            .expect("--config")
+            .state_dir;
+        (config, state_dir)
+    };
     let state = StateDir::open_or_create(&state_dir).unwrap();
 
     // The stand-in API server and a kubeconfig for it.
@@ -171,6 +190,21 @@ fn main() {
         assert!(started.elapsed() < Duration::from_secs(30), "no slice published");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let slice = rt
+        .block_on(Api::<ResourceSlice>::all(client.clone()).get(&format!("{NODE}-{DRIVER}")))
+        .unwrap();
+    let devices = slice.spec.devices.clone().unwrap_or_default();
+    println!("the slice publishes {} device(s):", devices.len());
+    for d in &devices {
+        println!(
+            "  {}: attributes {}, capacity {}",
+            d.name,
+            serde_json::to_string(&d.attributes).unwrap(),
+            serde_json::to_string(&d.capacity).unwrap()
+        );
+    }
+    let gpu0_uuid = devices[0].attributes.as_ref().unwrap()["uuid"].string.clone().unwrap();
+    let device_count = devices.len();
 
     // N claims of 4 GiB, allocated round-robin over the 8 GPUs as the scheduler leaves them.
     let uids: Vec<String> = rt.block_on(async {
@@ -187,7 +221,7 @@ fn main() {
             let mut created = api.create(&PostParams::default(), &claim).await.unwrap();
             created.status = Some(
                 serde_json::from_value(json!({"allocation": {"devices": {"results": [{
-                    "request": "gpu", "driver": DRIVER, "pool": NODE, "device": format!("gpu-{}", n % GPUS),
+                    "request": "gpu", "driver": DRIVER, "pool": NODE, "device": devices[n % device_count].name.clone(),
                     "shareID": format!("00000000-0000-4000-8000-{n:012}"),
                     "consumedCapacity": {"memory": "4Gi"}}]}}}))
                 .unwrap(),
@@ -231,18 +265,34 @@ fn main() {
         unprepare.push(t.elapsed());
     }
 
-    // Ledger change -> republished slice.
+    // A prepared claim's CDI spec, as the runtime will read it.
+    rt.block_on(dra.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim(0)] }))
+        .unwrap();
+    let spec = std::fs::read_to_string(cdi_dir.join(format!("vramgate.dev-gpu-memory_{}.json", uids[0]))).unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    println!("claim-0's CDI device: {}", spec["devices"][0]["containerEdits"]);
+    rt.block_on(dra.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![claim(0)] }))
+        .unwrap();
+
+    // Ledger change -> republished slice. Capacities are compared in bytes, from GPU 0's
+    // capacity now (a real GPU's free memory moves it by itself).
+    let bytes = |q: &str| match vramgate::quantity::parse_quantity(q).unwrap() {
+        vramgate::quantity::Quantity::Bytes(b) => b,
+        _ => unreachable!("a quantity of bytes"),
+    };
+    let base = bytes(&rt.block_on(gpu0_capacity(&client)).unwrap());
     let init = ProcessIdentity::of(1).expect("pid 1 is readable");
     let mut seen = Vec::new();
     for n in 0..changes {
         let adding = n % 2 == 0;
-        let want = if adding { "79Gi" } else { "80Gi" };
+        let want = vramgate::dra::slice::quantity(if adding { base - GIB } else { base }).0;
+        let want = want.as_str();
         let mut tx = state.begin().unwrap();
         if adding {
             tx.ledger.reservations.push(Reservation {
                 container_id: "outside-k8s".into(),
                 gpus: vec![GpuShare {
-                    uuid: uuid(0),
+                    uuid: gpu0_uuid.clone(),
                     bytes: GIB,
                 }],
                 init,
@@ -276,7 +326,53 @@ fn main() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    println!("{GPUS} GPUs of 80 GiB, {claims} claims of 4 GiB, stand-in API server on this machine");
+    // Memory used outside vramgate (a process of its own on GPU 0) -> republished slice.
+    let mut outside = Vec::new();
+    if !outside_cmd.is_empty() {
+        // exec: the process killed below is the one holding the memory, not a shell above it.
+        let mut holder = Command::new("sh")
+            .args(["-c", &format!("exec {outside_cmd}")])
+            .spawn()
+            .expect("--outside-cmd");
+        let started = Instant::now();
+        let lowered = loop {
+            let now = bytes(&rt.block_on(gpu0_capacity(&client)).unwrap());
+            if now + (outside_gib << 30) <= base + (512 << 20) {
+                break now;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "GPU 0's capacity never showed the outside process"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // From the process's start: includes CUDA's own start-up before the memory is taken.
+        outside.push(("taken", started.elapsed(), lowered));
+        let _ = holder.kill();
+        let _ = holder.wait();
+        let released = Instant::now();
+        let back = loop {
+            let now = bytes(&rt.block_on(gpu0_capacity(&client)).unwrap());
+            if now + (512 << 20) >= base {
+                break now;
+            }
+            assert!(
+                released.elapsed() < Duration::from_secs(60),
+                "GPU 0's capacity never came back"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        outside.push(("given back", released.elapsed(), back));
+    }
+
+    if given_config.is_empty() {
+        println!("{GPUS} GPUs of 80 GiB, {claims} claims of 4 GiB, stand-in API server on this machine");
+    } else {
+        println!(
+            "{device_count} GPU(s) of {}, {claims} claims of 4 GiB, stand-in API server on this machine",
+            given_config
+        );
+    }
     report(
         "NodePrepareResources, 1 claim (target p99 <= 10 ms; includes reading the claim)",
         prepare,
@@ -287,6 +383,14 @@ fn main() {
     );
     report("NodeUnprepareResources, 1 claim", unprepare);
     report("ledger commit -> slice republished (target <= 1 s)", seen);
+    for (what, took, capacity) in outside {
+        println!(
+            "memory outside vramgate {what} on GPU 0: slice shows {} after {:.0} ms (capacity before: {})",
+            vramgate::dra::slice::quantity(capacity).0,
+            took.as_secs_f64() * 1e3,
+            vramgate::dra::slice::quantity(base).0
+        );
+    }
     let status = std::fs::read_to_string(format!("/proc/{}/status", driver.id())).unwrap_or_default();
     let field = |name: &str| {
         status
