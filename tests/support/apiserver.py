@@ -1,29 +1,38 @@
 #!/usr/bin/env python3
-"""A stand-in for kube-apiserver, for the DRA tests (tests/support/dra.rs starts it).
+"""A stand-in for kube-apiserver, for the DRA tests (tests/support/dra.rs starts it;
+tests/support/apiserver_selftest.sh checks it).
 
 It serves, as JSON over HTTP/1.1, the endpoints vramgate-dra and the scheduler's part in the
 tests use: Nodes (read), ResourceSlices (list with field selectors, get, create with
 generateName, replace with resourceVersion, delete, delete collection) and ResourceClaims
 (create, get, replace status, delete) of `resource.k8s.io/v1`, as Kubernetes 1.36 has them.
+Objects live in memory; every accepted write bumps one global resourceVersion.
 
 Every object written is checked before it is stored, as strictly as the real server:
 - against the upstream OpenAPI schema of Kubernetes 1.36 in its strict JSON-schema form
   (`additionalProperties: false` everywhere, from PyPI's kubernetes-validate, fetched by
-  scripts/fetch-k8s-schemas): a misspelt or unknown field is a 422, as the real server's
-  strict field validation makes it;
+  scripts/fetch-k8s-schemas): a misspelt or unknown field is refused, as the real server's
+  strict field validation refuses it (the real one answers 400 for an unknown field, this one
+  422 like every other validation failure);
 - against the cross-field rules the schema cannot say, which kube-apiserver checks in
   pkg/apis/resource/validation: names, exactly one node selection, device and attribute
-  limits, and the consumable-capacity request policy (validRange / validValues / default).
-It checks one thing the real server does not: a pool's generation never goes down (consumers
-use only the newest generation, so a driver that lowered it would be ignored).
+  limits, the consumable-capacity request policy (validRange / validValues / default), and
+  the allocation results of a claim's status.
+It checks two things the real server does not, on purpose: a pool's generation never goes
+down (consumers use only a pool's newest generation, so a driver that lowered it would be
+ignored, not refused), and `spec.nodeName` must name a Node given with --node. An update
+must carry `metadata.resourceVersion` (the real server allows unconditional updates).
 
-Not implemented: watch, patch, server-side apply, authentication, protobuf, other kinds.
+Not implemented: watch, patch, server-side apply, authentication, protobuf, label selectors
+(ignored), other kinds and other API versions.
 
 Test-only endpoints: GET /_writes (every accepted write, with its time) and GET /_rejected
 (every refused write, with the reason).
 
+Works with Debian 12's python3-jsonschema (4.10) and with current releases (4.26).
+
 Usage: apiserver.py --schemas DIR --node NAME [--node NAME ...]
-Prints `listening http://127.0.0.1:PORT` once ready.
+Prints `listening http://127.0.0.1:PORT` once ready; one line per request on stderr.
 """
 
 import argparse
@@ -45,27 +54,40 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jsonschema
 
-GROUP = "/apis/resource.k8s.io/v1"
+GROUP_VERSION = "resource.k8s.io/v1"
+GROUP = "/apis/" + GROUP_VERSION
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-QUANTITY = re.compile(r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|n|u|m|k|M|G|T|P|E|)$")
-BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-DECIMAL = {"n": fractions.Fraction(1, 10**9), "u": fractions.Fraction(1, 10**6), "m": fractions.Fraction(1, 1000),
-           "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-SLICE_FIELDS = {"spec.driver", "spec.nodeName"}
+# resource.ParseQuantity: sign, decimal number, then a binary suffix, a decimal exponent or
+# a decimal SI suffix ("E" alone is exa, "e3"/"E3" an exponent).
+QUANTITY = re.compile(
+    r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|n|u|m|k|M|G|T|P|E|)$")
+BINARY_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+DECIMAL_SUFFIX = {"n": fractions.Fraction(1, 10**9), "u": fractions.Fraction(1, 10**6),
+                  "m": fractions.Fraction(1, 1000), "": 1, "k": 10**3, "M": 10**6, "G": 10**9,
+                  "T": 10**12, "P": 10**15, "E": 10**18}
+SLICE_FIELD_LABELS = {"spec.driver", "spec.nodeName"}
+# Limits of pkg/apis/resource (ResourceSliceMaxDevices, ResourceSliceMaxAttributesAndCapacitiesPerDevice,
+# DeviceAttributeMaxValueLength, CapacityRequestPolicyDiscreteMaxOptions, DeviceMaxIDLength,
+# DriverNameMaxLength).
 MAX_DEVICES = 128
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MAX_STRING = 64
+MAX_ATTRIBUTE_VALUE = 64
 MAX_VALID_VALUES = 10
+MAX_IDENTIFIER = 32
+MAX_DRIVER_NAME = 63
+CONFLICT = "the object has been modified; please apply your changes to the latest version and try again"
 
 
 class Invalid(Exception):
-    """A 422 with the field paths of what is wrong."""
+    """A 422: the message lists each error as `<field path>: <what is wrong>`."""
 
 
 class Refused(Exception):
+    """Any other refusal: an HTTP code, a Status reason and a message."""
+
     def __init__(self, code, reason, message):
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
@@ -73,36 +95,49 @@ class Refused(Exception):
 
 def quantity(value, path):
     """A Kubernetes quantity as an exact number (bytes, for memory); Invalid if malformed."""
-    if not isinstance(value, str):
-        value = str(value)
-    m = QUANTITY.match(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise Invalid(f"{path}: Invalid value: {value!r}: a quantity is a string")
+    text = str(value)
+    m = QUANTITY.match(text)
     if not m:
-        raise Invalid(f"{path}: Invalid value: {value!r}: quantities must match the regular expression "
+        raise Invalid(f"{path}: Invalid value: {text!r}: quantities must match the regular expression "
                       "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
     sign, number, suffix = m.groups()
-    n = fractions.Fraction(number)
-    if suffix in BINARY:
-        n *= BINARY[suffix]
-    elif suffix[:1] in ("e", "E"):
-        n *= fractions.Fraction(10) ** int(suffix[1:])
-    else:
-        n *= DECIMAL[suffix]
-    return -n if sign == "-" else n
+    exact = fractions.Fraction(number)
+    if suffix in BINARY_SUFFIX:
+        exact *= BINARY_SUFFIX[suffix]
+    elif suffix in DECIMAL_SUFFIX:
+        exact *= DECIMAL_SUFFIX[suffix]
+    else:  # a decimal exponent
+        exact *= fractions.Fraction(10) ** int(suffix[1:])
+    return -exact if sign == "-" else exact
 
 
-def ceil_value(q):
-    """Quantity.Value(): rounded up to an integer, as the API server compares capacities."""
-    return -((-q.numerator) // q.denominator)
+def ceil_value(exact):
+    """Quantity.Value(): the integer, rounded up (the step rules compare these)."""
+    return -((-exact.numerator) // exact.denominator)
 
 
 def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def field(obj, key):
+    """obj[key] as a dict; JSON null or absent reads as empty, as Go's decoding makes it."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def items(obj, key):
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, list) else []
+
+
 class Schemas:
-    """The strict 1.36 schemas (JSON Schema 2020-12). Each names its definitions by URL
-    (`$id` https://kubernetes.io/api/..., `$ref` /api/_definitions.json#/$defs/...): that URL is
-    served from DIR's `_definitions.json`, so nothing is fetched."""
+    """The strict 1.36 schemas. They are JSON Schema 2020-12, not draft 4: each names its
+    definitions by URL (`$id` https://kubernetes.io/api/..., `$ref` /api/_definitions.json#/$defs/...),
+    so `_definitions.json` from DIR is put in the resolver's store under its own `$id` and
+    nothing is fetched."""
 
     def __init__(self, directory):
         self.directory = os.path.abspath(directory)
@@ -117,12 +152,13 @@ class Schemas:
             cls = jsonschema.validators.validator_for(schema)
             with warnings.catch_warnings():
                 # RefResolver is the one API both Debian 12's jsonschema (4.10) and newer ones
-                # (which deprecate it) have.
+                # (which deprecate it for `referencing`) have.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 resolver = jsonschema.RefResolver(
-                    base_uri=schema.get("$id", ""),
+                    base_uri=schema.get("$id", "file://" + self.directory + "/"),
                     referrer=schema,
-                    store={self.definitions["$id"]: self.definitions},
+                    store={self.definitions.get("$id", "file://" + self.directory + "/_definitions.json"):
+                           self.definitions},
                 )
                 self.validators[name] = cls(schema, resolver=resolver)
         return self.validators[name]
@@ -130,173 +166,224 @@ class Schemas:
     def check(self, name, obj):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            errors = sorted(self.validator(name).iter_errors(obj), key=lambda e: list(e.absolute_path))
-        if errors:
-            def where(e):
-                parts = ""
-                for p in e.absolute_path:
-                    parts += f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p))
-                return parts or "<root>"
-            raise Invalid("; ".join(f"{where(e)}: {e.message}" for e in errors))
+            errors = list(self.validator(name).iter_errors(obj))
+        if not errors:
+            return
+        messages = []
+        for e in errors:
+            where = list(e.absolute_path)
+            if e.validator == "additionalProperties" and isinstance(e.instance, dict):
+                # Name the unknown field in the path, as the real server's strict decoding does.
+                known = e.schema.get("properties", {})
+                for extra in sorted(k for k in e.instance if k not in known):
+                    messages.append((where + [extra], e.message))
+            else:
+                messages.append((where, e.message))
+        messages.sort(key=lambda m: [(0, p, "") if isinstance(p, int) else (1, 0, p) for p in m[0]])
+        raise Invalid("; ".join(f"{json_path(p)}: {message}" for p, message in messages))
+
+
+def json_path(parts):
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (("." if text else "") + str(p))
+    return text or "<root>"
 
 
 def check_slice(obj, nodes, highest_generation):
-    """kube-apiserver's ResourceSlice validation (pkg/apis/resource/validation) for v1."""
+    """kube-apiserver's ResourceSlice validation (pkg/apis/resource/validation), for what the
+    schema passed; plus the stand-in's own generation and node checks."""
     errs = []
-    meta, spec = obj.get("metadata", {}), obj.get("spec", {})
-    name = meta.get("name", "")
+    meta, spec = field(obj, "metadata"), field(obj, "spec")
+    name = meta.get("name") or ""
     if not name or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
-        errs.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
-    driver = spec.get("driver", "")
-    if not driver or len(driver) > 63 or not DNS_SUBDOMAIN.match(driver):
-        errs.append(f"spec.driver: Invalid value: {driver!r}: a DNS subdomain of at most 63 characters")
-    pool = spec.get("pool", {})
+        errs.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist "
+                    "of lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                    "alphanumeric character (at most 253 characters)")
+    driver = spec.get("driver") or ""
+    if not driver or len(driver) > MAX_DRIVER_NAME or not DNS_SUBDOMAIN.match(driver):
+        errs.append(f"spec.driver: Invalid value: {driver!r}: a DNS subdomain of at most {MAX_DRIVER_NAME} characters")
+    pool = field(spec, "pool")
     if not pool.get("name"):
         errs.append("spec.pool.name: Required value")
-    if pool.get("generation", -1) < 0:
-        errs.append("spec.pool.generation: Invalid value: must be greater than or equal to 0")
-    if pool.get("resourceSliceCount", 0) < 1:
-        errs.append("spec.pool.resourceSliceCount: Invalid value: must be greater than 0")
-    key = (driver, pool.get("name"))
-    if pool.get("generation", 0) < highest_generation.get(key, 0):
-        errs.append(f"spec.pool.generation: Invalid value: {pool.get('generation')}: lower than "
-                    f"{highest_generation[key]}, the pool's newest (stand-in's own check)")
+    generation = pool.get("generation") or 0
+    if generation < 0:
+        errs.append(f"spec.pool.generation: Invalid value: {generation}: must be greater than or equal to 0")
+    if (pool.get("resourceSliceCount") or 0) < 1:
+        errs.append(f"spec.pool.resourceSliceCount: Invalid value: {pool.get('resourceSliceCount')}: "
+                    "must be greater than 0")
+    # Not a rule of the real server: consumers ignore every slice of a pool but those of its
+    # highest generation, so a slice written with a lower one would be silently unused.
+    newest = highest_generation(driver, pool.get("name"))
+    if newest is not None and generation < newest:
+        errs.append(f"spec.pool.generation: Invalid value: {generation}: lower than {newest}, "
+                    "the pool's newest (stand-in's own check)")
     selections = [k for k in ("nodeName", "nodeSelector") if spec.get(k)]
     selections += [k for k in ("allNodes", "perDeviceNodeSelection") if spec.get(k) is True]
     if len(selections) != 1:
-        errs.append(f"spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+        errs.append("spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
                     f"`perDeviceNodeSelection` is required, got {selections}")
     if spec.get("nodeName") and spec["nodeName"] not in nodes:
-        errs.append(f"spec.nodeName: Invalid value: {spec['nodeName']!r}: no such node (stand-in's nodes: {sorted(nodes)})")
-    devices = spec.get("devices") or []
+        errs.append(f"spec.nodeName: Invalid value: {spec['nodeName']!r}: no such node "
+                    f"(stand-in's nodes: {sorted(nodes)})")
+    devices = items(spec, "devices")
     if len(devices) > MAX_DEVICES:
         errs.append(f"spec.devices: Too many: {len(devices)}: must have at most {MAX_DEVICES} items")
     seen = set()
-    for i, d in enumerate(devices):
-        errs += check_device(d, f"spec.devices[{i}]", seen)
+    for i, device in enumerate(devices):
+        errs += check_device(device if isinstance(device, dict) else {}, f"spec.devices[{i}]", seen)
     if errs:
         raise Invalid("; ".join(errs))
 
 
 def qualified_name_errors(name, path):
+    """validateQualifiedName: a C identifier, optionally prefixed by `<driver-like domain>/`."""
     parts = name.split("/")
-    if len(parts) == 2:
-        domain, ident = parts
-        if not DNS_SUBDOMAIN.match(domain) or len(domain) > 63:
-            return [f"{path}: Invalid value: {name!r}: the domain must be a DNS subdomain"]
-    elif len(parts) == 1:
-        ident = parts[0]
-    else:
-        return [f"{path}: Invalid value: {name!r}"]
-    if not C_IDENTIFIER.match(ident) or len(ident) > 32:
-        return [f"{path}: Invalid value: {name!r}: a C identifier of at most 32 characters"]
-    return []
-
-
-def check_device(d, path, seen):
+    if len(parts) > 2:
+        return [f"{path}: Invalid value: {name!r}: at most one '/'"]
     errs = []
-    name = d.get("name", "")
+    if len(parts) == 2:
+        domain = parts[0]
+        if not domain or len(domain) > MAX_DRIVER_NAME or not DNS_SUBDOMAIN.match(domain):
+            errs.append(f"{path}: Invalid value: {name!r}: the domain must be a DNS subdomain of at most "
+                        f"{MAX_DRIVER_NAME} characters")
+    identifier = parts[-1]
+    if not C_IDENTIFIER.match(identifier) or len(identifier) > MAX_IDENTIFIER:
+        errs.append(f"{path}: Invalid value: {name!r}: a C identifier of at most {MAX_IDENTIFIER} characters")
+    return errs
+
+
+def check_device(device, path, seen):
+    errs = []
+    name = device.get("name") or ""
     if not name or len(name) > 63 or not DNS_LABEL.match(name):
-        errs.append(f"{path}.name: Invalid value: {name!r}: a lowercase RFC 1123 label")
+        errs.append(f"{path}.name: Invalid value: {name!r}: a lowercase RFC 1123 label must consist of lower "
+                    "case alphanumeric characters or '-', and must start and end with an alphanumeric "
+                    "character (at most 63 characters)")
     if name in seen:
         errs.append(f"{path}.name: Duplicate value: {name!r}")
     seen.add(name)
-    attributes, capacity = d.get("attributes") or {}, d.get("capacity") or {}
+    attributes, capacity = field(device, "attributes"), field(device, "capacity")
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        errs.append(f"{path}: Too many: {len(attributes) + len(capacity)}: attributes and capacities "
-                    f"must have at most {MAX_ATTRIBUTES_AND_CAPACITIES} items")
+        errs.append(f"{path}: Too many: {len(attributes) + len(capacity)}: the total number of attributes "
+                    f"and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}")
     for key, attribute in attributes.items():
         where = f"{path}.attributes[{key}]"
         errs += qualified_name_errors(key, where)
-        set_fields = [k for k, v in attribute.items() if v is not None]
+        attribute = attribute if isinstance(attribute, dict) else {}
+        set_fields = sorted(k for k, v in attribute.items() if v is not None)
         if len(set_fields) != 1:
             errs.append(f"{where}: Invalid value: exactly one value must be specified, got {set_fields}")
-        for k in ("string", "version"):
-            if isinstance(attribute.get(k), str) and len(attribute[k]) > MAX_STRING:
-                errs.append(f"{where}.{k}: Too long: may not be more than {MAX_STRING} bytes")
+        for kind in ("string", "version"):
+            if isinstance(attribute.get(kind), str) and len(attribute[kind]) > MAX_ATTRIBUTE_VALUE:
+                errs.append(f"{where}.{kind}: Too long: may not be more than {MAX_ATTRIBUTE_VALUE} bytes")
+    shareable = device.get("allowMultipleAllocations") is True
     for key, cap in capacity.items():
         where = f"{path}.capacity[{key}]"
         errs += qualified_name_errors(key, where)
         try:
-            errs += check_capacity(cap, where, d.get("allowMultipleAllocations") is True)
+            errs += check_capacity(cap if isinstance(cap, dict) else {}, where, shareable)
         except Invalid as e:
             errs.append(str(e))
     return errs
 
 
-def check_capacity(cap, path, multiple):
-    """validateDeviceCapacity and validateRequestPolicy of kube-apiserver."""
+def check_capacity(cap, path, shareable):
+    """validateDeviceCapacity and validateRequestPolicy* of kube-apiserver. Comparisons are
+    exact (Quantity.Cmp); the step rules use Quantity.Value(), which rounds up."""
     errs = []
     value = quantity(cap.get("value"), f"{path}.value")
     policy = cap.get("requestPolicy")
     if policy is None:
         return errs
-    if not multiple:
+    if not shareable:
         return [f"{path}.requestPolicy: Forbidden: allowMultipleAllocations must be true to set a requestPolicy"]
-    valid_range, valid_values = policy.get("validRange"), policy.get("validValues")
+    valid_range, valid_values = policy.get("validRange"), policy.get("validValues") or None
     if valid_range is not None and valid_values is not None:
-        return [f"{path}.requestPolicy: Invalid value: exactly one policy can be specified, validRange or validValues"]
+        return [f"{path}.requestPolicy: Forbidden: exactly one policy can be specified, cannot specify "
+                '"validValues" and "validRange" at the same time']
     if valid_range is None and valid_values is None:
-        return errs
+        return errs  # A default alone is allowed.
     if policy.get("default") is None:
-        return [f"{path}.requestPolicy.default: Required value: required when validRange or validValues is defined"]
+        which = "validRange" if valid_range is not None else "validValues"
+        return [f"{path}.requestPolicy.default: Required value: required when {which} is defined"]
     default = quantity(policy["default"], f"{path}.requestPolicy.default")
     if valid_values is not None:
-        where = f"{path}.requestPolicy.validValues"
-        if len(valid_values) > MAX_VALID_VALUES:
-            return [f"{where}: Too many: {len(valid_values)}: must have at most {MAX_VALID_VALUES} items"]
-        options = [quantity(v, f"{where}[{i}]") for i, v in enumerate(valid_values)]
-        for i in range(len(options) - 1):
-            if options[i] > options[i + 1]:
-                errs.append(f"{where}[{i + 1}]: Invalid value: values must be sorted in ascending order")
-        for i, option in enumerate(options):
-            if option > value:
-                errs.append(f"{where}[{i}]: Invalid value: option is larger than capacity value")
-        if default not in options:
-            errs.append(f"{where}: Invalid value: {policy['default']!r}: default value is not valid according to the requestPolicy")
-        return errs
-    where = f"{path}.requestPolicy.validRange"
+        return check_valid_values(value, default, policy["default"], valid_values,
+                                  f"{path}.requestPolicy.validValues")
+    return check_valid_range(value, default, policy["default"], valid_range, f"{path}.requestPolicy.validRange")
+
+
+def check_valid_values(value, default, default_text, valid_values, where):
+    errs = []
+    if len(valid_values) > MAX_VALID_VALUES:
+        return [f"{where}: Too many: {len(valid_values)}: must have at most {MAX_VALID_VALUES} items"]
+    options = [quantity(v, f"{where}[{i}]") for i, v in enumerate(valid_values)]
+    for i in range(1, len(options)):
+        if options[i - 1] > options[i]:
+            errs.append(f"{where}[{i}]: Invalid value: {valid_values[i]!r}: values must be sorted in ascending order")
+        if options[i] in options[:i]:
+            errs.append(f"{where}[{i}]: Duplicate value: {valid_values[i]!r}")
+    for i, option in enumerate(options):
+        if option > value:
+            errs.append(f"{where}[{i}]: Invalid value: {valid_values[i]!r}: option is larger than capacity value")
+    if default not in options:
+        errs.append(f"{where}: Invalid value: {default_text!r}: default value is not valid according to the requestPolicy")
+    return errs
+
+
+def check_valid_range(value, default, default_text, valid_range, where):
+    errs = []
     if valid_range.get("min") is None:
         return [f"{where}.min: Required value: required when validRange is defined"]
     low = quantity(valid_range["min"], f"{where}.min")
     if low > value:
-        errs.append(f"{where}.min: Invalid value: min is larger than capacity value")
+        errs.append(f"{where}.min: Invalid value: {valid_range['min']!r}: min is larger than capacity value")
     if default < low:
-        errs.append(f"{where}.min: Invalid value: {policy['default']!r}: default is less than min")
-    high = valid_range.get("max")
-    if high is not None:
-        high = quantity(high, f"{where}.max")
+        errs.append(f"{where}.min: Invalid value: {default_text!r}: default is less than min")
+    high = None
+    if valid_range.get("max") is not None:
+        high = quantity(valid_range["max"], f"{where}.max")
         if low > high:
-            errs.append(f"{where}.max: Invalid value: min is larger than max")
+            errs.append(f"{where}.max: Invalid value: {valid_range['min']!r}: min is larger than max")
         if high > value:
-            errs.append(f"{where}.max: Invalid value: max is larger than capacity value")
+            errs.append(f"{where}.max: Invalid value: {valid_range['max']!r}: max is larger than capacity value")
         if default > high:
-            errs.append(f"{where}.max: Invalid value: default is more than max")
-    step = valid_range.get("step")
-    if step is not None:
-        step = quantity(step, f"{where}.step")
+            errs.append(f"{where}.max: Invalid value: {default_text!r}: default is more than max")
+    if valid_range.get("step") is not None:
+        step = quantity(valid_range["step"], f"{where}.step")
         if low + step > value:
-            errs.append(f"{where}.step: Invalid value: one step is larger than capacity value")
-        step_v, low_v = ceil_value(step), ceil_value(low)
-        for name, q in (("default", default), ("max", high)):
-            if q is not None and step_v and (ceil_value(q) - low_v) % step_v != 0:
-                errs.append(f"{where}.step: Invalid value: {name} is not a multiple of a given step from min")
+            errs.append(f"{where}.step: Invalid value: {valid_range['step']!r}: one step is larger than capacity value")
+        step_value, low_value = ceil_value(step), ceil_value(low)
+        if step_value <= 0:
+            # The real server would divide by zero here; refuse it instead.
+            errs.append(f"{where}.step: Invalid value: {valid_range['step']!r}: must be greater than 0")
+            return errs
+        for what, bound in (("default", default), ("max", high)):
+            if bound is not None and (ceil_value(bound) - low_value) % step_value != 0:
+                errs.append(f"{where}.step: Invalid value: {what} is not a multiple of a given step from min")
     return errs
 
 
-def check_claim_status(obj):
+def check_claim(obj):
+    """ResourceClaim rules the schema cannot say: its name, and its allocation results."""
     errs = []
-    results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    for i, r in enumerate(results):
+    name = field(obj, "metadata").get("name") or ""
+    if not name or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        errs.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
+    results = items(field(field(field(obj, "status"), "allocation"), "devices"), "results")
+    for i, result in enumerate(results):
+        result = result if isinstance(result, dict) else {}
         where = f"status.allocation.devices.results[{i}]"
-        for field in ("request", "driver", "pool", "device"):
-            if not r.get(field):
-                errs.append(f"{where}.{field}: Required value")
-        if r.get("shareID") is not None and not UUID.match(r["shareID"]):
-            errs.append(f"{where}.shareID: Invalid value: {r['shareID']!r}: must be a lowercase UUID in 8-4-4-4-12 format")
-        for key, q in (r.get("consumedCapacity") or {}).items():
+        for required in ("request", "driver", "pool", "device"):
+            if not result.get(required):
+                errs.append(f"{where}.{required}: Required value")
+        share_id = result.get("shareID")
+        if share_id is not None and not (isinstance(share_id, str) and UUID.match(share_id)):
+            errs.append(f"{where}.shareID: Invalid value: {share_id!r}: must be a lowercase UUID in 8-4-4-4-12 format")
+        for key, consumed in field(result, "consumedCapacity").items():
             try:
-                quantity(q, f"{where}.consumedCapacity[{key}]")
+                quantity(consumed, f"{where}.consumedCapacity[{key}]")
             except Invalid as e:
                 errs.append(str(e))
     if errs:
@@ -304,23 +391,25 @@ def check_claim_status(obj):
 
 
 class Store:
+    """Everything the stand-in holds; handlers take `lock` around each request."""
+
     def __init__(self, schemas, nodes):
         self.lock = threading.Lock()
         self.schemas = schemas
         self.version = 0
         self.nodes = {}
         for name in nodes:
-            self.nodes[name] = self.stamp({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+            self.nodes[name] = self.commit(self.stamp(node))
         self.slices = {}
         self.claims = {}
-        self.highest_generation = {}
         self.writes = []
         self.rejected = []
 
     def stamp(self, obj, old=None):
-        self.version += 1
+        """Sets the server-owned metadata, as the object will have it if it is accepted."""
         meta = obj.setdefault("metadata", {})
-        meta["resourceVersion"] = str(self.version)
+        meta["resourceVersion"] = str(self.version + 1)
         if old is None:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now()
@@ -331,33 +420,53 @@ class Store:
             meta["generation"] = old["metadata"].get("generation", 1) + (obj.get("spec") != old.get("spec"))
         return obj
 
+    def commit(self, obj):
+        """An accepted write: only these move the resourceVersion."""
+        self.version += 1
+        return obj
+
+    def highest_generation(self, driver, pool, excluding=None):
+        """The highest generation among the stored slices of a pool (None if it has none)."""
+        generations = [s["spec"]["pool"].get("generation") or 0 for n, s in self.slices.items()
+                       if n != excluding and s["spec"].get("driver") == driver
+                       and s["spec"]["pool"].get("name") == pool]
+        return max(generations, default=None)
+
     def admit_slice(self, obj):
+        obj.setdefault("apiVersion", GROUP_VERSION)
+        obj.setdefault("kind", "ResourceSlice")
         self.schemas.check("resourceslice-resource-v1.json", obj)
+        # A PUT is compared with the slice it replaces too: lowering a pool's only slice counts.
         check_slice(obj, self.nodes, self.highest_generation)
-        pool = obj["spec"]["pool"]
-        key = (obj["spec"]["driver"], pool["name"])
-        self.highest_generation[key] = max(self.highest_generation.get(key, 0), pool["generation"])
+
+    def admit_claim(self, obj):
+        obj.setdefault("apiVersion", GROUP_VERSION)
+        obj.setdefault("kind", "ResourceClaim")
+        self.schemas.check("resourceclaim-resource-v1.json", obj)
+        check_claim(obj)
 
 
-def selector(query):
-    """The field selector of a list or delete-collection, as (key, value) pairs."""
+def field_selector(query):
+    """The field selector of a list or delete-collection, as (label, value, equal) triples."""
     raw = query.get("fieldSelector", [""])[0]
-    pairs = []
-    for term in filter(None, raw.split(",")):
-        key, _, value = term.partition("=")
-        if key.endswith("="):
-            key = key[:-1]
-        value = value.lstrip("=")
-        if key not in SLICE_FIELDS:
+    terms = []
+    for term in filter(None, (t.strip() for t in raw.split(","))):
+        if "!=" in term:
+            label, _, value = term.partition("!=")
+            equal = False
+        else:
+            label, _, value = term.partition("=")
+            value, equal = value[1:] if value.startswith("=") else value, True
+        if label not in SLICE_FIELD_LABELS:
             raise Refused(400, "BadRequest", f'unable to parse requested fieldSelector "{raw}": '
-                          f'field label not supported: {key}')
-        pairs.append((key, value))
-    return pairs
+                          f'field label not supported: {label}')
+        terms.append((label, value, equal))
+    return terms
 
 
-def matches(obj, pairs):
+def selected(obj, terms):
     spec = obj.get("spec", {})
-    return all(spec.get(k.split(".", 1)[1]) == v for k, v in pairs)
+    return all((str(spec.get(label.split(".", 1)[1]) or "") == value) == equal for label, value, equal in terms)
 
 
 def status(code, reason, message):
@@ -365,8 +474,16 @@ def status(code, reason, message):
             "message": message, "reason": reason, "code": code}
 
 
+def conflict(resource, name):
+    return Refused(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": {CONFLICT}')
+
+
+def not_found(resource, name):
+    return Refused(404, "NotFound", f'{resource} "{name}" not found')
+
+
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"  # keep-alive, as kube clients expect; every reply has a length
     # Headers and body go out in two writes; without TCP_NODELAY the body waits for the
     # client's delayed ACK of the headers (40 ms on Linux), which a real API server
     # (Go's net/http sets TCP_NODELAY) never adds.
@@ -384,15 +501,34 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def body(self):
+    def read_body(self):
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            raw = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline().strip():  # trailers
+                        pass
+                    break
+                raw += self.rfile.read(size)
+                self.rfile.readline()
+            return raw
         length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    def body(self):
+        raw = self.request_body
         try:
-            return json.loads(raw or b"{}")
+            obj = json.loads(raw or b"{}")
         except ValueError as e:
             raise Refused(400, "BadRequest", f"the body is not JSON: {e}")
+        if not isinstance(obj, dict):
+            raise Refused(400, "BadRequest", "the body is not a JSON object")
+        return obj
 
     def handle_any(self, method):
+        # Read the whole body first, so that a refusal leaves the connection usable.
+        self.request_body = self.read_body()
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query.lstrip("&"))
         path = url.path.rstrip("/")
@@ -402,16 +538,14 @@ class Handler(BaseHTTPRequestHandler):
                 code, body, name = self.route(method, path, query, store)
                 if method != "GET":
                     store.writes.append({"method": method, "path": path, "name": name, "time_ns": time.time_ns()})
-            self.reply(code, body)
-        except Refused as e:
+                data = copy.deepcopy(body)
+            self.reply(code, data)
+        except (Refused, Invalid) as e:
+            code, reason, message = (e.code, e.reason, e.message) if isinstance(e, Refused) else (422, "Invalid", str(e))
             if method != "GET":
                 with store.lock:
-                    store.rejected.append({"method": method, "path": path, "code": e.code, "message": e.message})
-            self.reply(e.code, status(e.code, e.reason, e.message))
-        except Invalid as e:
-            with store.lock:
-                store.rejected.append({"method": method, "path": path, "code": 422, "message": str(e)})
-            self.reply(422, status(422, "Invalid", str(e)))
+                    store.rejected.append({"method": method, "path": path, "code": code, "message": message})
+            self.reply(code, status(code, reason, message))
         except Exception as e:  # A bug here must fail the test that met it, not hang it.
             message = f"stand-in API server error: {type(e).__name__}: {e}"
             sys.stderr.write(message + "\n")
@@ -425,113 +559,141 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_rejected" and method == "GET":
             return 200, store.rejected, None
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)
-        if m and method == "GET":
+        if m:
+            if method != "GET":
+                raise Refused(405, "MethodNotAllowed", f"{method} is not supported on nodes here")
             node = store.nodes.get(m.group(1))
             if node is None:
-                raise Refused(404, "NotFound", f'nodes "{m.group(1)}" not found')
+                raise not_found("nodes", m.group(1))
             return 200, node, None
         if path == GROUP + "/resourceslices":
             return self.slices_collection(method, query, store)
         m = re.fullmatch(GROUP + r"/resourceslices/([^/]+)", path)
         if m:
             return self.one_slice(method, m.group(1), store)
-        m = re.fullmatch(GROUP + r"/namespaces/([^/]+)/resourceclaims(?:/([^/]+))?(/status)?", path)
+        m = re.fullmatch(GROUP + r"/namespaces/([^/]+)/resourceclaims", path)
         if m:
-            return self.claims(method, m.group(1), m.group(2), bool(m.group(3)), store)
+            return self.claims_collection(method, m.group(1), store)
+        m = re.fullmatch(GROUP + r"/namespaces/([^/]+)/resourceclaims/([^/]+)(/status)?", path)
+        if m:
+            return self.one_claim(method, m.group(1), m.group(2), bool(m.group(3)), store)
         raise Refused(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
 
     def slices_collection(self, method, query, store):
         if method == "GET":
-            pairs = selector(query)
-            items = [copy.deepcopy(s) for s in store.slices.values() if matches(s, pairs)]
-            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
-                         "metadata": {"resourceVersion": str(store.version)}, "items": items}, None
+            terms = field_selector(query)
+            return 200, {"apiVersion": GROUP_VERSION, "kind": "ResourceSliceList",
+                         "metadata": {"resourceVersion": str(store.version)},
+                         "items": [s for s in store.slices.values() if selected(s, terms)]}, None
         if method == "POST":
             obj = self.body()
             meta = obj.setdefault("metadata", {})
+            if not isinstance(meta, dict):
+                raise Invalid("metadata: Invalid value: must be an object")
+            # Server-owned: what a client sends there on create is not kept.
             for server_set in ("resourceVersion", "uid", "creationTimestamp", "generation"):
                 meta.pop(server_set, None)
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-            name = meta.get("name", "")
+            name = meta.get("name") or ""
             if name in store.slices:
                 raise Refused(409, "AlreadyExists", f'resourceslices.resource.k8s.io "{name}" already exists')
             store.stamp(obj)
             store.admit_slice(obj)
-            store.slices[name] = obj
+            store.slices[name] = store.commit(obj)
             return 201, obj, name
         if method == "DELETE":
-            pairs = selector(query)
-            gone = [n for n, s in store.slices.items() if matches(s, pairs)]
-            items = [store.slices.pop(n) for n in gone]
-            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
-                         "metadata": {}, "items": items}, ",".join(gone)
+            terms = field_selector(query)
+            gone = [n for n, s in store.slices.items() if selected(s, terms)]
+            deleted = [store.slices.pop(n) for n in gone]
+            if deleted:
+                store.commit(None)
+            return 200, {"apiVersion": GROUP_VERSION, "kind": "ResourceSliceList",
+                         "metadata": {"resourceVersion": str(store.version)}, "items": deleted}, ",".join(gone)
         raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceslices")
 
     def one_slice(self, method, name, store):
         old = store.slices.get(name)
         if method == "GET":
             if old is None:
-                raise Refused(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+                raise not_found("resourceslices.resource.k8s.io", name)
             return 200, old, None
         if method == "PUT":
             obj = self.body()
             meta = obj.setdefault("metadata", {})
-            if meta.get("name") != name:
-                raise Refused(400, "BadRequest", f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})")
+            if not isinstance(meta, dict) or meta.get("name") != name:
+                got = meta.get("name") if isinstance(meta, dict) else None
+                raise Refused(400, "BadRequest",
+                              f"the name of the object ({got}) does not match the name on the URL ({name})")
             if old is None:
-                raise Refused(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+                raise not_found("resourceslices.resource.k8s.io", name)
             if meta.get("resourceVersion") != old["metadata"]["resourceVersion"]:
-                raise Refused(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "{name}": '
-                              "the object has been modified; please apply your changes to the latest version and try again")
+                raise conflict("resourceslices.resource.k8s.io", name)
             store.stamp(obj, old)
             store.admit_slice(obj)
-            store.slices[name] = obj
+            store.slices[name] = store.commit(obj)
             return 200, obj, name
         if method == "DELETE":
             if old is None:
-                raise Refused(404, "NotFound", f'resourceslices.resource.k8s.io "{name}" not found')
+                raise not_found("resourceslices.resource.k8s.io", name)
             del store.slices[name]
+            store.commit(old)
             return 200, old, name
         raise Refused(405, "MethodNotAllowed", f"{method} is not supported on a resourceslice")
 
-    def claims(self, method, namespace, name, status_subresource, store):
+    def claims_collection(self, method, namespace, store):
+        if method != "POST":
+            raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceclaims here")
+        obj = self.body()
+        obj.pop("status", None)  # The real server drops status on create too.
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise Invalid("metadata: Invalid value: must be an object")
+        for server_set in ("resourceVersion", "uid", "creationTimestamp", "generation"):
+            meta.pop(server_set, None)
+        if meta.get("namespace") not in (None, "", namespace):
+            raise Refused(400, "BadRequest", f"the namespace of the provided object ({meta['namespace']}) "
+                          f"does not match the namespace sent on the request ({namespace})")
+        meta["namespace"] = namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        name = meta.get("name") or ""
+        if (namespace, name) in store.claims:
+            raise Refused(409, "AlreadyExists", f'resourceclaims.resource.k8s.io "{name}" already exists')
+        store.stamp(obj)
+        store.admit_claim(obj)
+        store.claims[(namespace, name)] = store.commit(obj)
+        return 201, obj, name
+
+    def one_claim(self, method, namespace, name, status_subresource, store):
         key = (namespace, name)
         old = store.claims.get(key)
-        if name is None and method == "POST":
-            obj = self.body()
-            obj.pop("status", None)
-            meta = obj.setdefault("metadata", {})
-            meta["namespace"] = namespace
-            name = meta.get("name", "")
-            if (namespace, name) in store.claims:
-                raise Refused(409, "AlreadyExists", f'resourceclaims.resource.k8s.io "{name}" already exists')
-            store.stamp(obj)
-            store.schemas.check("resourceclaim-resource-v1.json", obj)
-            store.claims[(namespace, name)] = obj
-            return 201, obj, name
-        if name is None:
-            raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceclaims")
+        served = {"GET": True, "PUT": status_subresource, "DELETE": not status_subresource}
+        if not served.get(method):
+            # Of the writes, only the scheduler's (status) and the tests' create and delete are served.
+            raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceclaims"
+                          + ("/status" if status_subresource else "") + " here")
         if old is None:
-            raise Refused(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found')
+            raise not_found("resourceclaims.resource.k8s.io", name)
         if method == "GET":
             return 200, old, None
-        if method == "PUT" and status_subresource:
+        if method == "PUT":
             obj = self.body()
-            if obj.get("metadata", {}).get("resourceVersion") != old["metadata"]["resourceVersion"]:
-                raise Refused(409, "Conflict", f'Operation cannot be fulfilled on resourceclaims.resource.k8s.io "{name}": '
-                              "the object has been modified; please apply your changes to the latest version and try again")
-            updated = copy.deepcopy(old)
+            meta = field(obj, "metadata")
+            if meta.get("name") not in (None, name):
+                raise Refused(400, "BadRequest",
+                              f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})")
+            if meta.get("resourceVersion") != old["metadata"]["resourceVersion"]:
+                raise conflict("resourceclaims.resource.k8s.io", name)
+            updated = copy.deepcopy(old)  # Only status is taken from the body.
             updated["status"] = obj.get("status")
             store.stamp(updated, old)
-            store.schemas.check("resourceclaim-resource-v1.json", updated)
-            check_claim_status(updated)
-            store.claims[key] = updated
+            store.admit_claim(updated)
+            store.claims[key] = store.commit(updated)
             return 200, updated, name
-        if method == "DELETE" and not status_subresource:
-            del store.claims[key]
-            return 200, old, name
-        raise Refused(405, "MethodNotAllowed", f"{method} is not supported here")
+        del store.claims[key]
+        store.commit(old)
+        return 200, old, name
 
     def do_GET(self):
         self.handle_any("GET")
