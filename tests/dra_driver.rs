@@ -104,6 +104,7 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
             claim("default", "double", &double),
             claim("default", "replaced", "5d0e8a34-0000-4000-8000-000000000001"),
             claim("default", "trainer", "5d0e8a34-0000-4000-8000-000000000002"),
+            claim("default", "../../nodes/node-a", "5d0e8a34-0000-4000-8000-000000000004"),
         ],
     ));
     let ok = &answer.claims[&trainer];
@@ -140,6 +141,10 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
         ),
         ("5d0e8a34-0000-4000-8000-000000000001", "404"),
         ("5d0e8a34-0000-4000-8000-000000000002", "deleted and made again"),
+        (
+            "5d0e8a34-0000-4000-8000-000000000004",
+            "not a Kubernetes namespace and object name",
+        ),
     ];
     for (uid, says) in expect {
         let error = error(uid);
@@ -402,4 +407,24 @@ fn the_stand_in_api_server_refuses_what_kube_apiserver_refuses() {
         message.contains("field label not supported: spec.pool.name"),
         "{message}"
     );
+}
+
+/// The stand-in's own check of every endpoint and rule (tests/support/apiserver_selftest.sh,
+/// with curl): 400-odd answers compared with what kube-apiserver 1.36 answers.
+#[test]
+fn the_stand_in_api_server_passes_its_selftest() {
+    require("curl");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/apiserver_selftest.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(schemas_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
 }

@@ -46,6 +46,19 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         (now.len() == 2, now)
     });
 
+    // The NVIDIA Container Toolkit's CDI spec, as `nvidia-ctk cdi generate` names its devices
+    // (by index and by UUID; YAML), here with a marker for its edits instead of the driver's
+    // files and nodes, which this machine has not.
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    std::fs::write(
+        cdi_dir.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n\
+         - name: \"1\"\n  containerEdits:\n    env: [NVIDIA_CDI_DEVICE=1]\n\
+         - name: GPU-one\n  containerEdits:\n    env: [NVIDIA_CDI_DEVICE=GPU-one]\n\
+         containerEdits:\n  env: [NVIDIA_CDI_SPEC=toolkit]\n",
+    )
+    .unwrap();
+
     // The scheduler: 6 GiB of gpu-1 for the pod's claim.
     let uid = cri.block_on(api.create_claim("default", "trainer-gpu", "6Gi"));
     cri.block_on(api.allocate("default", "trainer-gpu", NODE, &[("gpu-1", "6Gi")]));
@@ -56,6 +69,14 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     let prepared = &answer.claims[&uid];
     assert_eq!(prepared.error, "");
     let ids = prepared.devices[0].cdi_device_ids.clone();
+    assert_eq!(
+        ids,
+        [
+            format!("vramgate.dev/gpu-memory={uid}-gpu-1"),
+            "nvidia.com/gpu=GPU-one".to_string()
+        ],
+        "vramgate's device and, where the node has it, NVIDIA's for the same GPU"
+    );
 
     // kubelet: a pod with no vramgate annotation; the container names the CDI device.
     let pods = run_all(&cri, vec![pod_config("trainer", &[])]);
@@ -74,6 +95,10 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     assert!(
         env.contains(&"VRAMGATE_MEMORY=6442450944") && env.contains(&"VRAMGATE_GPUS=GPU-one"),
         "{env:?}"
+    );
+    assert!(
+        env.contains(&"NVIDIA_CDI_DEVICE=GPU-one") && env.contains(&"NVIDIA_CDI_SPEC=toolkit"),
+        "NVIDIA's CDI device applied too: {env:?}"
     );
     assert_eq!(
         reservations_by_gpu(&cri.tb),
@@ -149,7 +174,11 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         ],
     ));
     assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");
-    assert_eq!(std::fs::read_dir(&cdi_dir).unwrap().count(), 0);
+    let left: Vec<_> = std::fs::read_dir(&cdi_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["nvidia.yaml"], "only the toolkit's own spec is left");
     assert!(
         reservations_by_gpu(&cri.tb).iter().all(|(_, list)| list.is_empty()),
         "{:?}",

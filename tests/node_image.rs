@@ -34,10 +34,11 @@ fn root() -> PathBuf {
 }
 
 /// The host paths k8s/dra.yaml mounts into the driver's pod, each at the same path.
-const MANIFEST_MOUNTS: [&str; 8] = [
+const MANIFEST_MOUNTS: [&str; 9] = [
     "/var/lib/kubelet/plugins_registry",
     "/var/lib/kubelet/plugins",
     "/var/run/cdi",
+    "/etc/cdi",
     "/etc/vramgate",
     "/run/vramgate",
     "/run/containerd/io.containerd.runtime.v2.task",
@@ -93,7 +94,9 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
     let registry_dir = kubelet_dir.join("plugins_registry");
     let plugins_dir = kubelet_dir.join("plugins");
     let cdi_dir = cri.tb.dir.join("containerd/cdi");
-    for dir in [&registry_dir, &plugins_dir, &cdi_dir] {
+    // The node's /etc/cdi, with NVIDIA's spec for the GPU (the toolkit's YAML, by UUID).
+    let static_cdi = cri.tb.dir.join("etc-cdi");
+    for dir in [&registry_dir, &plugins_dir, &cdi_dir, &static_cdi] {
         std::fs::create_dir_all(dir).unwrap();
     }
     let tasks = cri.state.join("io.containerd.runtime.v2.task");
@@ -141,6 +144,12 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         mount(&registry_dir, false),
         mount(&plugins_dir, false),
         mount(&cdi_dir, false),
+        cri::Mount {
+            container_path: "/etc/cdi".into(),
+            host_path: static_cdi.display().to_string(),
+            readonly: true,
+            ..Default::default()
+        },
         mount(cri.tb.config_path.parent().unwrap(), true),
         mount(&cri.tb.state_dir, false),
         mount(&tasks, true),
@@ -167,6 +176,11 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         let now = cri.block_on(api.capacities(NODE));
         (now == [("gpu-0".to_string(), "16Gi".to_string())], now)
     });
+    std::fs::write(
+        static_cdi.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-zero\n  containerEdits:\n    env: [NVIDIA_CDI_DEVICE=GPU-zero]\n",
+    )
+    .unwrap();
     let uid = cri.block_on(api.create_claim("default", "trainer", "2Gi"));
     cri.block_on(api.allocate("default", "trainer", NODE, &[("gpu-0", "2Gi")]));
     let answer = cri.block_on(kubelet::prepare(
@@ -174,6 +188,10 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         vec![kubelet::claim("default", "trainer", &uid)],
     ));
     assert_eq!(answer.claims[&uid].error, "");
+    assert_eq!(
+        answer.claims[&uid].devices[0].cdi_device_ids[1], "nvidia.com/gpu=GPU-zero",
+        "NVIDIA's device, found in the node's /etc/cdi from inside the pod"
+    );
     assert!(cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json")).is_file());
 
     // 5. The pod stops: the driver deregisters on SIGTERM.

@@ -139,6 +139,62 @@ pub fn prepared(dir: &Path) -> std::collections::HashMap<String, PreparedDevice>
     found
 }
 
+/// NVIDIA's CDI kind, as `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit) writes it.
+pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
+/// Where the toolkit's spec is looked for besides the driver's own CDI directory.
+pub const STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// NVIDIA's CDI device for `gpu` in the specs of `dirs`, when the node has one
+/// (`nvidia.com/gpu=<name>`): the toolkit names each device by UUID and/or by index (`0`, or
+/// `0:1` for a MIG device), and its edits bring the driver's libraries and device nodes,
+/// which a container needs to use the GPU. The UUID is preferred; the first spec that has the
+/// GPU wins. Specs that do not parse are passed over (they are the runtime's to refuse).
+#[cfg(feature = "dra")]
+pub fn nvidia_device(dirs: &[PathBuf], gpu: &crate::inventory::GpuMemory) -> Option<String> {
+    let index_name = match gpu.mig_index {
+        Some(mig) => format!("{}:{mig}", gpu.index),
+        None => gpu.index.to_string(),
+    };
+    let mut by_index = None;
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for file in files {
+            let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if !(yaml || file.extension().is_some_and(|e| e == "json")) {
+                continue;
+            }
+            // The toolkit's spec lists each GPU's files: tens of KiB.
+            let Ok(Some(bytes)) = crate::spec::read_limited(&file, 4 << 20) else {
+                continue;
+            };
+            let Ok(text) = String::from_utf8(bytes) else { continue };
+            // JSON is YAML: one parser for both forms.
+            let Ok(spec) = serde_saphyr::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            if spec["kind"] != NVIDIA_KIND {
+                continue;
+            }
+            for name in spec["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["name"].as_str())
+            {
+                if name == gpu.uuid {
+                    return Some(format!("{NVIDIA_KIND}={name}"));
+                }
+                if name == index_name && by_index.is_none() {
+                    by_index = Some(format!("{NVIDIA_KIND}={name}"));
+                }
+            }
+        }
+    }
+    by_index
+}
+
 /// Removes the spec of claim `uid`; a claim never prepared (or unprepared twice) is fine.
 pub fn remove_spec(dir: &Path, uid: &str) -> Result<(), CdiError> {
     let path = spec_path(dir, uid)?;
@@ -152,6 +208,29 @@ pub fn remove_spec(dir: &Path, uid: &str) -> Result<(), CdiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "dra")]
+    #[test]
+    fn nvidias_device_is_found_by_uuid_else_by_index_in_yaml_or_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = crate::inventory::GpuMemory::for_test(1, None, "GPU-one");
+        let dirs = [dir.path().to_path_buf()];
+        assert_eq!(nvidia_device(&dirs, &gpu), None, "no spec");
+        std::fs::write(
+            dir.path().join("nvidia.yaml"),
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n- name: \"1\"\n  containerEdits: {}\n",
+        )
+        .unwrap();
+        assert_eq!(nvidia_device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=1"));
+        std::fs::write(
+            dir.path().join("other.json"),
+            r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"GPU-one","containerEdits":{}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(nvidia_device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-one"));
+        let mig = crate::inventory::GpuMemory::for_test(0, Some(2), "MIG-x");
+        assert_eq!(nvidia_device(&dirs, &mig), None);
+    }
 
     #[test]
     fn a_claims_spec_is_written_rewritten_and_removed() {

@@ -90,6 +90,13 @@ impl Preparer {
     }
 
     async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        // They go into the API path: only what the API server could have named.
+        if !is_dns_name(&c.namespace, 63, false) || !is_dns_name(&c.name, 253, true) {
+            return Err(format!(
+                "claim {:?}/{:?}: not a Kubernetes namespace and object name",
+                c.namespace, c.name
+            ));
+        }
         let json = self
             .api
             .claim_json(&c.namespace, &c.name)
@@ -127,25 +134,50 @@ impl Preparer {
                     }
                 ));
             };
-            devices.push(ClaimDevice {
-                device: share.device.clone(),
-                bytes: share.bytes,
-                uuid: published.gpu.uuid.clone(),
-                device_nodes: super::device_nodes(&published.gpu, &self.dev_dir),
-            });
+            // NVIDIA's CDI device brings the GPU's nodes and the driver's libraries where the
+            // node has the toolkit's spec; else ours lists the nodes (the image brings the rest).
+            let nvidia = cdi::nvidia_device(&self.nvidia_cdi_dirs(), &published.gpu);
+            let device_nodes = match nvidia {
+                Some(_) => Vec::new(),
+                None => super::device_nodes(&published.gpu, &self.dev_dir),
+            };
+            devices.push((
+                ClaimDevice {
+                    device: share.device.clone(),
+                    bytes: share.bytes,
+                    uuid: published.gpu.uuid.clone(),
+                    device_nodes,
+                },
+                nvidia,
+            ));
         }
-        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &devices).map_err(|e| e.to_string())?;
+        let ours: Vec<ClaimDevice> = devices.iter().map(|(d, _)| d.clone()).collect();
+        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours).map_err(|e| e.to_string())?;
         Ok(shares
             .into_iter()
             .zip(ids)
-            .map(|(share, id)| PreparedDevice {
+            .zip(devices)
+            .map(|((share, id), (_, nvidia))| PreparedDevice {
                 request: share.request,
                 pool: share.pool,
                 device: share.device,
-                cdi_ids: vec![id],
+                cdi_ids: std::iter::once(id).chain(nvidia).collect(),
                 share_id: share.share_id,
             })
             .collect())
+    }
+
+    /// Where NVIDIA's CDI spec may be: the runtime's directory this driver writes to, and the
+    /// standard ones.
+    fn nvidia_cdi_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.cdi_dir.clone()];
+        dirs.extend(
+            cdi::STATIC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|d| *d != self.cdi_dir),
+        );
+        dirs
     }
 
     /// Removes each claim's CDI spec; a claim never prepared here is fine.
@@ -165,6 +197,17 @@ impl Preparer {
             })
             .collect()
     }
+}
+
+/// A DNS label (`a-z`, `0-9`, `-`, alphanumeric at both ends), or with `dots` a DNS
+/// subdomain, of at most `max` characters: what namespaces and object names are.
+fn is_dns_name(name: &str, max: usize, dots: bool) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= max
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
+        && name.chars().all(|c| alnum(c) || c == '-' || (dots && c == '.'))
 }
 
 /// The `DRAPlugin` services over a [`Preparer`].
