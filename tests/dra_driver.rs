@@ -265,6 +265,28 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     let later = rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation;
     assert!(later > generation, "{later} after {generation}");
 
+    // A view that never returns (the config replaced by a FIFO nobody writes, so reading it
+    // blocks, as NVML can on a GPU that fell off the bus): within the watchdog's limit every
+    // device is published with no capacity, and the next view that completes restores them.
+    let text = std::fs::read_to_string(&tb.config_path).unwrap();
+    let fifo = tb.dir.join("config.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader_end = tb.dir.join("config.fifo.writer");
+    std::fs::hard_link(&fifo, &reader_end).unwrap();
+    std::fs::rename(&fifo, &tb.config_path).unwrap();
+    let took = wait_capacities(&rt, &api, &[("gpu-0", "0"), ("gpu-1", "0")]);
+    eprintln!("view hung -> no capacity published after {} ms", took.as_millis());
+    assert!(driver.log_text().contains("no new view for"), "{}", driver.log_text());
+    let restored = tb.dir.join("config.restored");
+    std::fs::write(&restored, &text).unwrap();
+    std::fs::rename(&restored, &tb.config_path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&reader_end)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .unwrap();
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
     // kubelet restarts: it deletes the node's slices, the driver registers again and
     // publishes again; a restarted driver continues the generation.
     rt.block_on(async {

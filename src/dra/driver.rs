@@ -3,7 +3,7 @@
 //! kubelet talks to (registration and the DRA service), served again if they are removed.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify};
@@ -17,6 +17,7 @@ use super::{cdi, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::deviceplugin::refresh::FileWatch;
+pub use crate::deviceplugin::server::stale_after;
 use crate::inventory::Inventory;
 use crate::ledger::StateDir;
 use crate::procfs::{Life, Liveness, ProcLiveness};
@@ -203,6 +204,12 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
             let first = refresher.view();
             eprintln!("vramgate-dra: {}", first.describe());
             let (tx, rx) = watch::channel(Arc::new(first));
+            let tx = Arc::new(tx);
+            let beat = Arc::new(Mutex::new(Instant::now()));
+            if let Err(e) = start_watchdog(tx.clone(), beat.clone(), options.poll_interval) {
+                let _ = started_tx.send(Err(e));
+                return;
+            }
             if started_tx.send(Ok(rx)).is_err() {
                 return;
             }
@@ -212,6 +219,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
                     return;
                 }
                 let view = refresher.view();
+                *beat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
                 tx.send_if_modified(|current| {
                     let changed = !current.publishes_as(&view) || current.error != view.error;
                     if changed {
@@ -229,6 +237,47 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
         )))
     })?;
     Ok((views, alive_tx))
+}
+
+/// Watches the view thread's heartbeat (`beat`, set at each view it computes): when none came
+/// for [`stale_after`] the poll interval (a driver call or a file read that never returns),
+/// publishes every device with no capacity, as the device plugin makes its units unhealthy;
+/// the view thread's next view replaces it.
+fn start_watchdog(
+    views: Arc<watch::Sender<Arc<DraView>>>,
+    beat: Arc<Mutex<Instant>>,
+    poll_interval: Duration,
+) -> Result<()> {
+    let limit = stale_after(poll_interval);
+    std::thread::Builder::new()
+        .name("view-watchdog".into())
+        .spawn(move || loop {
+            std::thread::sleep(poll_interval.min(limit));
+            if views.is_closed() {
+                return;
+            }
+            let since = beat.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+            if since < limit {
+                continue;
+            }
+            views.send_if_modified(|current| {
+                if current.error.is_some() {
+                    return false;
+                }
+                let stale = DraView::failed(
+                    current,
+                    format!(
+                        "no new view for {}s: reading the inventory, the config or the ledger has not returned",
+                        since.as_secs()
+                    ),
+                );
+                eprintln!("vramgate-dra: {}", stale.describe());
+                *current = Arc::new(stale);
+                true
+            });
+        })
+        .map(drop)
+        .map_err(DriverError::Runtime)
 }
 
 /// What the publisher last wrote: the slice it built and the version the API server gave it.
