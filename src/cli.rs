@@ -330,6 +330,10 @@ pub struct DraCli {
     /// Where the container runtime reads CDI specs; each prepared claim's spec goes here
     #[arg(long, value_name = "DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
+    /// vramgate's hook on this host, which each claim's CDI device runs (at createRuntime and
+    /// poststop), so that a claim's container reserves whatever runtime handler its pod uses
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/vramgate-hook")]
+    pub hook: PathBuf,
     /// Claims consume memory in whole steps from one step up (a whole number of MiB); the
     /// published capacity is rounded down to it
     #[arg(long, value_name = "SIZE", default_value = "256Mi")]

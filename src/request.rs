@@ -84,6 +84,8 @@ pub enum RequestError {
     PlacementNeedsRuntime { source_name: String, value: String },
     #[error("the container was given {count} devices of Kubernetes resource claims ({devices}): vramgate holds a container to one amount on its GPUs, and their environments would overwrite each other's, leaving all but one unaccounted; give each container one claim with one request of driver gpu-memory.vramgate.dev")]
     SeveralClaimDevices { count: usize, devices: String },
+    #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
+    ClaimAndAnnotation { device: String, annotation: String },
     #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
     TooFewGpus {
         source_name: String,
@@ -215,6 +217,18 @@ impl Request {
                 count: claim_devices.len(),
                 devices: claim_devices.join(", ").chars().take(200).collect(),
             });
+        }
+        if let Some(device) = claim_devices.first() {
+            // The claim's env says what the scheduler counted; an annotation (the pod's,
+            // copied into each container) would reserve something else.
+            for annotation in [MEMORY_ANNOTATION, GPUS_ANNOTATION] {
+                if spec.annotations.contains_key(annotation) {
+                    return Err(RequestError::ClaimAndAnnotation {
+                        device: device.chars().take(100).collect(),
+                        annotation: annotation.to_string(),
+                    });
+                }
+            }
         }
         let Some((memory_source, memory_value)) = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV) else {
             return Ok(None);
@@ -641,6 +655,27 @@ mod tests {
 
     fn spec(json: &str) -> SpecView {
         SpecView::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+    }
+
+    #[test]
+    fn a_claims_container_takes_the_claims_amount_or_is_refused() {
+        let one = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+            "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]}}"#;
+        let request = Request::from_spec(&spec(one)).unwrap().expect("a request");
+        assert_eq!(request.memory, Quantity::Bytes(6 << 30));
+        let two = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+            "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0","VRAMGATE_DRA_DEVICE_u2_gpu_1=u2-gpu-1"]}}"#;
+        let err = Request::from_spec(&spec(two)).unwrap_err();
+        assert!(
+            matches!(err, RequestError::SeveralClaimDevices { count: 2, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("u1-gpu-0, u2-gpu-1"), "{err}");
+        let annotated = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+            "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]},"annotations":{"vramgate.dev/memory":"1Gi"}}"#;
+        let err = Request::from_spec(&spec(annotated)).unwrap_err();
+        assert!(matches!(err, RequestError::ClaimAndAnnotation { .. }), "{err}");
+        assert!(err.to_string().contains("remove the annotation"), "{err}");
     }
 
     fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {

@@ -108,6 +108,11 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         ],
         "exactly the claim's consumed memory, on its GPU, and nothing for the sandbox"
     );
+    // One vramgate hook per stage: the CDI device's and the runtime wrapper's are one.
+    assert_eq!(
+        vramgate_hook_stages(&cri.bundle_spec(&id)),
+        ["createRuntime", "poststop"]
+    );
     // The claim's own reservation leaves the published capacity as it was: the scheduler
     // counts the claim already.
     std::thread::sleep(Duration::from_millis(500));
@@ -118,6 +123,35 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
             ("gpu-1".to_string(), "16Gi".to_string())
         ]
     );
+
+    // A pod without the vramgate RuntimeClass (containerd's default runc): the claim's CDI
+    // device runs vramgate's hook itself, so its container still reserves exactly its memory,
+    // and releases it when it stops.
+    let plain = cri.block_on(api.create_claim("default", "plain-gpu", "2Gi"));
+    cri.block_on(api.allocate("default", "plain-gpu", NODE, &[("gpu-0", "2Gi")]));
+    let plain_ids = cri
+        .block_on(kubelet::prepare(
+            &registered.endpoint,
+            vec![claim("default", "plain-gpu", &plain)],
+        ))
+        .claims[&plain]
+        .devices[0]
+        .cdi_device_ids
+        .clone();
+    let plain_pod = cri
+        .block_on(run_pod_on(cri.runtime.clone(), pod_config("plain", &[]), ""))
+        .unwrap();
+    let mut config = container_config("main", RUN_UNTIL_STOPPED, &[]);
+    config.cdi_devices = cdi_devices(&plain_ids);
+    let plain_id = cri.create(&plain_pod, config);
+    cri.start_one(&plain_id).unwrap();
+    assert_eq!(
+        reservations_by_gpu(&cri.tb)[0],
+        ("GPU-zero".to_string(), vec![(plain_id.clone(), 2u64 << 30)]),
+        "reserved through the CDI device's hook, without vramgate-runtime"
+    );
+    cri.delete_pods(std::slice::from_ref(&plain_pod));
+    wait_released(&cri.tb, &plain_id);
 
     // A second claim, allocated when gpu-1 had room; then 9 GiB are taken outside Kubernetes
     // (a container started by hand, through the same runtime) before its pod starts: the
@@ -171,6 +205,7 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         vec![
             claim("default", "trainer-gpu", &uid),
             claim("default", "late-gpu", &late),
+            claim("default", "plain-gpu", &plain),
         ],
     ));
     assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");

@@ -131,6 +131,9 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         plugin_dir.display().to_string(),
         "--cdi-dir".into(),
         cdi_dir.display().to_string(),
+        // The host's hook, which the claims' CDI devices name (run by the runtime on the host).
+        "--hook".into(),
+        HOOK.into(),
     ]
     .into();
     let mut config = container_config("dra", &[], &[("NODE_NAME", NODE)]);

@@ -57,6 +57,7 @@ fn run() -> Result<()> {
         cdi_dir: cli.cdi_dir,
         dev_dir: PathBuf::from("/dev"),
         kubeconfig: cli.kubeconfig,
+        hook_path: cli.hook,
         policy,
         poll_interval,
     };

@@ -25,6 +25,28 @@ pub enum CdiError {
     Remove { path: PathBuf, source: std::io::Error },
 }
 
+/// vramgate's hook, as a claim's CDI device runs it: whatever runtime handler the pod uses,
+/// the container reserves at createRuntime and releases at poststop (vramgate-runtime, where
+/// the pod uses it, recognises the entries and keeps one of each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookSpec {
+    pub path: PathBuf,
+    /// The config the hook reads (`VRAMGATE_CONFIG`).
+    pub config: PathBuf,
+    pub timeout_secs: u64,
+}
+
+impl HookSpec {
+    fn entries(&self) -> serde_json::Value {
+        let entry = |stage: &str| {
+            let mut entry = crate::runtime::hook_entry(&self.path, stage, self.timeout_secs, Some(&self.config));
+            entry["hookName"] = json!(stage);
+            entry
+        };
+        json!([entry("createRuntime"), entry("poststop")])
+    }
+}
+
 /// One device of a claim, ready for the container: what to reserve, where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimDevice {
@@ -55,7 +77,7 @@ pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
 
 /// Writes (or rewrites: a second prepare is the same) the spec of claim `uid`; returns the CDI
 /// ids kubelet hands to the runtime, one per device, in order.
-pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice]) -> Result<Vec<String>, CdiError> {
+pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpec) -> Result<Vec<String>, CdiError> {
     let path = spec_path(dir, uid)?;
     let names: Vec<String> = devices.iter().map(|d| format!("{uid}-{}", d.device)).collect();
     let spec = json!({
@@ -70,6 +92,7 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice]) -> Result<Vec<
                     format!("{}={name}", super::claim_device_env(name)),
                 ],
                 "deviceNodes": d.device_nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
+                "hooks": hook.entries(),
             },
         })).collect::<Vec<_>>(),
     });
@@ -242,9 +265,18 @@ mod tests {
             device_nodes: vec![PathBuf::from("/dev/nvidia1")],
         };
         let uid = "0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10";
-        let ids = write_spec(dir.path(), uid, std::slice::from_ref(&device)).unwrap();
+        let hook = HookSpec {
+            path: PathBuf::from("/usr/bin/vramgate-hook"),
+            config: PathBuf::from("/etc/vramgate/config.toml"),
+            timeout_secs: 3660,
+        };
+        let ids = write_spec(dir.path(), uid, std::slice::from_ref(&device), &hook).unwrap();
         assert_eq!(ids, [format!("vramgate.dev/gpu-memory={uid}-gpu-1")]);
-        assert_eq!(write_spec(dir.path(), uid, &[device]).unwrap(), ids, "prepare twice");
+        assert_eq!(
+            write_spec(dir.path(), uid, &[device], &hook).unwrap(),
+            ids,
+            "prepare twice"
+        );
         let spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(spec_path(dir.path(), uid).unwrap()).unwrap()).unwrap();
         assert_eq!(
@@ -269,11 +301,16 @@ mod tests {
             spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
             "/dev/nvidia1"
         );
+        let hooks = &spec["devices"][0]["containerEdits"]["hooks"];
+        assert_eq!(hooks[0]["hookName"], "createRuntime");
+        assert_eq!(hooks[0]["path"], "/usr/bin/vramgate-hook");
+        assert_eq!(hooks[0]["env"], json!(["VRAMGATE_CONFIG=/etc/vramgate/config.toml"]));
+        assert_eq!(hooks[1]["hookName"], "poststop");
         remove_spec(dir.path(), uid).unwrap();
         remove_spec(dir.path(), uid).unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         assert!(matches!(
-            write_spec(dir.path(), "../../etc/x", &[]),
+            write_spec(dir.path(), "../../etc/x", &[], &hook),
             Err(CdiError::BadUid(_))
         ));
     }

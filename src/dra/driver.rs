@@ -45,6 +45,8 @@ pub struct Options {
     /// Where the GPUs' device nodes are (`/dev`).
     pub dev_dir: PathBuf,
     pub kubeconfig: Option<PathBuf>,
+    /// vramgate's hook on the host, which each claim's CDI device runs.
+    pub hook_path: PathBuf,
     pub policy: RequestPolicy,
     pub poll_interval: Duration,
 }
@@ -157,6 +159,12 @@ impl Refresher {
 
 /// Runs the driver until SIGTERM or SIGINT.
 pub fn run(options: Options) -> Result<()> {
+    let config = Config::load_from(&options.config_path)?;
+    let hook = super::cdi::HookSpec {
+        path: options.hook_path.clone(),
+        config: options.config_path.clone(),
+        timeout_secs: crate::runtime::hook_timeout_secs(&config),
+    };
     let (views, wake) = start_refresher(&options)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -177,6 +185,7 @@ pub fn run(options: Options) -> Result<()> {
             options.node.clone(),
             options.cdi_dir.clone(),
             options.dev_dir.clone(),
+            hook,
         ));
         let served = serve(&options, preparer, registered).await;
         publisher.abort();
@@ -190,6 +199,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Dropped by `run` when it returns: the thread then ends at its next wake.
     let (alive_tx, alive_rx) = watch::channel(());
+    let first_view_within = stale_after(options.poll_interval);
     let options = options.clone();
     std::thread::Builder::new()
         .name("view".into())
@@ -231,11 +241,23 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
             }
         })
         .map_err(DriverError::Runtime)?;
-    let views = started_rx.recv().unwrap_or_else(|_| {
-        Err(DriverError::Runtime(std::io::Error::other(
-            "the view thread ended before its first view",
-        )))
-    })?;
+    // Bounded: an NVML call that never returns at start must end the driver with its reason,
+    // not leave it unregistered and silent (the watchdog starts with the first view).
+    let limit = first_view_within;
+    let views = match started_rx.recv_timeout(limit) {
+        Ok(first) => first?,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            return Err(DriverError::Runtime(std::io::Error::other(format!(
+                "no first view within {}s: reading the inventory, the config or the ledger has not returned",
+                limit.as_secs()
+            ))))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            return Err(DriverError::Runtime(std::io::Error::other(
+                "the view thread ended before its first view",
+            )))
+        }
+    };
     Ok((views, alive_tx))
 }
 

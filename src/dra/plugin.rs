@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::api::registration::registration_server::Registration;
 use super::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 use super::api::{v1, v1beta1};
-use super::cdi::{self, ClaimDevice};
+use super::cdi::{self, ClaimDevice, HookSpec};
 use super::claim;
 use super::kube::ApiClient;
 use super::view::DraView;
@@ -48,6 +48,8 @@ pub struct Preparer {
     pub node: String,
     pub cdi_dir: PathBuf,
     pub dev_dir: PathBuf,
+    /// vramgate's hook, which each claim's CDI device runs.
+    pub hook: HookSpec,
     /// One prepare or unprepare at a time, as the Go helper does by default: a claim prepared
     /// and unprepared at once must end as the later call says.
     serial: tokio::sync::Mutex<()>,
@@ -60,6 +62,7 @@ impl Preparer {
         node: String,
         cdi_dir: PathBuf,
         dev_dir: PathBuf,
+        hook: HookSpec,
     ) -> Preparer {
         Preparer {
             api,
@@ -67,6 +70,7 @@ impl Preparer {
             node,
             cdi_dir,
             dev_dir,
+            hook,
             serial: tokio::sync::Mutex::new(()),
         }
     }
@@ -152,7 +156,7 @@ impl Preparer {
             ));
         }
         let ours: Vec<ClaimDevice> = devices.iter().map(|(d, _)| d.clone()).collect();
-        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours).map_err(|e| e.to_string())?;
+        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours, &self.hook).map_err(|e| e.to_string())?;
         Ok(shares
             .into_iter()
             .zip(ids)

@@ -121,7 +121,10 @@ fn device(d: &Published, policy: &RequestPolicy) -> Device {
 }
 
 /// The node's slice for `view`, at pool `generation`, owned by the Node (`node_uid`) so that it
-/// goes with the node, where the node's UID is known.
+/// goes with the node, where the node's UID is known. A device with less than one step of
+/// room is left out: published with a capacity of 0 it would still take claims that name no
+/// amount (they consume the whole capacity, 0, and fit), which the node could not prepare.
+/// Claims already allocated on it are prepared all the same (prepare reads the driver's view).
 pub fn build(view: &DraView, node: &str, node_uid: Option<&str>, generation: i64) -> ResourceSlice {
     ResourceSlice {
         metadata: ObjectMeta {
@@ -146,7 +149,13 @@ pub fn build(view: &DraView, node: &str, node_uid: Option<&str>, generation: i64
                 generation,
                 resource_slice_count: 1,
             },
-            devices: Some(view.devices.iter().map(|d| device(d, &view.policy)).collect()),
+            devices: Some(
+                view.devices
+                    .iter()
+                    .filter(|d| d.capacity >= view.policy.step)
+                    .map(|d| device(d, &view.policy))
+                    .collect(),
+            ),
             ..Default::default()
         },
     }

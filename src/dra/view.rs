@@ -112,8 +112,9 @@ impl DraView {
         }
     }
 
-    /// The view when the facts cannot be read: the devices known so far with no capacity, so
-    /// that the scheduler sends nothing more here while vramgate cannot account for it.
+    /// The view when the facts cannot be read: the devices known so far with no capacity (so
+    /// none is published: see [`super::slice::build`]), so that the scheduler sends nothing
+    /// more here while vramgate cannot account for it.
     pub fn failed(earlier: &DraView, error: String) -> DraView {
         DraView {
             devices: earlier

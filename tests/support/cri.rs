@@ -285,12 +285,22 @@ pub fn container_config(name: &str, command: &[&str], env: &[(&str, &str)]) -> c
     }
 }
 
-pub async fn run_pod(mut client: RuntimeClient, config: cri::PodSandboxConfig) -> Result<Pod, tonic::Status> {
+pub async fn run_pod(client: RuntimeClient, config: cri::PodSandboxConfig) -> Result<Pod, tonic::Status> {
+    run_pod_on(client, config, HANDLER).await
+}
+
+/// RunPodSandbox with the runtime handler `handler` (a RuntimeClass's; "" is containerd's
+/// default runtime, runc without vramgate).
+pub async fn run_pod_on(
+    mut client: RuntimeClient,
+    config: cri::PodSandboxConfig,
+    handler: &str,
+) -> Result<Pod, tonic::Status> {
     let name = config.metadata.as_ref().unwrap().name.clone();
     let response = client
         .run_pod_sandbox(req(cri::RunPodSandboxRequest {
             config: Some(config.clone()),
-            runtime_handler: HANDLER.to_string(),
+            runtime_handler: handler.to_string(),
         }))
         .await?;
     Ok(Pod {

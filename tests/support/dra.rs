@@ -223,6 +223,8 @@ impl Driver {
             .arg("--cdi-dir")
             .arg(cdi_dir)
             .args(["--poll-interval", "100ms"])
+            .arg("--hook")
+            .arg(HOOK)
             .args(extra)
             .env("NODE_NAME", node)
             .stdout(Stdio::null())
