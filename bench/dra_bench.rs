@@ -347,7 +347,7 @@ fn main() {
             std::thread::sleep(Duration::from_millis(5));
         };
         // From the process's start: includes CUDA's own start-up before the memory is taken.
-        outside.push(("taken", started.elapsed(), lowered));
+        outside.push(("taken", started.elapsed(), lowered, base));
         let _ = holder.kill();
         let _ = holder.wait();
         let released = Instant::now();
@@ -362,7 +362,7 @@ fn main() {
             );
             std::thread::sleep(Duration::from_millis(5));
         };
-        outside.push(("given back", released.elapsed(), back));
+        outside.push(("given back", released.elapsed(), back, lowered));
     }
 
     if given_config.is_empty() {
@@ -383,12 +383,12 @@ fn main() {
     );
     report("NodeUnprepareResources, 1 claim", unprepare);
     report("ledger commit -> slice republished (target <= 1 s)", seen);
-    for (what, took, capacity) in outside {
+    for (what, took, capacity, before) in outside {
         println!(
             "memory outside vramgate {what} on GPU 0: slice shows {} after {:.0} ms (capacity before: {})",
             vramgate::dra::slice::quantity(capacity).0,
             took.as_secs_f64() * 1e3,
-            vramgate::dra::slice::quantity(base).0
+            vramgate::dra::slice::quantity(before).0
         );
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", driver.id())).unwrap_or_default();

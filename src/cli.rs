@@ -292,7 +292,8 @@ GPU memory through a ResourceClaim of device class gpu-memory.vramgate.dev:
 and the node's vramgate-runtime reserves exactly what the claim consumed, on its GPU.
 
 Examples:
-  vramgate-dra --node-name \"$(hostname)\"          in a DaemonSet: NODE_NAME from the pod's spec.nodeName
+  vramgate-dra --node-name gpu-node-1       the node's name as the API server knows it
+                                            (in a DaemonSet: NODE_NAME from spec.nodeName)
   vramgate-dra --step 1Gi --default-request 4Gi   claims in whole GiB, 4 GiB when they name none
 
 Exit status: 0 stopped by SIGTERM or SIGINT; 1 failed (one line on stderr); 2 usage error.";

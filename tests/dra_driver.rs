@@ -248,14 +248,21 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
         .spawn()
         .unwrap();
     wait_reserved(&tb, "claimed", 6 << 30);
-    let generation = rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation;
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(capacities(&rt, &api)[1], ("gpu-1".to_string(), "12Gi".to_string()));
-    assert_eq!(
-        rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation,
-        generation,
-        "nothing to republish"
+    // A change that must be published (1 GiB outside Kubernetes on GPU-zero) shows the view
+    // recomputed after the claim's reservation, with gpu-1 where it was.
+    let mut nudge = spawn_container(
+        &tb,
+        "nudge",
+        &["sleep", "60"],
+        &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "GPU-zero")],
     );
+    wait_reserved(&tb, "nudge", 1 << 30);
+    wait_capacities(&rt, &api, &[("gpu-0", "15Gi"), ("gpu-1", "12Gi")]);
+    tb.runc(&["kill", "nudge", "KILL"]).status().unwrap();
+    let _ = nudge.wait();
+    wait_released(&tb, "nudge");
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
+    let generation = rt.block_on(api.slice(NODE)).unwrap().spec.pool.generation;
 
     // The outside container stops: its 4 GiB come back, at a higher generation.
     tb.runc(&["kill", "outside", "KILL"]).status().unwrap();

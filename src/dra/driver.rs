@@ -82,6 +82,8 @@ struct Refresher {
     policy: RequestPolicy,
     inventory: Box<dyn Inventory>,
     products: ProductNames,
+    /// The GPUs the product names were last asked for.
+    named: std::collections::BTreeSet<String>,
     dir: StateDir,
     markers: Markers,
     earlier: Option<DraView>,
@@ -98,6 +100,7 @@ impl Refresher {
         })?;
         let watch = FileWatch::new(dir.path(), &options.config_path).map_err(|e| DriverError::Watch(e.to_string()))?;
         let products = inventory.product_names();
+        let named = products.keys().cloned().collect();
         Ok((
             Refresher {
                 config_path: options.config_path.clone(),
@@ -105,6 +108,7 @@ impl Refresher {
                 policy: options.policy,
                 inventory,
                 products,
+                named,
                 dir,
                 markers: Markers::default(),
                 earlier: None,
@@ -149,9 +153,12 @@ impl Refresher {
             .map_err(|e| DriverError::Watch(e.to_string()))?;
         let prepared = cdi::prepared(&self.cdi_dir);
         let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
-        if report.gpus.iter().any(|g| !self.products.contains_key(&g.gpu.uuid)) && !self.products.is_empty() {
-            // A GPU that appeared since (a MIG device made): ask for the names again.
+        let uuids: std::collections::BTreeSet<String> = report.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
+        if !uuids.is_subset(&self.named) {
+            // A GPU that appeared since (a MIG device made): ask for the names again, once
+            // for this set of GPUs (a GPU the driver cannot name is not asked about again).
             self.products = self.inventory.product_names();
+            self.named = uuids;
         }
         Ok(DraView::compute(&report, &held, self.policy, &self.products))
     }

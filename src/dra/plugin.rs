@@ -115,6 +115,11 @@ impl Preparer {
                 shares.len()
             ));
         }
+        if shares.is_empty() {
+            // Nothing of this driver's to prepare; a spec without devices would be one the
+            // runtime's CDI loader complains about at every rescan.
+            return Ok(Vec::new());
+        }
         let view = self.views.borrow().clone();
         let mut devices = Vec::new();
         for share in &shares {
