@@ -349,7 +349,7 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     std::fs::hard_link(&fifo, &reader_end).unwrap();
     let hung = Instant::now();
     std::fs::rename(&fifo, &bed.config_path).unwrap();
-    let limit = vramgate::deviceplugin::server::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
+    let limit = vramgate::deviceplugin::watchdog::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
     let seen = watch.until("every unit unhealthy while the view hangs", limit + SEEN_WITHIN, |l| {
         healthy(l, GPU0) + healthy(l, GPU1) == 0
     });
@@ -434,6 +434,30 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
 }
 
 /// The status of the GPU `uuid` in `vramgate status --json`.
+#[test]
+fn a_first_view_that_never_comes_ends_the_plugin_with_the_reason() {
+    // Refresher::open's config read blocks (a FIFO nobody writes), as NVML's start can on a GPU
+    // that fell off the bus: the plugin must end with the reason, not sit unregistered.
+    let (_dir, bed) = runc_testbed("vramgate-dp-first-view", &two_gpus());
+    vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
+    config_that_hangs(&bed.config_path, false);
+    let plugin_dir = bed.dir.join("device-plugins");
+    std::fs::create_dir_all(&plugin_dir).unwrap();
+    let started = Instant::now();
+    let mut plugin = PluginProcess::spawn(&plugin_dir, &bed.config_path, &["--poll-interval", "100ms"]);
+    let limit = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let exit = wait_until("the plugin ends without a first view", limit + SEEN_WITHIN * 3, || {
+        let exit = plugin.child.try_wait().unwrap();
+        (exit.is_some(), exit)
+    });
+    let took = started.elapsed();
+    assert_eq!(exit.unwrap().code(), Some(1), "{}", plugin.log());
+    let reason = format!("no first view within {}s", limit.as_secs());
+    assert!(plugin.log().contains(&reason), "{}", plugin.log());
+    assert!(took >= limit, "ended after {took:?}, before the limit {limit:?}");
+    assert!(!plugin_dir.join(SOCKET).exists(), "it served a socket without a view");
+}
+
 fn gpu_status(config: &Path, uuid: &str) -> Value {
     status(config)["gpus"]
         .as_array()

@@ -323,6 +323,57 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
 /// passing it means something): each broken variant of a valid slice is a 422 naming the
 /// field, as the real server's validation answers.
 #[test]
+fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
+    // The driver's own config read at start is answered; the view thread's blocks (a FIFO
+    // nobody writes any more), as NVML's start can on a GPU that fell off the bus: the driver
+    // must end with the reason, not sit unregistered and silent.
+    let (_dir, tb) = runc_testbed("vramgate-dra-first-view", GPUS);
+    vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
+    config_that_hangs(&tb.config_path, true);
+    let registry_dir = tb.dir.join("kubelet/plugins_registry");
+    std::fs::create_dir_all(&registry_dir).unwrap();
+    let log = tb.dir.join("vramgate-dra.log");
+    let started = Instant::now();
+    let mut child = std::process::Command::new(DRA)
+        .arg("--config")
+        .arg(&tb.config_path)
+        .arg("--kubeconfig")
+        .arg(tb.dir.join("no-kubeconfig"))
+        .arg("--registry-dir")
+        .arg(&registry_dir)
+        .arg("--plugin-dir")
+        .arg(tb.dir.join("kubelet/plugins").join(DRIVER))
+        .arg("--cdi-dir")
+        .arg(tb.dir.join("cdi"))
+        .args(["--poll-interval", "100ms"])
+        .env("NODE_NAME", NODE)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let limit = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let exit = wait_until(
+        "the driver ends without a first view",
+        limit + Duration::from_secs(10),
+        || {
+            let exit = child.try_wait().unwrap();
+            (exit.is_some(), exit)
+        },
+    );
+    let took = started.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(exit.unwrap().code(), Some(1), "{text}");
+    let reason = format!("no first view within {}s", limit.as_secs());
+    assert!(text.contains(&reason), "{text}");
+    assert!(took >= limit, "ended after {took:?}, before the limit {limit:?}");
+    assert_eq!(
+        std::fs::read_dir(&registry_dir).unwrap().count(),
+        0,
+        "it registered without a view"
+    );
+}
+
+#[test]
 fn the_stand_in_api_server_refuses_what_kube_apiserver_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();

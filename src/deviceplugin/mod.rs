@@ -30,7 +30,7 @@
 //! a static inventory's `used_outside` is in the config) and at least every poll interval
 //! (memory used outside vramgate on an NVML host shows only there), and streamed to kubelet
 //! at once when it changed. A refresh that has not returned for
-//! [`server::stale_after`] the poll interval makes every unit unhealthy until one does.
+//! [`watchdog::stale_after`] the poll interval makes every unit unhealthy until one does.
 //!
 //! **Telling the plugin's containers apart.** `Allocate` gives each container the env
 //! [`DEVICE_IDS_ENV`] with the IDs it was granted. A reservation in the ledger is this
@@ -74,6 +74,7 @@ pub mod refresh;
 pub mod server;
 pub mod unit;
 pub mod view;
+pub mod watchdog;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -20,7 +20,7 @@ use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::ledger::{StateDir, LEDGER_FILE};
-use crate::procfs::{Life, Liveness, ProcLiveness};
+use crate::procfs::ProcLiveness;
 use crate::service::Service;
 
 /// Computes views; lives on its own thread (the inventory is not shared between threads).
@@ -81,10 +81,6 @@ impl Refresher {
         // Re-read each time, like every hook: a changed headroom shows at once.
         let config = Config::load_from(&self.config_path)?;
         self.rules = Rules::from_config(&config);
-        let mut ledger = self.dir.read()?;
-        // A reservation whose container is gone holds nothing: the next transaction reclaims it.
-        ledger.reservations.retain(|r| ProcLiveness.life(&r.init) != Life::Gone);
-        self.origins.retain(&ledger);
         // Measured as `vramgate status`, the metrics and the DRA driver measure: one service
         // snapshot, one accounting (crate::admission::account, on the same attribution).
         let service = Service::new(
@@ -94,7 +90,8 @@ impl Refresher {
             &ProcLiveness,
             &config,
         );
-        let report = service.snapshot_of(&ledger)?;
+        let (ledger, report) = service.schedulable()?;
+        self.origins.retain(&ledger);
         let (snapshot, allocated) = (report.snapshot, report.allocated);
         let unit = self.options.unit.clone();
         // The units a container's marker may name: those kubelet's checkpoint lists as

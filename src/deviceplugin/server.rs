@@ -14,6 +14,7 @@ use super::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::api::registration_client::RegistrationClient;
 use super::refresh::Refresher;
 use super::view::NodeView;
+use super::watchdog::{self, StaleView};
 use super::{allocate, api, DevicePluginError, Grants, Options, Result, API_VERSION, KUBELET_SOCKET};
 use crate::ledger::StateDir;
 
@@ -22,14 +23,6 @@ use crate::ledger::StateDir;
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The deadline on one registration call.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long the view may go without being recomputed before every unit is reported
-/// unhealthy: a refresh that never returns (NVML stuck on a GPU that fell off the bus, a hung
-/// file system) must not leave kubelet with the last list, healthy units and all. A refresh
-/// takes milliseconds, so ten poll intervals (at least 2 s) is far beyond a slow one.
-pub fn stale_after(poll_interval: Duration) -> Duration {
-    poll_interval.saturating_mul(10).max(Duration::from_secs(2))
-}
 
 /// The `DevicePlugin` service: answers from the latest view.
 #[derive(Clone)]
@@ -171,6 +164,7 @@ fn start_refresher(
     grants: Arc<Mutex<Grants>>,
 ) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir)> {
     let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let poll_interval = options.poll_interval;
     let options = options.clone();
     std::thread::Builder::new()
         .name("view".into())
@@ -183,12 +177,12 @@ fn start_refresher(
                 }
             };
             let first = refresher.view();
-            log_view(&first);
+            first.log();
             let (tx, rx) = watch::channel(Arc::new(first));
             let tx = Arc::new(tx);
             let beat = Arc::new(Mutex::new(Instant::now()));
-            if let Err(e) = start_watchdog(tx.clone(), beat.clone(), options.poll_interval) {
-                let _ = started_tx.send(Err(e));
+            if let Err(e) = watchdog::start(tx.clone(), beat.clone(), options.poll_interval) {
+                let _ = started_tx.send(Err(DevicePluginError::Runtime(e)));
                 return;
             }
             if started_tx.send(Ok((rx, refresher.state_dir().clone()))).is_err() {
@@ -201,7 +195,7 @@ fn start_refresher(
                 tx.send_if_modified(|current| {
                     let changed = current.devices != view.devices || current.error != view.error;
                     if changed {
-                        log_view(&view);
+                        view.log();
                     }
                     *current = Arc::new(view);
                     changed
@@ -210,63 +204,29 @@ fn start_refresher(
             });
         })
         .map_err(DevicePluginError::Runtime)?;
-    started_rx.recv().unwrap_or_else(|_| {
-        Err(DevicePluginError::Runtime(std::io::Error::other(
-            "the view thread ended before its first view",
-        )))
-    })
+    watchdog::first_view(&started_rx, poll_interval).map_err(DevicePluginError::Runtime)?
 }
 
-/// Watches the view thread's heartbeat (`beat`, set at each view it publishes): when no view
-/// came for [`stale_after`] the poll interval, publishes one with every unit unhealthy, which
-/// the view thread's next view replaces.
-fn start_watchdog(
-    views: Arc<watch::Sender<Arc<NodeView>>>,
-    beat: Arc<Mutex<Instant>>,
-    poll_interval: Duration,
-) -> Result<()> {
-    let limit = stale_after(poll_interval);
-    std::thread::Builder::new()
-        .name("view-watchdog".into())
-        .spawn(move || loop {
-            std::thread::sleep(poll_interval.min(limit));
-            if views.is_closed() {
-                return;
-            }
-            let since = beat.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
-            if since < limit {
-                continue;
-            }
-            views.send_if_modified(|current| {
-                if current.error.is_some() {
-                    return false;
-                }
-                let stale = NodeView::failed(
-                    &current.gpus,
-                    current.rules,
-                    format!(
-                        "no new view for {}s: reading the inventory, the config or the ledger has not returned",
-                        since.as_secs()
-                    ),
-                );
-                log_view(&stale);
-                *current = Arc::new(stale);
-                true
-            });
-        })
-        .map(drop)
-        .map_err(DevicePluginError::Runtime)
-}
-
-fn log_view(view: &NodeView) {
-    for line in &view.left_out {
-        eprintln!("vramgate-device-plugin: left out {line}");
+impl StaleView for NodeView {
+    fn is_failed(&self) -> bool {
+        self.error.is_some()
     }
-    eprintln!(
-        "vramgate-device-plugin: {} healthy units: {}",
-        view.healthy_units(),
-        view.describe()
-    );
+
+    /// Every unit unhealthy.
+    fn failed_because(&self, reason: String) -> NodeView {
+        NodeView::failed(&self.gpus, self.rules, reason)
+    }
+
+    fn log(&self) {
+        for line in &self.left_out {
+            eprintln!("vramgate-device-plugin: left out {line}");
+        }
+        eprintln!(
+            "vramgate-device-plugin: {} healthy units: {}",
+            self.healthy_units(),
+            self.describe()
+        );
+    }
 }
 
 /// What ends one round of serving.

@@ -17,10 +17,10 @@ use super::{cdi, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::deviceplugin::refresh::FileWatch;
-pub use crate::deviceplugin::server::stale_after;
+use crate::deviceplugin::watchdog::{self, StaleView};
 use crate::inventory::Inventory;
 use crate::ledger::StateDir;
-use crate::procfs::{Life, Liveness, ProcLiveness};
+use crate::procfs::ProcLiveness;
 use crate::service::Service;
 
 /// How often the publisher reads its slice back even when nothing changed here: kubelet
@@ -137,10 +137,7 @@ impl Refresher {
     fn try_view(&mut self) -> Result<DraView> {
         // Re-read each time, like every hook: a changed headroom shows at once.
         let config = Config::load_from(&self.config_path)?;
-        let mut ledger = self.dir.read()?;
-        // A reservation whose container is gone holds nothing: the next transaction reclaims
-        // it (the device plugin counts the same way).
-        ledger.reservations.retain(|r| ProcLiveness.life(&r.init) != Life::Gone);
+        // The node as the device plugin, `vramgate status` and the metrics measure it.
         let service = Service::new(
             self.dir.clone(),
             self.inventory.as_ref(),
@@ -148,9 +145,7 @@ impl Refresher {
             &ProcLiveness,
             &config,
         );
-        let report = service
-            .snapshot_of(&ledger)
-            .map_err(|e| DriverError::Watch(e.to_string()))?;
+        let (ledger, report) = service.schedulable()?;
         let prepared = cdi::prepared(&self.cdi_dir);
         let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
         let uuids: std::collections::BTreeSet<String> = report.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
@@ -206,7 +201,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Dropped by `run` when it returns: the thread then ends at its next wake.
     let (alive_tx, alive_rx) = watch::channel(());
-    let first_view_within = stale_after(options.poll_interval);
+    let poll_interval = options.poll_interval;
     let options = options.clone();
     std::thread::Builder::new()
         .name("view".into())
@@ -219,12 +214,12 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
                 }
             };
             let first = refresher.view();
-            eprintln!("vramgate-dra: {}", first.describe());
+            first.log();
             let (tx, rx) = watch::channel(Arc::new(first));
             let tx = Arc::new(tx);
             let beat = Arc::new(Mutex::new(Instant::now()));
-            if let Err(e) = start_watchdog(tx.clone(), beat.clone(), options.poll_interval) {
-                let _ = started_tx.send(Err(e));
+            if let Err(e) = watchdog::start(tx.clone(), beat.clone(), options.poll_interval) {
+                let _ = started_tx.send(Err(DriverError::Runtime(e)));
                 return;
             }
             if started_tx.send(Ok(rx)).is_err() {
@@ -240,7 +235,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
                 tx.send_if_modified(|current| {
                     let changed = !current.publishes_as(&view) || current.error != view.error;
                     if changed {
-                        eprintln!("vramgate-dra: {}", view.describe());
+                        view.log();
                     }
                     *current = Arc::new(view);
                     changed
@@ -248,65 +243,23 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
             }
         })
         .map_err(DriverError::Runtime)?;
-    // Bounded: an NVML call that never returns at start must end the driver with its reason,
-    // not leave it unregistered and silent (the watchdog starts with the first view).
-    let limit = first_view_within;
-    let views = match started_rx.recv_timeout(limit) {
-        Ok(first) => first?,
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            return Err(DriverError::Runtime(std::io::Error::other(format!(
-                "no first view within {}s: reading the inventory, the config or the ledger has not returned",
-                limit.as_secs()
-            ))))
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-            return Err(DriverError::Runtime(std::io::Error::other(
-                "the view thread ended before its first view",
-            )))
-        }
-    };
+    let views = watchdog::first_view(&started_rx, poll_interval).map_err(DriverError::Runtime)??;
     Ok((views, alive_tx))
 }
 
-/// Watches the view thread's heartbeat (`beat`, set at each view it computes): when none came
-/// for [`stale_after`] the poll interval (a driver call or a file read that never returns),
-/// publishes every device with no capacity, as the device plugin makes its units unhealthy;
-/// the view thread's next view replaces it.
-fn start_watchdog(
-    views: Arc<watch::Sender<Arc<DraView>>>,
-    beat: Arc<Mutex<Instant>>,
-    poll_interval: Duration,
-) -> Result<()> {
-    let limit = stale_after(poll_interval);
-    std::thread::Builder::new()
-        .name("view-watchdog".into())
-        .spawn(move || loop {
-            std::thread::sleep(poll_interval.min(limit));
-            if views.is_closed() {
-                return;
-            }
-            let since = beat.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
-            if since < limit {
-                continue;
-            }
-            views.send_if_modified(|current| {
-                if current.error.is_some() {
-                    return false;
-                }
-                let stale = DraView::failed(
-                    current,
-                    format!(
-                        "no new view for {}s: reading the inventory, the config or the ledger has not returned",
-                        since.as_secs()
-                    ),
-                );
-                eprintln!("vramgate-dra: {}", stale.describe());
-                *current = Arc::new(stale);
-                true
-            });
-        })
-        .map(drop)
-        .map_err(DriverError::Runtime)
+impl StaleView for DraView {
+    fn is_failed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Every device without capacity, so none is published.
+    fn failed_because(&self, reason: String) -> DraView {
+        DraView::failed(self, reason)
+    }
+
+    fn log(&self) {
+        eprintln!("vramgate-dra: {}", self.describe());
+    }
 }
 
 /// What the publisher last wrote: the slice it built and the version the API server gave it.

@@ -183,6 +183,26 @@ pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, check: impl F
     poll(what, limit, Duration::from_millis(100), check).0
 }
 
+/// Replaces the config file at `config` by a FIFO that gives its text to the first reader when
+/// `serve_first_read` (a binary's own read at start) and to nobody after: the next read blocks,
+/// as an NVML call can on a GPU that fell off the bus.
+pub fn config_that_hangs(config: &Path, serve_first_read: bool) {
+    let text = std::fs::read(config).unwrap();
+    let fifo = config.with_extension("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    std::fs::rename(&fifo, config).unwrap();
+    if serve_first_read {
+        let path = config.to_path_buf();
+        std::thread::spawn(move || {
+            // Opening blocks until the reader opens; closing is the reader's end of file.
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, &text));
+        });
+    }
+}
+
 /// Polls `check` every 25 ms for at most `limit`; returns how long it took to hold, which the
 /// queue tests measure (hence the shorter period).
 pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
