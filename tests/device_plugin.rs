@@ -341,30 +341,15 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     // A refresh that never returns (here: the config replaced by a FIFO nobody writes, so
     // reading it blocks, as NVML can on a GPU that fell off the bus): within the watchdog's
     // limit every unit is unhealthy, and the next view that completes brings them back.
-    let text = std::fs::read_to_string(&bed.config_path).unwrap();
-    let fifo = bed.dir.join("config.fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    // A second name for the FIFO, to reach the blocked reader once the config is a file again.
-    let reader_end = bed.dir.join("config.fifo.writer");
-    std::fs::hard_link(&fifo, &reader_end).unwrap();
     let hung = Instant::now();
-    std::fs::rename(&fifo, &bed.config_path).unwrap();
+    let config = HungConfig::hang(&bed.config_path);
     let limit = vramgate::deviceplugin::watchdog::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
     let seen = watch.until("every unit unhealthy while the view hangs", limit + SEEN_WITHIN, |l| {
         healthy(l, GPU0) + healthy(l, GPU1) == 0
     });
     eprintln!("view hung -> all unhealthy: {:?}", seen.saturating_duration_since(hung));
     assert!(plugin.log().contains("no new view for"), "{}", plugin.log());
-    // Put the file back first (a read after the blocked one must not find the FIFO), then
-    // unblock the reader waiting on the FIFO.
-    let restored = bed.dir.join("config.restored");
-    std::fs::write(&restored, &text).unwrap();
-    std::fs::rename(&restored, &bed.config_path).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&reader_end)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
-        .unwrap();
+    config.release();
     watch.until("every unit healthy once the view returns", SEEN_WITHIN, |l| {
         healthy(l, GPU0) + healthy(l, GPU1) == 40
     });
@@ -433,14 +418,13 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     eprintln!("plugin log:\n{}", plugin.log());
 }
 
-/// The status of the GPU `uuid` in `vramgate status --json`.
 #[test]
 fn a_first_view_that_never_comes_ends_the_plugin_with_the_reason() {
     // Refresher::open's config read blocks (a FIFO nobody writes), as NVML's start can on a GPU
     // that fell off the bus: the plugin must end with the reason, not sit unregistered.
     let (_dir, bed) = runc_testbed("vramgate-dp-first-view", &two_gpus());
     vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
-    config_that_hangs(&bed.config_path, false);
+    let _config = HungConfig::hang(&bed.config_path);
     let plugin_dir = bed.dir.join("device-plugins");
     std::fs::create_dir_all(&plugin_dir).unwrap();
     let started = Instant::now();
@@ -458,6 +442,7 @@ fn a_first_view_that_never_comes_ends_the_plugin_with_the_reason() {
     assert!(!plugin_dir.join(SOCKET).exists(), "it served a socket without a view");
 }
 
+/// The status of the GPU `uuid` in `vramgate status --json`.
 fn gpu_status(config: &Path, uuid: &str) -> Value {
     status(config)["gpus"]
         .as_array()

@@ -275,23 +275,11 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     // A view that never returns (the config replaced by a FIFO nobody writes, so reading it
     // blocks, as NVML can on a GPU that fell off the bus): within the watchdog's limit every
     // device is published with no capacity, and the next view that completes restores them.
-    let text = std::fs::read_to_string(&tb.config_path).unwrap();
-    let fifo = tb.dir.join("config.fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    let reader_end = tb.dir.join("config.fifo.writer");
-    std::fs::hard_link(&fifo, &reader_end).unwrap();
-    std::fs::rename(&fifo, &tb.config_path).unwrap();
+    let config = HungConfig::hang(&tb.config_path);
     let took = wait_capacities(&rt, &api, &[]);
     eprintln!("view hung -> no device published after {} ms", took.as_millis());
     assert!(driver.log_text().contains("no new view for"), "{}", driver.log_text());
-    let restored = tb.dir.join("config.restored");
-    std::fs::write(&restored, &text).unwrap();
-    std::fs::rename(&restored, &tb.config_path).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&reader_end)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
-        .unwrap();
+    config.release();
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
 
     // kubelet restarts: it deletes the node's slices, the driver registers again and
@@ -319,9 +307,6 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     drop(dir);
 }
 
-/// The stand-in API server refuses what kube-apiserver refuses (so that the driver's writes
-/// passing it means something): each broken variant of a valid slice is a 422 naming the
-/// field, as the real server's validation answers.
 #[test]
 fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     // The driver's own config read at start is answered; the view thread's blocks (a FIFO
@@ -329,50 +314,42 @@ fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     // must end with the reason, not sit unregistered and silent.
     let (_dir, tb) = runc_testbed("vramgate-dra-first-view", GPUS);
     vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
-    config_that_hangs(&tb.config_path, true);
-    let registry_dir = tb.dir.join("kubelet/plugins_registry");
-    std::fs::create_dir_all(&registry_dir).unwrap();
-    let log = tb.dir.join("vramgate-dra.log");
+    let config = HungConfig::hang(&tb.config_path);
+    config.serve_one_read();
     let started = Instant::now();
-    let mut child = std::process::Command::new(DRA)
-        .arg("--config")
-        .arg(&tb.config_path)
-        .arg("--kubeconfig")
-        .arg(tb.dir.join("no-kubeconfig"))
-        .arg("--registry-dir")
-        .arg(&registry_dir)
-        .arg("--plugin-dir")
-        .arg(tb.dir.join("kubelet/plugins").join(DRIVER))
-        .arg("--cdi-dir")
-        .arg(tb.dir.join("cdi"))
-        .args(["--poll-interval", "100ms"])
-        .env("NODE_NAME", NODE)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut driver = Driver::spawn(
+        &tb.dir,
+        &tb.config_path,
+        &tb.dir.join("no-kubeconfig"),
+        NODE,
+        &tb.dir.join("cdi"),
+        &[],
+    );
     let limit = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
     let exit = wait_until(
         "the driver ends without a first view",
         limit + Duration::from_secs(10),
         || {
-            let exit = child.try_wait().unwrap();
+            let exit = driver.child.try_wait().unwrap();
             (exit.is_some(), exit)
         },
     );
     let took = started.elapsed();
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = driver.log_text();
     assert_eq!(exit.unwrap().code(), Some(1), "{text}");
     let reason = format!("no first view within {}s", limit.as_secs());
     assert!(text.contains(&reason), "{text}");
     assert!(took >= limit, "ended after {took:?}, before the limit {limit:?}");
     assert_eq!(
-        std::fs::read_dir(&registry_dir).unwrap().count(),
+        std::fs::read_dir(&driver.registry_dir).unwrap().count(),
         0,
         "it registered without a view"
     );
 }
 
+/// The stand-in API server refuses what kube-apiserver refuses (so that the driver's writes
+/// passing it means something): each broken variant of a valid slice is a 422 naming the
+/// field, as the real server's validation answers.
 #[test]
 fn the_stand_in_api_server_refuses_what_kube_apiserver_refuses() {
     let dir = tempfile::tempdir().unwrap();

@@ -201,6 +201,20 @@ impl Driver {
         // makes it itself.
         let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
         vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+        let mut driver = Driver::spawn(dir, config, &api.kubeconfig, node, cdi_dir, extra);
+        let socket = driver.registration_socket();
+        wait_until("the driver's registration socket", Duration::from_secs(20), || {
+            if let Ok(Some(status)) = driver.child.try_wait() {
+                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
+            }
+            (socket.exists(), driver.log_text())
+        });
+        driver
+    }
+
+    /// The driver as [`Driver::start`] runs it, with `kubeconfig`, reading nothing itself (not
+    /// even the config) and waiting for nothing.
+    pub fn spawn(dir: &Path, config: &Path, kubeconfig: &Path, node: &str, cdi_dir: &Path, extra: &[&str]) -> Driver {
         let registry_dir = dir.join("kubelet/plugins_registry");
         let plugin_dir = dir.join(format!("kubelet/plugins/{DRIVER}"));
         std::fs::create_dir_all(&registry_dir).unwrap();
@@ -215,7 +229,7 @@ impl Driver {
             .arg("--config")
             .arg(config)
             .arg("--kubeconfig")
-            .arg(&api.kubeconfig)
+            .arg(kubeconfig)
             .arg("--registry-dir")
             .arg(&registry_dir)
             .arg("--plugin-dir")
@@ -231,22 +245,13 @@ impl Driver {
             .stderr(log_file)
             .spawn()
             .unwrap();
-        let driver = Driver {
+        Driver {
             child,
             registry_dir,
             plugin_dir,
             cdi_dir: cdi_dir.to_path_buf(),
             log,
-        };
-        let socket = driver.registration_socket();
-        let mut driver = driver;
-        wait_until("the driver's registration socket", Duration::from_secs(20), || {
-            if let Ok(Some(status)) = driver.child.try_wait() {
-                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
-            }
-            (socket.exists(), driver.log_text())
-        });
-        driver
+        }
     }
 
     pub fn registration_socket(&self) -> PathBuf {

@@ -183,23 +183,54 @@ pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, check: impl F
     poll(what, limit, Duration::from_millis(100), check).0
 }
 
-/// Replaces the config file at `config` by a FIFO that gives its text to the first reader when
-/// `serve_first_read` (a binary's own read at start) and to nobody after: the next read blocks,
-/// as an NVML call can on a GPU that fell off the bus.
-pub fn config_that_hangs(config: &Path, serve_first_read: bool) {
-    let text = std::fs::read(config).unwrap();
-    let fifo = config.with_extension("fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    std::fs::rename(&fifo, config).unwrap();
-    if serve_first_read {
-        let path = config.to_path_buf();
+/// A config file replaced by a FIFO nobody writes: a read of it blocks, as an NVML call can on a
+/// GPU that fell off the bus. The FIFO's second name reaches a blocked reader afterwards.
+pub struct HungConfig {
+    config: PathBuf,
+    text: Vec<u8>,
+    writer_end: PathBuf,
+}
+
+impl HungConfig {
+    /// Replaces the config file at `config` by the FIFO.
+    pub fn hang(config: &Path) -> HungConfig {
+        let text = std::fs::read(config).unwrap();
+        let fifo = config.with_extension("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let writer_end = config.with_extension("fifo.writer");
+        std::fs::hard_link(&fifo, &writer_end).unwrap();
+        std::fs::rename(&fifo, config).unwrap();
+        HungConfig {
+            config: config.to_path_buf(),
+            text,
+            writer_end,
+        }
+    }
+
+    /// Gives the config's text to the first reader (a binary's own read at start), so that
+    /// only the next read blocks.
+    pub fn serve_one_read(&self) {
+        let (writer_end, text) = (self.writer_end.clone(), self.text.clone());
         std::thread::spawn(move || {
             // Opening blocks until the reader opens; closing is the reader's end of file.
             let _ = std::fs::OpenOptions::new()
                 .write(true)
-                .open(&path)
+                .open(&writer_end)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, &text));
         });
+    }
+
+    /// Puts the file back first (a read after the blocked one must not find the FIFO), then
+    /// unblocks the reader waiting on the FIFO.
+    pub fn release(self) {
+        let restored = self.config.with_extension("restored");
+        std::fs::write(&restored, &self.text).unwrap();
+        std::fs::rename(&restored, &self.config).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.writer_end)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &self.text))
+            .unwrap();
     }
 }
 
