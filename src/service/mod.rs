@@ -835,15 +835,14 @@ impl<'a> Service<'a> {
     }
 
     /// The node as the scheduler's plugins publish it (the device plugin's healthy units, the
-    /// DRA driver's capacity): the ledger read without the lock, less the reservations whose
-    /// container is gone (the next transaction reclaims them, so they hold nothing a new
-    /// request must wait for), and the snapshot of that ledger. `vramgate status` shows those
+    /// DRA driver's capacity): the ledger read without the lock, less what the next
+    /// transaction reclaims (a reservation whose container is gone holds nothing a new request
+    /// must wait for), and the snapshot of that ledger. `vramgate status` shows those
     /// reservations as gone instead.
     pub fn schedulable(&self) -> Result<(Ledger, StatusReport)> {
         let mut ledger = self.dir.read()?;
-        ledger
-            .reservations
-            .retain(|r| self.liveness.life(&r.init) != procfs::Life::Gone);
+        // The transactions' own rule: a process that cannot be checked keeps its entry.
+        ledger.reclaim_all(self.liveness);
         let report = self.snapshot_of(&ledger)?;
         Ok((ledger, report))
     }
