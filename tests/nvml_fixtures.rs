@@ -461,6 +461,66 @@ fn auto_never_simulates_a_gpu_on_a_gpu_host() {
     assert!(host.ledger().reservations.is_empty(), "nothing admitted");
 }
 
+/// `backend = "auto"` with the shipped config's `[[inventory.gpus]]` example uncommented, on a
+/// host the driver says has a GPU: one line naming the list, never the simulated 80 GiB card
+/// (status, and the hook, which then reserves nothing).
+#[test]
+fn auto_with_a_static_list_never_simulates_a_gpu_on_a_gpu_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = "[inventory]\nbackend = \"auto\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-00000000-0000-0000-0000-000000000000\"\ntotal = \"80Gi\"\n";
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, Testbed::default_config(dir.path(), listed)).unwrap();
+    // Without the driver's evidence the list is the simulated host it was written for.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["status", "--json"])
+        .env("VRAMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no report: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: inventory.backend = \"auto\" with 1 [[inventory.gpus]] table(s)",
+            config.display()
+        )) && stderr.contains("(/proc/driver/nvidia exists)")
+            && stderr.contains("will not admit against a simulated GPU"),
+        "{stderr}"
+    );
+
+    let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), listed);
+    let bundle = host.bundle_with_spec(
+        "listed",
+        &serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["sleep"], "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
+            "root": {"path": "rootfs"}, "annotations": {"vramgate.dev/memory": "1Gi"}}),
+    );
+    let init = FakeContainer::start();
+    let state = oci_state("listed", Some(init.pid()), &bundle);
+    let mut hook = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate-hook"), &["createRuntime"])
+        .env("VRAMGATE_CONFIG", &host.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut hook.stdin.take().unwrap(), &state).unwrap();
+    let out = hook.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
+    assert!(stderr.contains("[[inventory.gpus]]"), "{stderr}");
+    assert!(host.ledger().reservations.is_empty(), "nothing admitted");
+}
+
 #[test]
 fn missing_driver_refuses_at_the_hook_with_one_line() {
     let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("nvml"));

@@ -106,6 +106,12 @@ pub enum InventoryError {
         tried: String,
         evidence: PathBuf,
     },
+    #[error("{config}: inventory.backend = \"auto\" with {count} [[inventory.gpus]] table(s), on a host with an NVIDIA GPU ({evidence} exists): vramgate will not admit against a simulated GPU here; remove the [[inventory.gpus]] tables to read the real GPUs through NVML, or set inventory.backend = \"static\" to simulate them on purpose")]
+    StaticListOnGpuHost {
+        config: String,
+        count: usize,
+        evidence: PathBuf,
+    },
     #[error("cannot read the static GPU list from {path}: {message}")]
     Static { path: PathBuf, message: String },
     #[error("internal error: the GPU inventory was read by an operation that opened none")]
@@ -233,13 +239,30 @@ impl Inventory for OpenOnUse<'_> {
 
 /// Opens the backend the config asks for. `auto` means NVML when its library loads and the
 /// static list when the library is absent; a library that loads but fails is an error, never
-/// a silent fall back to simulated numbers on a real GPU host.
+/// a silent fall back to simulated numbers on a real GPU host. The same holds for a static
+/// list under `auto` (the shipped config's commented example, uncommented): only on a host
+/// without an NVIDIA GPU; where the driver shows one, it is an error naming the list.
 pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+    open_at(config, Path::new("/"))
+}
+
+/// [`open`] on the host whose `/dev` and `/proc` are under `root`.
+fn open_at(config: &Config, root: &Path) -> Result<Box<dyn Inventory>, InventoryError> {
     match config.inventory.backend {
         Backend::Static => Ok(Box::new(StaticInventory::from_config(config))),
         Backend::Nvml => Ok(Box::new(NvmlInventory::open(&config.inventory.nvml_library)?)),
         Backend::Auto => {
             if !config.inventory.gpus.is_empty() {
+                if let Some(evidence) = nvidia_gpu_evidence(root) {
+                    return Err(InventoryError::StaticListOnGpuHost {
+                        config: config
+                            .source
+                            .as_deref()
+                            .map_or_else(|| "the config".to_string(), |p| p.display().to_string()),
+                        count: config.inventory.gpus.len(),
+                        evidence,
+                    });
+                }
                 return Ok(Box::new(StaticInventory::from_config(config)));
             }
             match NvmlInventory::open(&config.inventory.nvml_library) {
@@ -247,7 +270,7 @@ pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
                 // The simulated GPU is for hosts without one. Where the driver shows a GPU, a
                 // library that does not load is a broken host, never a 24 GiB simulated card
                 // that admission would trust.
-                Err(InventoryError::NvmlLoad { library, tried }) => match nvidia_gpu_evidence(Path::new("/")) {
+                Err(InventoryError::NvmlLoad { library, tried }) => match nvidia_gpu_evidence(root) {
                     None => Ok(Box::new(StaticInventory::from_config(config))),
                     Some(evidence) => Err(InventoryError::NvmlMissingOnGpuHost {
                         library,
@@ -285,6 +308,37 @@ pub fn nvidia_gpu_evidence(root: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_takes_a_static_list_only_on_a_host_without_a_gpu() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("dev")).unwrap();
+        let mut config = Config::default();
+        config.source = Some(PathBuf::from("/etc/vramgate/config.toml"));
+        config.inventory.gpus.push(crate::config::StaticGpu {
+            index: 0,
+            uuid: "GPU-sim".into(),
+            total: 80 << 30,
+            used_outside: 0,
+            minor: 0,
+        });
+        let inventory = open_at(&config, root.path()).unwrap();
+        assert_eq!(inventory.snapshot().unwrap().gpus[0].uuid, "GPU-sim");
+        std::fs::write(root.path().join("dev/nvidiactl"), "").unwrap();
+        let err = open_at(&config, root.path()).err().unwrap().to_string();
+        assert!(
+            err.starts_with(
+                "/etc/vramgate/config.toml: inventory.backend = \"auto\" with 1 [[inventory.gpus]] table(s)"
+            ) && err.contains(&format!("({} exists)", root.path().join("dev/nvidiactl").display()))
+                && err.contains("will not admit against a simulated GPU"),
+            "{err}"
+        );
+        config.inventory.backend = Backend::Static;
+        assert!(
+            open_at(&config, root.path()).is_ok(),
+            "static on purpose is the operator's word"
+        );
+    }
 
     #[test]
     fn a_gpu_host_is_told_by_the_driver_s_proc_entry_or_its_device_nodes() {
