@@ -162,6 +162,25 @@ fn podman_admits_refuses_and_releases() {
     run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &env]));
     wait_released(&p.tb, &env);
 
+    // A container's own `vramgate.dev/enforcement` is not a tier vramgate applied: the hook
+    // alone records none, so status and the metrics never claim a driver limit no one set.
+    let forged = run_ok(&mut p.run(
+        &["-d", "--annotation", "vramgate.dev/enforcement=driver_limit"],
+        Some("2Gi"),
+        &["sleep", "300"],
+    ));
+    wait_reserved(&p.tb, &forged, 2 << 30);
+    let listed = status(&p.tb.config_path)["gpus"][0]["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["container_id"] == forged.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["tier"], Value::Null, "{listed}");
+    run_ok(&mut p.podman(&["rm", "-f", "-t", "0", &forged]));
+    wait_released(&p.tb, &forged);
+
     // Without a request the hooks run and do nothing: nothing is reserved.
     let plain = run_ok(&mut p.run(&["-d"], None, &["sleep", "300"]));
     assert!(reservations(&p.tb).is_empty());

@@ -305,6 +305,22 @@ fn create_adds_hooks_in_every_bundle_flag_form() {
     }
 }
 
+/// A container that brings its own `vramgate.dev/enforcement` (a pod annotation, podman's
+/// `--annotation`) does not choose the tier the hook records: the wrapper writes its own.
+#[test]
+fn a_tier_annotation_the_container_brought_is_replaced_by_the_wrappers() {
+    let bench = Bench::standard();
+    let spec = spec_with(
+        json!({"vramgate.dev/memory": "1Gi", "vramgate.dev/enforcement": "driver_limit"}),
+        &["NVIDIA_VISIBLE_DEVICES=0"],
+    );
+    let bundle = bench.bundle("forged-tier", &spec);
+    let args = os(&["create", "--bundle", bundle.to_str().unwrap(), "forged-tier"]);
+    assert_quiet_success(&bench.run(&args, bench.dir.path()), "create");
+    let after: Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    assert_eq!(after["annotations"]["vramgate.dev/enforcement"], "guardrails");
+}
+
 #[test]
 fn a_symlinked_bundle_is_followed_as_runc_follows_it() {
     let bench = Bench::standard();

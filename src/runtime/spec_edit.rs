@@ -211,7 +211,11 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         }
         e
     };
-    let mut edited = false;
+    // The tier the hook records is the one this wrapper writes, never one the container
+    // brought along (`--annotation vramgate.dev/enforcement=driver_limit` would make status
+    // and the metrics claim a limit no one set, and read usage from a driver figure that is
+    // not there): whatever the spec carried under that key goes, and `enforce` writes it anew.
+    let mut edited = remove_annotation(&mut spec, crate::hook::ENFORCEMENT_ANNOTATION);
     if let Some(reserved) = &reserved {
         // The container sees exactly the GPUs it reserved on: those vramgate chose, or those
         // it named, out of whatever else its engine gave it (`NVIDIA_VISIBLE_DEVICES=all`
@@ -224,7 +228,8 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
                 None => WhenNoneGiven::Leave,
             };
             let mig_minors = crate::inventory::mig_caps::MigMinors::read();
-            narrow_to(&mut spec, &path, &reserved.gpus, none_given, &mig_minors).map_err(undo)?;
+            let host = crate::device_rules::HostPaths::default();
+            narrow_to(&mut spec, &path, &reserved.gpus, none_given, &mig_minors, &host).map_err(undo)?;
             edited = true;
         }
         // The env as the container set it: placement changes only the GPU variables, which
@@ -278,6 +283,13 @@ fn enforce(
         }
     }
     Ok(changed)
+}
+
+/// Removes `key` from the spec's annotations; whether it was there.
+fn remove_annotation(spec: &mut Value, key: &str) -> bool {
+    spec.get_mut("annotations")
+        .and_then(Value::as_object_mut)
+        .is_some_and(|annotations| annotations.shift_remove(key).is_some())
 }
 
 /// Replaces `path` (the bundle's `config.json`, read as `bytes`) with `spec`, atomically,

@@ -89,8 +89,12 @@ pub struct AdmitRequest<'r> {
     /// runtime process, and the reservation is pending until the container's hook confirms it
     /// (see [`Reservation::pending`]). Only such a request may place (`auto`).
     pub pending: bool,
-    /// What holds the container to its reservation, when the caller knows: recorded with the
-    /// reservation (the hook passes what the wrapper wrote into the spec when it confirms).
+    /// What holds the container to its reservation, as vramgate-runtime wrote it into the spec
+    /// at create (the hook passes the spec's `vramgate.dev/enforcement`). Taken only when it
+    /// confirms that very admission, whose spec the wrapper rewrote: the annotation is also
+    /// what a container's own `--annotation` or a pod's annotations can set, so a fresh
+    /// admission (the hook alone) records no tier from it, whatever the spec says. A tier the
+    /// hook itself applies is recorded through [`Service::set_enforcement`].
     pub enforcement: Option<crate::enforce::Tier>,
 }
 
@@ -538,7 +542,8 @@ impl<'a> Service<'a> {
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
-                    enforcement: req.enforcement,
+                    // Only a confirmation takes the spec's word (see AdmitRequest::enforcement).
+                    enforcement: None,
                     extra: Default::default(),
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };

@@ -1166,3 +1166,44 @@ fn a_confirmation_stores_the_bundle_the_hook_was_given_so_the_stop_releases_it()
         .unwrap();
     assert!(released.reservation.is_some());
 }
+
+/// `vramgate.dev/enforcement` in a spec is the wrapper's word only when the hook confirms the
+/// wrapper's own admission; a container that sets it itself and is admitted by the hook alone
+/// (podman `--annotation`, a pod annotation) records no tier.
+#[test]
+fn a_tier_from_the_spec_is_recorded_only_when_confirming_the_wrappers_admission() {
+    use crate::enforce::Tier;
+    let w = World::new(1, 80 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let r = request(GI, "0");
+    let claimed = AdmitRequest {
+        enforcement: Some(Tier::DriverLimit),
+        ..admit_req("forger", 1, &r, Policy::Reject)
+    };
+    assert!(admitted(
+        &step(&service, &mut ledger, &claimed, &mut Progress::default()).0
+    ));
+    assert_eq!(ledger.reservation("forger").unwrap().enforcement, None);
+
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &placing("wrapped", 7, &r, Policy::Reject),
+            &mut Progress::default()
+        )
+        .0
+    ));
+    let hook = AdmitRequest {
+        runtime: Some(pid(7)),
+        enforcement: Some(Tier::DriverLimit),
+        ..admit_req("wrapped", 500, &r, Policy::Reject)
+    };
+    let (s, _) = step(&service, &mut ledger, &hook, &mut Progress::default());
+    assert!(matches!(s, Ok(Step::Done(Admission::Confirmed { .. }))), "{s:?}");
+    assert_eq!(
+        ledger.reservation("wrapped").unwrap().enforcement,
+        Some(Tier::DriverLimit)
+    );
+}
