@@ -72,6 +72,8 @@ pub enum HookError {
         container: String,
         source: crate::enforce::EnforceError,
     },
+    #[error("container {container}: its device rule \"{rule}\" lets it open the nodes of GPUs it holds no reservation on (a container with CAP_MKNOD can make them); drop the rule or --privileged (name the devices it needs instead), reserve on every GPU it can reach, or start it through vramgate-runtime, which narrows a rule over NVIDIA's devices to the reserved GPUs")]
+    DeviceRuleReachesOtherGpus { container: String, rule: String },
     #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); remove them, or start the container through vramgate-runtime, which removes them")]
     ToolkitConflict { container: String, variables: String },
 }
@@ -232,6 +234,30 @@ fn admit(
             });
         }
     }
+    // The hook alone cannot narrow the spec (runc has read it): a rule that opens other GPUs'
+    // nodes is refused, one over every device before anything is reserved or waited for.
+    // `vramgate.dev/gpus=all` reserves on every GPU it could reach.
+    let holds_every_gpu = request.gpus.selection == request::GpuSelection::All && request.gpus.within.is_none();
+    let reaching = |kept: &[u32]| {
+        let rule = crate::device_rules::reaching_other_gpus(spec.device_rules(), kept)?;
+        Some(HookError::DeviceRuleReachesOtherGpus {
+            container: container.to_string(),
+            rule: rule.describe(),
+        })
+    };
+    if !holds_every_gpu {
+        let every = spec
+            .device_rules()
+            .iter()
+            .map(crate::device_rules::DeviceRule)
+            .find(crate::device_rules::DeviceRule::opens_every_char_major);
+        if let Some(rule) = every {
+            return Err(HookError::DeviceRuleReachesOtherGpus {
+                container: container.to_string(),
+                rule: rule.describe(),
+            });
+        }
+    }
     let dir = StateDir::open_or_create(&config.state_dir)?;
     let inventory = inventory::OpenOnUse::new(config);
     let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
@@ -252,7 +278,14 @@ fn admit(
         // Admitted here (the hook alone, podman's and CRI-O's hooks.d) or by vramgate-runtime at
         // create and now bound to the init: either way the driver limit is set now, when the
         // init exists in its cgroup and has run nothing yet.
-        Admission::Admitted { waited, shares, .. } => {
+        Admission::Admitted {
+            waited, shares, gpus, ..
+        } => {
+            let kept: Vec<u32> = gpus.iter().filter_map(|g| g.minor).collect();
+            if let Some(e) = reaching(&kept).filter(|_| !holds_every_gpu) {
+                let _ = service.release(container, Some(&state.bundle), "a device rule reaches other GPUs");
+                return Err(e);
+            }
             if driver {
                 driver_limit(&service, state, init.pid, &shares, config)?;
             }

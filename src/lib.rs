@@ -14,6 +14,7 @@ pub mod config;
 pub mod counters;
 // The Kubernetes device plugin, behind the `device-plugin` feature (on by default): it brings
 // tokio and tonic, which the hook and the runtime wrapper never link.
+pub mod device_rules;
 #[cfg(feature = "device-plugin")]
 pub mod deviceplugin;
 pub mod doctor;

@@ -30,7 +30,7 @@ pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
 pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
 /// What a prepared DRA claim's CDI edits set, one variable per claim device
-/// (`VRAMGATE_DRA_DEVICE_<device>=<device>`, see [`crate::dra`]): a name of its own for each
+/// (`VRAMGATE_DRA_DEVICE_<device>=<device>:<secret>`, see [`crate::dra`]): a name of its own for each
 /// device, so that two devices given to one container leave two variables (CDI merges
 /// environments by name, the last one winning) and the request is refused, never half counted.
 pub const CLAIM_DEVICE_ENV_PREFIX: &str = "VRAMGATE_DRA_DEVICE_";
@@ -86,6 +86,14 @@ pub enum RequestError {
     SeveralClaimDevices { count: usize, devices: String },
     #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
     ClaimAndAnnotation { device: String, annotation: String },
+    #[error("{source_name} = {value:?} names {outside}, which the container's engine did not give it ({given_source} = {given_value:?}): vramgate only takes away what the engine gave, never adds a GPU (it may be another container's); name GPUs among those the engine gave, or give the container the GPU it names")]
+    OutsideGiven {
+        source_name: String,
+        value: String,
+        outside: String,
+        given_source: String,
+        given_value: String,
+    },
     #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
     TooFewGpus {
         source_name: String,
@@ -96,11 +104,23 @@ pub enum RequestError {
     },
 }
 
-/// The DRA claim devices the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]).
-pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
+/// The DRA claim markers the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]): each value
+/// whole, the device's secret included (see [`crate::dra::cdi`]).
+pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
     spec.env_entries()
         .iter()
         .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('=').map(|(_, v)| v))
+}
+
+/// The CDI device a claim marker's value names: what precedes its secret (`<uid>-gpu-0` of
+/// `<uid>-gpu-0:<secret>`). What messages show; the secret never goes into a log.
+pub fn claim_marker_device(value: &str) -> &str {
+    value.split_once(':').map_or(value, |(name, _)| name)
+}
+
+/// The DRA claim devices the container was given, by name.
+pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
+    claim_markers(spec).map(claim_marker_device)
 }
 
 /// Where a value came from, so that errors and logs name the place the user must edit.
@@ -150,6 +170,10 @@ pub struct GpuSelector {
     /// `NVIDIA_VISIBLE_DEVICES`.
     pub source_name: String,
     pub value: String,
+    /// For vramgate's own word (`vramgate.dev/gpus`, `VRAMGATE_GPUS`) naming GPUs: the GPUs the
+    /// engine gave the container, when it gave some and not all. What the container names must
+    /// be among them ([`RequestError::OutsideGiven`]).
+    pub within: Option<Box<GpuSelector>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,9 +322,16 @@ impl GpuSelector {
         };
         if let Some((source, value)) = own {
             let mut selector = GpuSelector::parse(source, value, true)?;
-            if let GpuSelection::Auto { among, .. } = &mut selector.selection {
-                if let GpuSelection::Devices(devices) = GpuSelector::given(spec)?.selection {
-                    *among = Some(devices);
+            let given = GpuSelector::given(spec)?;
+            match (&mut selector.selection, given.selection) {
+                (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
+                (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),
+                (GpuSelection::Nothing, GpuSelection::Devices(_)) => {}
+                (GpuSelection::All | GpuSelection::Devices(_), devices @ GpuSelection::Devices(_)) => {
+                    selector.within = Some(Box::new(GpuSelector {
+                        selection: devices,
+                        ..given
+                    }));
                 }
             }
             return Ok(selector);
@@ -327,6 +358,7 @@ impl GpuSelector {
                 selection: GpuSelection::Devices(minors),
                 source_name: "linux.devices".to_string(),
                 value: nodes.join(","),
+                within: None,
             });
         }
         let cdi: Vec<&str> = spec
@@ -347,6 +379,7 @@ impl GpuSelector {
             selection: GpuSelection::Nothing,
             source_name: "linux.devices".to_string(),
             value: String::new(),
+            within: None,
         })
     }
 
@@ -443,6 +476,7 @@ impl GpuSelector {
             selection,
             source_name: source_name.to_string(),
             value: value.to_string(),
+            within: None,
         })
     }
 
@@ -450,10 +484,10 @@ impl GpuSelector {
     /// (`auto`) names none yet: it is an error here, whose message says that only
     /// `vramgate-runtime` can place; see [`GpuSelector::candidates`].
     pub fn resolve(&self, snapshot: &Snapshot) -> Result<Vec<String>, RequestError> {
-        let devices = match &self.selection {
+        let uuids = match &self.selection {
             GpuSelection::Nothing => return Ok(Vec::new()),
-            GpuSelection::All => return Ok(snapshot.gpus.iter().map(|g| g.uuid.clone()).collect()),
-            GpuSelection::Devices(devices) => devices,
+            GpuSelection::All => snapshot.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            GpuSelection::Devices(devices) => self.resolve_devices(devices, snapshot, false)?,
             GpuSelection::Auto { .. } => {
                 return Err(RequestError::PlacementNeedsRuntime {
                     source_name: self.source_name.clone(),
@@ -461,7 +495,42 @@ impl GpuSelector {
                 })
             }
         };
-        self.resolve_devices(devices, snapshot, false)
+        self.check_within(&uuids, snapshot)?;
+        Ok(uuids)
+    }
+
+    /// What the container names must be among what its engine gave it ([`GpuSelector::within`]):
+    /// a pod given GPU 0 by its device plugin that names GPU 1 would otherwise be reserved on,
+    /// and narrowed to, a GPU that may be another pod's.
+    fn check_within(&self, uuids: &[String], snapshot: &Snapshot) -> Result<(), RequestError> {
+        let Some(given) = &self.within else { return Ok(()) };
+        let GpuSelection::Devices(devices) = &given.selection else {
+            return Ok(());
+        };
+        // A GPU in MIG mode given whole stands for its MIG devices.
+        let allowed = given.resolve_devices(devices, snapshot, true)?;
+        let outside: Vec<&str> = uuids
+            .iter()
+            .filter(|u| !allowed.iter().any(|a| a.eq_ignore_ascii_case(u)))
+            .map(String::as_str)
+            .collect();
+        if outside.is_empty() {
+            return Ok(());
+        }
+        let describe = |uuid: &str| match snapshot.by_uuid(uuid) {
+            Some(g) => match g.mig_index {
+                Some(m) => format!("GPU {}:{m} ({uuid})", g.index),
+                None => format!("GPU {} ({uuid})", g.index),
+            },
+            None => uuid.to_string(),
+        };
+        Err(RequestError::OutsideGiven {
+            source_name: self.source_name.clone(),
+            value: self.value.chars().take(80).collect(),
+            outside: outside.iter().map(|u| describe(u)).collect::<Vec<_>>().join(", "),
+            given_source: given.source_name.clone(),
+            given_value: given.value.chars().take(200).collect(),
+        })
     }
 
     /// For a placement: how many GPUs to choose, and the UUIDs to choose among (every memory
@@ -664,13 +733,17 @@ mod tests {
         let request = Request::from_spec(&spec(one)).unwrap().expect("a request");
         assert_eq!(request.memory, Quantity::Bytes(6 << 30));
         let two = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
-            "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0","VRAMGATE_DRA_DEVICE_u2_gpu_1=u2-gpu-1"]}}"#;
+            "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0:5ecret1","VRAMGATE_DRA_DEVICE_u2_gpu_1=u2-gpu-1:5ecret2"]}}"#;
         let err = Request::from_spec(&spec(two)).unwrap_err();
         assert!(
             matches!(err, RequestError::SeveralClaimDevices { count: 2, .. }),
             "{err}"
         );
         assert!(err.to_string().contains("u1-gpu-0, u2-gpu-1"), "{err}");
+        assert!(
+            !err.to_string().contains("5ecret"),
+            "a marker's secret never goes into a message: {err}"
+        );
         let annotated = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
             "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]},"annotations":{"vramgate.dev/memory":"1Gi"}}"#;
         let err = Request::from_spec(&spec(annotated)).unwrap_err();
@@ -845,13 +918,91 @@ mod tests {
         let r = Request::from_spec(&s).unwrap().unwrap();
         assert_eq!(r.gpus.source_name, "linux.devices");
         assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+        // vramgate's own word narrows what the engine gave, and never names another GPU.
         let s = spec(
-            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"]}}"#,
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"1"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0,1"]}}"#,
         );
         assert_eq!(
             Request::from_spec(&s).unwrap().unwrap().gpus.resolve(&host()).unwrap(),
-            ["GPU-aaaa"]
+            ["GPU-bbbb"]
         );
+    }
+
+    /// Given GPU 0 by its engine (the NVIDIA device plugin's UUID, Docker's `--gpus device=0`,
+    /// a CDI annotation, an injected `/dev/nvidia0`), a container that names GPU 1 is refused
+    /// with one line naming both; given all or none, it may name any.
+    #[test]
+    fn named_gpus_must_be_among_those_the_engine_gave() {
+        for (given, source) in [
+            (
+                r#""process":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-aaaa"]}"#,
+                "NVIDIA_VISIBLE_DEVICES = \"GPU-aaaa\"",
+            ),
+            (
+                r#""process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}"#,
+                "NVIDIA_VISIBLE_DEVICES = \"0\"",
+            ),
+            (
+                r#""annotations":{"cdi.k8s.io/nvidia-device-plugin_x":"nvidia.com/gpu=0"}"#,
+                "cdi.k8s.io annotations = \"nvidia.com/gpu=0\"",
+            ),
+            (
+                r#""linux":{"devices":[{"path":"/dev/nvidia0"}]}"#,
+                "linux.devices = \"/dev/nvidia0\"",
+            ),
+        ] {
+            for own in [
+                r#""VRAMGATE_GPUS=1""#,
+                r#""VRAMGATE_GPUS=GPU-bbbb""#,
+                r#""VRAMGATE_GPUS=0,1""#,
+                r#""VRAMGATE_GPUS=all""#,
+            ] {
+                // The engine's word and the container's in one spec (annotations merged).
+                let text = format!(r#"{{{given},"x":{{"env":[{own}]}}}}"#);
+                let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+                let own_env = json["x"]["env"][0].clone();
+                json.as_object_mut().unwrap().remove("x");
+                let env = json["process"]["env"].as_array().cloned().unwrap_or_default();
+                json["process"]["env"] =
+                    serde_json::Value::Array(env.into_iter().chain([own_env, "VRAMGATE_MEMORY=1Gi".into()]).collect());
+                let s = spec(&json.to_string());
+                let err = Request::from_spec(&s)
+                    .unwrap()
+                    .unwrap()
+                    .gpus
+                    .resolve(&host())
+                    .unwrap_err();
+                assert!(matches!(err, RequestError::OutsideGiven { .. }), "{given} {own}: {err}");
+                let line = err.to_string();
+                assert!(
+                    line.contains("GPU 1 (GPU-bbbb), which the container's engine did not give it")
+                        && line.contains(source)
+                        && !line.contains('\n'),
+                    "{line}"
+                );
+            }
+            // Naming what was given, in any form, is a narrowing.
+            let text = format!(r#"{{{given}}}"#);
+            let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let env = json["process"]["env"].as_array().cloned().unwrap_or_default();
+            json["process"]["env"] = serde_json::Value::Array(
+                env.into_iter()
+                    .chain(["VRAMGATE_GPUS=GPU-aaaa".into(), "VRAMGATE_MEMORY=1Gi".into()])
+                    .collect(),
+            );
+            let r = Request::from_spec(&spec(&json.to_string())).unwrap().unwrap();
+            assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-aaaa"], "{given}");
+        }
+        for given in ["all", "none", "void", "nvidia.com/gpu=all"] {
+            let s = spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES={given}","VRAMGATE_GPUS=1","VRAMGATE_MEMORY=1Gi"]}}}}"#
+            ));
+            assert_eq!(
+                Request::from_spec(&s).unwrap().unwrap().gpus.resolve(&host()).unwrap(),
+                ["GPU-bbbb"],
+                "{given}"
+            );
+        }
     }
 
     #[test]

@@ -125,6 +125,10 @@ pub struct ProcessView {
 pub struct LinuxView {
     #[serde(default)]
     pub devices: Vec<DeviceView>,
+    /// Kept as JSON: only its `devices` rules are read ([`SpecView::device_rules`]), and a
+    /// field of an unexpected type elsewhere in it is the engine's business, not the hook's.
+    #[serde(default)]
+    pub resources: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -151,6 +155,17 @@ impl SpecView {
             })?
             .ok_or_else(|| SpecError::SpecTooLarge { path: path.clone() })?;
         SpecView::parse(&bytes, &path)
+    }
+
+    /// The device-cgroup rules (`linux.resources.devices`) as written; empty when there are
+    /// none or they are not a list.
+    pub fn device_rules(&self) -> &[serde_json::Value] {
+        self.linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.get("devices"))
+            .and_then(serde_json::Value::as_array)
+            .map_or(&[], Vec::as_slice)
     }
 
     /// `process.env` as written (empty without a process).

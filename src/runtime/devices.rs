@@ -15,21 +15,33 @@
 //!   parent's `/dev/nvidiaN` and two of these per MIG device, which are what grant access to
 //!   that MIG device): those of MIG devices not chosen go, with their rules; the host-wide
 //!   `config` and `monitor` capabilities stay (see [`MigMinors::is_host_wide`]);
+//! - the DRM nodes (`/dev/dri/card*`, `renderD*`) newer NVIDIA CDI specs add per GPU: those of
+//!   GPUs not chosen go with their rules (another vendor's stay);
+//! - the device-cgroup rules themselves, since a container with `CAP_MKNOD` can make a node the
+//!   spec does not list ([`crate::device_rules`]): a rule for a GPU not chosen goes, a wildcard
+//!   over NVIDIA's major (`c 195:* rwm`) or the DRM major becomes one rule per node the
+//!   container keeps, and a rule over every character device (`c *:* rwm`, a privileged
+//!   container) is refused with a line, since no rewrite keeps it and holds the container to
+//!   its GPUs;
 //! - vramgate's own `vramgate.dev/gpus` / `VRAMGATE_GPUS`, so the hook and `vramgate status`
 //!   read what was chosen.
+//!
+//! It only ever takes away: the GPUs chosen are among those the engine gave (admission checks
+//! it: [`crate::request::RequestError::OutsideGiven`]), or placed where the engine gave all.
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 
 use super::{Result, RuntimeError};
+use crate::device_rules::{DeviceRule, DrmNode, HostPaths, DRM_MAJOR, NVIDIA_CONTROL_MINORS, NVIDIA_MAJOR};
 use crate::inventory::mig_caps::MigMinors;
 use crate::inventory::GpuMemory;
 use crate::request::{CDI_ANNOTATION_PREFIX, CDI_GPU_PREFIX, GPUS_ANNOTATION, GPUS_ENV, VISIBLE_DEVICES_ENV};
 use crate::spec::{array_at, object_at};
 
-/// The major number of NVIDIA's GPU device nodes (`/dev/nvidiaN`, `/dev/nvidiactl`).
-const NVIDIA_MAJOR: u64 = 195;
+/// Where DRM nodes live in a container.
+const DRM_DIR: &str = "/dev/dri/";
 
 fn shape(path: &Path, field: &str, found: &Value, expected: &'static str) -> RuntimeError {
     RuntimeError::SpecShape {
@@ -60,20 +72,23 @@ pub enum WhenNoneGiven {
 }
 
 /// Rewrites `spec` (the bundle's `config.json`, at `path` for messages) so the container gets
-/// exactly `chosen`. `mig_minors` says which MIG capability nodes are host-wide (kept).
-/// Checks every shape before changing anything, so an error leaves the spec as it was.
+/// exactly `chosen`. `mig_minors` says which MIG capability nodes are host-wide (kept); `host`
+/// whose each DRM node is. Checks every shape and rule before changing anything, so an error
+/// leaves the spec as it was.
 pub fn narrow_to(
     spec: &mut Value,
     path: &Path,
     chosen: &[GpuMemory],
     none_given: WhenNoneGiven,
     mig_minors: &MigMinors,
+    host: &HostPaths,
 ) -> Result<()> {
     let root = match spec {
         Value::Object(map) => map,
         other => return Err(shape(path, "(top level)", other, "object")),
     };
     check_shapes(root, path)?;
+    check_rules(root, path)?;
     let uuids = chosen.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",");
     let cdi = chosen.iter().map(cdi_name).collect::<Vec<_>>().join(",");
     let keep_minors: Vec<u32> = chosen.iter().filter_map(|g| g.minor).collect();
@@ -82,6 +97,7 @@ pub fn narrow_to(
     // Device nodes and their cgroup rules: a removed node's rule is matched by the node's own
     // type, major and minor (the MIG capabilities' major is assigned at load, not fixed).
     let mut removed: Vec<(u64, u64)> = Vec::new();
+    let mut kept_drm: Vec<u64> = Vec::new();
     let mut had_nodes = false;
     if let Some(Value::Array(devices)) = root.get_mut("linux").and_then(|l| l.get_mut("devices")) {
         devices.retain(|d| {
@@ -94,6 +110,22 @@ pub fn narrow_to(
                 }
                 removed.push((number("major").unwrap_or(NVIDIA_MAJOR), u64::from(minor)));
                 return false;
+            }
+            if node_path.starts_with(DRM_DIR) {
+                let Some(minor) = number("minor").filter(|_| number("major").is_none_or(|m| m == DRM_MAJOR)) else {
+                    return true;
+                };
+                let keep = match host.drm_node(minor) {
+                    DrmNode::OtherVendor => true,
+                    DrmNode::NvidiaGpu(gpu) => keep_minors.contains(&gpu),
+                    DrmNode::Unknown => false,
+                };
+                if keep {
+                    kept_drm.push(minor);
+                } else {
+                    removed.push((DRM_MAJOR, minor));
+                }
+                return keep;
             }
             if let Some(cap) = crate::request::mig_cap_minor(node_path) {
                 if keep_caps.contains(&cap) || mig_minors.is_host_wide(cap) {
@@ -109,22 +141,16 @@ pub fn narrow_to(
             true
         });
     }
-    if !removed.is_empty() {
-        if let Some(Value::Array(rules)) = root
-            .get_mut("linux")
-            .and_then(|l| l.get_mut("resources"))
-            .and_then(|r| r.get_mut("devices"))
-        {
-            rules.retain(|rule| {
-                let is = |key: &str, want: u64| rule.get(key).and_then(Value::as_u64) == Some(want);
-                let allows_removed = rule.get("allow").and_then(Value::as_bool) == Some(true)
-                    && rule.get("type").and_then(Value::as_str) == Some("c")
-                    && removed
-                        .iter()
-                        .any(|(major, minor)| is("major", *major) && is("minor", *minor));
-                !allows_removed
-            });
-        }
+    if let Some(Value::Array(rules)) = root
+        .get_mut("linux")
+        .and_then(|l| l.get_mut("resources"))
+        .and_then(|r| r.get_mut("devices"))
+    {
+        let gpu_minors: Vec<u64> = NVIDIA_CONTROL_MINORS
+            .into_iter()
+            .chain(keep_minors.iter().map(|m| u64::from(*m)))
+            .collect();
+        *rules = narrow_rules(std::mem::take(rules), &removed, &gpu_minors, &kept_drm);
     }
 
     // vramgate's own request names what it chose only after a placement (`auto`); a request
@@ -193,6 +219,60 @@ pub fn narrow_to(
         env.push(Value::String(format!("{VISIBLE_DEVICES_ENV}={uuids}")));
     }
     Ok(())
+}
+
+/// A container holding a reservation must not keep a rule that opens every character device:
+/// with `mknod` it reaches every GPU, and no rewrite of the rule both keeps what it was for and
+/// holds the container to its GPUs.
+fn check_rules(root: &Map<String, Value>, path: &Path) -> Result<()> {
+    let rules = root
+        .get("linux")
+        .and_then(|l| l.get("resources"))
+        .and_then(|r| r.get("devices"))
+        .and_then(Value::as_array);
+    match rules
+        .into_iter()
+        .flatten()
+        .map(DeviceRule)
+        .find(DeviceRule::opens_every_char_major)
+    {
+        Some(rule) => Err(RuntimeError::WideDeviceRule {
+            path: path.to_path_buf(),
+            rule: rule.describe(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The device-cgroup rules of a container narrowed to its GPUs: rules that allow a removed
+/// node, or a GPU minor it does not keep, go; a wildcard over NVIDIA's major or the DRM major
+/// that opens nodes becomes one rule per minor it keeps there (`gpu_minors`: the control
+/// nodes and its GPUs'; `drm_minors`); everything else stays, in order.
+fn narrow_rules(rules: Vec<Value>, removed: &[(u64, u64)], gpu_minors: &[u64], drm_minors: &[u64]) -> Vec<Value> {
+    let mut narrowed = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let r = DeviceRule(&rule);
+        let char_allow = r.allows() && matches!(r.kind(), "a" | "c");
+        let split = |minors: &[u64]| -> Vec<Value> {
+            minors
+                .iter()
+                .map(|minor| {
+                    let mut one = rule.clone();
+                    one["type"] = Value::from("c");
+                    one["minor"] = Value::from(*minor);
+                    one
+                })
+                .collect()
+        };
+        match (r.major(), r.minor()) {
+            (Some(major), Some(minor)) if char_allow && removed.contains(&(major, minor)) => {}
+            (Some(NVIDIA_MAJOR), Some(minor)) if char_allow && r.opens() && !gpu_minors.contains(&minor) => {}
+            (Some(NVIDIA_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(gpu_minors)),
+            (Some(DRM_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(drm_minors)),
+            _ => narrowed.push(rule),
+        }
+    }
+    narrowed
 }
 
 /// Whether a device list (`0`, `0:1`, `GPU-…`, `MIG-…`, each possibly as a CDI name
@@ -269,7 +349,15 @@ mod tests {
 
     /// [`narrow_to`] on a host without MIG capabilities, for a spec at path "c".
     fn narrow(spec: &mut Value, chosen: &[GpuMemory], none_given: WhenNoneGiven) {
-        narrow_to(spec, Path::new("c"), chosen, none_given, &MigMinors::default()).unwrap();
+        narrow_to(
+            spec,
+            Path::new("c"),
+            chosen,
+            none_given,
+            &MigMinors::default(),
+            &HostPaths::default(),
+        )
+        .unwrap();
     }
 
     fn node(n: &str, minor: u64) -> Value {
@@ -353,7 +441,15 @@ mod tests {
         let mut chosen = gpu(0, Some(1), "MIG-b");
         chosen.mig_caps = vec![21, 22];
         let mut spec = cdi_mig_spec();
-        narrow_to(&mut spec, Path::new("c"), &[chosen], WhenNoneGiven::Leave, &minors).unwrap();
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &[chosen],
+            WhenNoneGiven::Leave,
+            &minors,
+            &HostPaths::default(),
+        )
+        .unwrap();
         let paths: Vec<&str> = spec["linux"]["devices"]
             .as_array()
             .unwrap()
@@ -417,6 +513,158 @@ mod tests {
         }
     }
 
+    fn allowed(spec: &Value) -> Vec<(String, Option<u64>, Option<u64>, String)> {
+        spec["linux"]["resources"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["allow"] == true)
+            .map(|r| {
+                (
+                    r["type"].as_str().unwrap_or("a").to_string(),
+                    r["major"].as_u64(),
+                    r["minor"].as_u64(),
+                    r["access"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// `--device-cgroup-rule 'c 195:* rwm'` beside one injected GPU, a leftover rule for GPU 2
+    /// with no node, and the engines' default `c *:* m`: with mknod, the container could make
+    /// `/dev/nvidia1` and open it. After narrowing no rule opens a GPU it does not hold.
+    #[test]
+    fn rules_that_would_reach_another_gpu_are_narrowed_too() {
+        let mut spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+            "linux": {
+                "devices": [node("/dev/nvidia0", 0), node("/dev/nvidia1", 1)],
+                "resources": {"devices": [
+                    {"allow": false, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": null, "minor": null, "access": "m"},
+                    {"allow": true, "type": "c", "major": 195, "minor": null, "access": "rwm"},
+                    rule(2),
+                    {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}
+                ]}
+            }
+        });
+        narrow(&mut spec, &[gpu(1, None, "GPU-b")], WhenNoneGiven::Leave);
+        let s = |t: &str| t.to_string();
+        assert_eq!(
+            allowed(&spec),
+            [
+                (s("c"), None, None, s("m")),
+                (s("c"), Some(195), Some(254), s("rwm")),
+                (s("c"), Some(195), Some(255), s("rwm")),
+                (s("c"), Some(195), Some(1), s("rwm")),
+                (s("c"), Some(1), Some(3), s("rwm")),
+            ]
+        );
+        let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
+        assert!(crate::device_rules::reaching_other_gpus(rules, &[1]).is_none());
+    }
+
+    #[test]
+    fn a_rule_over_every_character_device_is_refused_and_the_spec_left_alone() {
+        for wide in [
+            json!({"allow": true, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "rw"}),
+        ] {
+            let before = json!({
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+                "linux": {"devices": [node("/dev/nvidia0", 0), node("/dev/nvidia1", 1)],
+                          "resources": {"devices": [wide]}}
+            });
+            let mut spec = before.clone();
+            let err = narrow_to(
+                &mut spec,
+                Path::new("/b/config.json"),
+                &[gpu(1, None, "GPU-b")],
+                WhenNoneGiven::Leave,
+                &MigMinors::default(),
+                &HostPaths::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("/b/config.json") && err.contains("\"allow ") && err.contains("drop --privileged"),
+                "{err}"
+            );
+            assert_eq!(spec, before);
+        }
+    }
+
+    /// Newer NVIDIA CDI specs add each GPU's DRM nodes: those of GPUs not chosen go (by the PCI
+    /// device behind them), another vendor's stay, and a wildcard over the DRM major becomes
+    /// one rule per node kept.
+    #[test]
+    fn drm_nodes_of_gpus_not_chosen_go_with_their_rules() {
+        let root = tempfile::tempdir().unwrap();
+        let host = HostPaths {
+            sys: root.path().join("sys"),
+            proc: root.path().join("proc"),
+        };
+        for (minor, address, vendor, gpu_minor) in [
+            (0, "0000:00:02.0", "0x8086", None),
+            (1, "0000:3b:00.0", "0x10de", Some(0)),
+            (2, "0000:5e:00.0", "0x10de", Some(1)),
+            (129, "0000:5e:00.0", "0x10de", Some(1)),
+        ] {
+            let pci = root.path().join("sys/devices/pci0000:00").join(address);
+            std::fs::create_dir_all(&pci).unwrap();
+            std::fs::write(pci.join("vendor"), vendor).unwrap();
+            let char_dir = root.path().join(format!("sys/dev/char/226:{minor}"));
+            std::fs::create_dir_all(&char_dir).unwrap();
+            std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
+            if let Some(gpu_minor) = gpu_minor {
+                let info = root.path().join("proc/driver/nvidia/gpus").join(address);
+                std::fs::create_dir_all(&info).unwrap();
+                std::fs::write(info.join("information"), format!("Device Minor: \t {gpu_minor}\n")).unwrap();
+            }
+        }
+        let drm = |name: &str, minor: u64| json!({"path": format!("/dev/dri/{name}"), "type": "c", "major": 226, "minor": minor});
+        let mut spec = json!({
+            "linux": {
+                "devices": [node("/dev/nvidia0", 0), node("/dev/nvidia1", 1), drm("card0", 0), drm("card1", 1), drm("card2", 2), drm("renderD129", 129), drm("card7", 7)],
+                "resources": {"devices": [
+                    {"allow": false, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": 226, "minor": 1, "access": "rw"},
+                    {"allow": true, "type": "c", "major": 226, "access": "rw"}
+                ]}
+            }
+        });
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &[gpu(1, None, "GPU-b")],
+            WhenNoneGiven::Leave,
+            &MigMinors::default(),
+            &host,
+        )
+        .unwrap();
+        let paths: Vec<&str> = spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/dev/nvidia1",
+                "/dev/dri/card0",
+                "/dev/dri/card2",
+                "/dev/dri/renderD129"
+            ]
+        );
+        let minors: Vec<Option<u64>> = allowed(&spec).iter().map(|r| r.2).collect();
+        assert_eq!(
+            minors,
+            [Some(0), Some(2), Some(129)],
+            "card1's rule gone, the wildcard split"
+        );
+    }
+
     #[test]
     fn a_null_process_or_env_is_taken_as_missing() {
         for spec in [json!({"process": null}), json!({"process": {"env": null}})] {
@@ -427,6 +675,7 @@ mod tests {
                 &[gpu(0, None, "GPU-a")],
                 WhenNoneGiven::Give,
                 &MigMinors::default(),
+                &HostPaths::default(),
             )
             .unwrap();
             assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-a"]));
@@ -448,6 +697,7 @@ mod tests {
                 &[gpu(0, None, "GPU-a")],
                 WhenNoneGiven::Give,
                 &MigMinors::default(),
+                &HostPaths::default(),
             )
             .unwrap_err();
             assert!(err.to_string().contains("/b/config.json"), "{err}");

@@ -75,6 +75,8 @@ pub enum RuntimeError {
     NoContainerId { verb: String },
     #[error("cannot read this process's own /proc entry")]
     NoSelf,
+    #[error("the container spec {path} has the device rule \"{rule}\", which lets it open every character device and so reach, through mknod, GPUs it holds no reservation on: vramgate cannot hold it to its GPUs; drop --privileged or the rule (name the devices it needs instead), or reserve on every GPU (vramgate.dev/gpus=all)")]
+    WideDeviceRule { path: PathBuf, rule: String },
     #[error("the container spec {path}: {source}")]
     Enforce {
         path: PathBuf,
