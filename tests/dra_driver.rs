@@ -240,6 +240,51 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
         .map(|e| e.as_str().unwrap().to_string())
         .collect();
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    // Before the claim's container starts, another container forges its marker from what
+    // anyone who reads the claim knows (its uid and device name) and reserves 2 GiB on the
+    // claim's GPU: it must count as held by others (capacity 10 GiB), never as the claim's,
+    // which would hide its 2 GiB from the scheduler (12 GiB).
+    let forged = format!("VRAMGATE_DRA_DEVICE_{}_gpu_1={uid}-gpu-1", uid.replace('-', "_"));
+    let guessed = format!("{forged}:00000000000000000000000000000000");
+    let forger_bundle = tb
+        .bundle(
+            "forger",
+            &["sleep", "60"],
+            &[],
+            &["VRAMGATE_MEMORY=2Gi", "VRAMGATE_GPUS=GPU-one", &forged],
+            true,
+        )
+        .unwrap();
+    let mut forger = tb
+        .runc_run(&forger_bundle, "forger")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_reserved(&tb, "forger", 2 << 30);
+    let guesser_bundle = tb
+        .bundle(
+            "guesser",
+            &["sleep", "60"],
+            &[],
+            &["VRAMGATE_MEMORY=1Gi", "VRAMGATE_GPUS=GPU-one", &guessed],
+            true,
+        )
+        .unwrap();
+    let mut guesser = tb
+        .runc_run(&guesser_bundle, "guesser")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_reserved(&tb, "guesser", 1 << 30);
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "9Gi")]);
+    for (id, child) in [("forger", &mut forger), ("guesser", &mut guesser)] {
+        tb.runc(&["kill", id, "KILL"]).status().unwrap();
+        let _ = child.wait();
+        wait_released(&tb, id);
+    }
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
     let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
     let mut claimed = tb
         .runc_run(&bundle, "claimed")

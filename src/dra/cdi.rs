@@ -23,6 +23,35 @@ pub enum CdiError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("cannot remove the CDI spec {path}: {source}")]
     Remove { path: PathBuf, source: std::io::Error },
+    #[error("cannot draw a claim marker's secret from {path}: {source}")]
+    Secret { path: PathBuf, source: std::io::Error },
+}
+
+/// Where a claim marker's secret comes from.
+const RANDOM_SOURCE: &str = "/dev/urandom";
+
+/// The value of a prepared claim device's marker variable: its CDI device name, and a secret
+/// drawn at its first prepare (`<uid>-gpu-0:<32 hex digits>`). The name alone is derivable by
+/// anyone who can read the claim, and a container that set it would have its own reservation
+/// counted as the claim's (and the published capacity over-state what the node can give); the
+/// secret is only in the claim's spec file (mode 0600, the runtime's to read) and in the
+/// environment of the claim's own containers, so a marker that carries it was put there by
+/// the runtime from that spec.
+fn marker_value(name: &str, secret: &str) -> String {
+    format!("{name}:{secret}")
+}
+
+/// 128 random bits, as hex.
+fn new_secret() -> Result<String, CdiError> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open(RANDOM_SOURCE)
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|source| CdiError::Secret {
+            path: PathBuf::from(RANDOM_SOURCE),
+            source,
+        })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// vramgate's hook, as a claim's CDI device runs it: whatever runtime handler the pod uses,
@@ -77,19 +106,29 @@ pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
 
 /// Writes (or rewrites: a second prepare is the same) the spec of claim `uid`; returns the CDI
 /// ids kubelet hands to the runtime, one per device, in order.
+/// A device's marker keeps the secret its first prepare drew (containers already started from
+/// the spec carry it), so a second prepare writes the same file.
 pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpec) -> Result<Vec<String>, CdiError> {
     let path = spec_path(dir, uid)?;
     let names: Vec<String> = devices.iter().map(|d| format!("{uid}-{}", d.device)).collect();
+    let before = read_spec(&path).map(|spec| prepared_in(&spec)).unwrap_or_default();
+    let mut markers = Vec::with_capacity(names.len());
+    for name in &names {
+        markers.push(match before.get(name) {
+            Some(device) => device.marker.clone(),
+            None => marker_value(name, &new_secret()?),
+        });
+    }
     let spec = json!({
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
-        "devices": devices.iter().zip(&names).map(|(d, name)| json!({
+        "devices": devices.iter().zip(&names).zip(&markers).map(|((d, name), marker)| json!({
             "name": name,
             "containerEdits": {
                 "env": [
                     format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
                     format!("{}={}", crate::request::GPUS_ENV, d.uuid),
-                    format!("{}={name}", super::claim_device_env(name)),
+                    format!("{}={marker}", super::claim_device_env(name)),
                 ],
                 "deviceNodes": d.device_nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
                 "hooks": hook.entries(),
@@ -102,15 +141,18 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpe
     };
     std::fs::create_dir_all(dir).map_err(write)?;
     let bytes = serde_json::to_vec_pretty(&spec).expect("JSON serializes");
-    crate::atomic_file::replace(&path, &bytes, 0o644, None).map_err(write)?;
+    // Root's alone: the markers' secrets are in it (the runtime reads it as root).
+    crate::atomic_file::replace(&path, &bytes, 0o600, None).map_err(write)?;
     Ok(names.iter().map(|n| format!("{KIND}={n}")).collect())
 }
 
-/// One device of a prepared claim, as its spec file says: what the claim may hold, where.
+/// One device of a prepared claim, as its spec file says: what the claim may hold, where, and
+/// the marker value ([`marker_value`]) its containers carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedDevice {
     pub uuid: String,
     pub bytes: u64,
+    pub marker: String,
 }
 
 /// Every device of every claim prepared on this node, by CDI device name (`<uid>-<device>`),
@@ -129,35 +171,49 @@ pub fn prepared(dir: &Path) -> std::collections::HashMap<String, PreparedDevice>
         if !(name.starts_with(SPEC_PREFIX) && name.ends_with(".json")) {
             continue;
         }
-        // Our files are a few hundred bytes; anything large is not ours.
-        let Ok(Some(bytes)) = crate::spec::read_limited(&entry.path(), 1 << 20) else {
+        if let Some(spec) = read_spec(&entry.path()) {
+            found.extend(prepared_in(&spec));
+        }
+    }
+    found
+}
+
+/// One of this driver's spec files, parsed; `None` when it is missing, too large to be ours,
+/// not JSON or of another kind.
+fn read_spec(path: &Path) -> Option<serde_json::Value> {
+    // Our files are a few hundred bytes; anything large is not ours.
+    let bytes = crate::spec::read_limited(path, 1 << 20).ok()??;
+    let spec = serde_json::from_slice::<serde_json::Value>(&bytes).ok()?;
+    (spec["kind"] == KIND).then_some(spec)
+}
+
+/// The devices of one spec file. A device whose marker carries no secret (a spec written by a
+/// vramgate before markers had one) is passed over: its containers then count as held by
+/// others, which can only lower the published capacity, never over-state it.
+fn prepared_in(spec: &serde_json::Value) -> std::collections::HashMap<String, PreparedDevice> {
+    let mut found = std::collections::HashMap::new();
+    for device in spec["devices"].as_array().into_iter().flatten() {
+        let Some(device_name) = device["name"].as_str() else {
             continue;
         };
-        let Ok(spec) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        let env = device["containerEdits"]["env"].as_array().into_iter().flatten();
+        let value = |key: &str| {
+            env.clone()
+                .filter_map(|e| e.as_str()?.strip_prefix(key)?.strip_prefix('='))
+                .next()
+                .map(str::to_string)
+        };
+        let (Some(uuid), Some(bytes), Some(marker)) = (
+            value(crate::request::GPUS_ENV),
+            value(crate::request::MEMORY_ENV).and_then(|b| b.parse().ok()),
+            value(&super::claim_device_env(device_name)),
+        ) else {
             continue;
         };
-        if spec["kind"] != KIND {
+        if crate::request::claim_marker_device(&marker) != device_name || !marker.contains(':') {
             continue;
         }
-        for device in spec["devices"].as_array().into_iter().flatten() {
-            let Some(device_name) = device["name"].as_str() else {
-                continue;
-            };
-            let env = device["containerEdits"]["env"].as_array().into_iter().flatten();
-            let value = |key: &str| {
-                env.clone()
-                    .filter_map(|e| e.as_str()?.strip_prefix(key)?.strip_prefix('='))
-                    .next()
-                    .map(str::to_string)
-            };
-            let (Some(uuid), Some(bytes)) = (
-                value(crate::request::GPUS_ENV),
-                value(crate::request::MEMORY_ENV).and_then(|b| b.parse().ok()),
-            ) else {
-                continue;
-            };
-            found.insert(device_name.to_string(), PreparedDevice { uuid, bytes });
-        }
+        found.insert(device_name.to_string(), PreparedDevice { uuid, bytes, marker });
     }
     found
 }
@@ -272,20 +328,31 @@ mod tests {
         };
         let ids = write_spec(dir.path(), uid, std::slice::from_ref(&device), &hook).unwrap();
         assert_eq!(ids, [format!("vramgate.dev/gpu-memory={uid}-gpu-1")]);
+        let path = spec_path(dir.path(), uid).unwrap();
+        let first = std::fs::read(&path).unwrap();
         assert_eq!(
-            write_spec(dir.path(), uid, &[device], &hook).unwrap(),
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions()) & 0o777,
+            0o600,
+            "the markers' secrets are root's alone"
+        );
+        assert_eq!(
+            write_spec(dir.path(), uid, std::slice::from_ref(&device), &hook).unwrap(),
             ids,
             "prepare twice"
         );
-        let spec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(spec_path(dir.path(), uid).unwrap()).unwrap()).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), first, "the same file, the same secret");
+        let spec: serde_json::Value = serde_json::from_slice(&first).unwrap();
+        let env = spec["devices"][0]["containerEdits"]["env"].as_array().unwrap();
         assert_eq!(
-            spec["devices"][0]["containerEdits"]["env"],
-            json!([
-                "VRAMGATE_MEMORY=6442450944",
-                "VRAMGATE_GPUS=GPU-one",
-                format!("VRAMGATE_DRA_DEVICE_{}_gpu_1={uid}-gpu-1", uid.replace('-', "_"))
-            ])
+            env[..2],
+            [json!("VRAMGATE_MEMORY=6442450944"), json!("VRAMGATE_GPUS=GPU-one")]
+        );
+        let marker_env = format!("VRAMGATE_DRA_DEVICE_{}_gpu_1=", uid.replace('-', "_"));
+        let marker = env[2].as_str().unwrap().strip_prefix(&marker_env).unwrap();
+        let secret = marker.strip_prefix(&format!("{uid}-gpu-1:")).unwrap();
+        assert!(
+            secret.len() == 32 && secret.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{marker}"
         );
         assert_eq!(
             prepared(dir.path()),
@@ -293,10 +360,28 @@ mod tests {
                 format!("{uid}-gpu-1"),
                 PreparedDevice {
                     uuid: "GPU-one".into(),
-                    bytes: 6 << 30
+                    bytes: 6 << 30,
+                    marker: marker.to_string(),
                 }
             )])
         );
+        // Another claim's device draws its own secret.
+        let other = "1c6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10";
+        write_spec(dir.path(), other, std::slice::from_ref(&device), &hook).unwrap();
+        assert_ne!(
+            prepared(dir.path())[&format!("{other}-gpu-1")]
+                .marker
+                .split_once(':')
+                .unwrap()
+                .1,
+            secret
+        );
+        remove_spec(dir.path(), other).unwrap();
+        // A spec written before markers had a secret vouches for no container.
+        let old = spec.to_string().replace(&format!(":{secret}"), "");
+        std::fs::write(&path, old).unwrap();
+        assert!(prepared(dir.path()).is_empty());
+        write_spec(dir.path(), uid, std::slice::from_ref(&device), &hook).unwrap();
         assert_eq!(
             spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"],
             "/dev/nvidia1"

@@ -179,7 +179,7 @@ impl DraView {
 /// the spec cannot be read (yet).
 pub fn read_marker(bundle: &Path) -> Result<Option<String>, crate::spec::SpecError> {
     let spec = crate::spec::SpecView::read_bundle(bundle)?;
-    let mut devices = crate::request::claim_devices(&spec);
+    let mut devices = crate::request::claim_markers(&spec);
     Ok(match (devices.next(), devices.next()) {
         (Some(device), None) => Some(device.to_string()),
         _ => None,
@@ -224,8 +224,10 @@ impl Markers {
 }
 
 /// The bytes held for this node's prepared claims, per GPU UUID: each reservation whose
-/// marker names a prepared claim device on the GPU it reserved on counts for what it holds
-/// there, at most what the claim consumed; each claim device counts once.
+/// marker is a prepared claim device's own (its name and the secret only its spec file holds,
+/// see [`super::cdi`]) on the GPU it reserved on counts for what it holds there, at most what
+/// the claim consumed; each claim device counts once. A marker that names a device without
+/// its secret (forged from the claim's name) counts as held by others.
 pub fn held_by_claims(
     ledger: &Ledger,
     prepared: &HashMap<String, PreparedDevice>,
@@ -237,11 +239,16 @@ pub fn held_by_claims(
     let mut held: BTreeMap<String, u64> = BTreeMap::new();
     for r in &ledger.reservations {
         let Some(marker) = markers.of(r, read) else { continue };
-        let Some(device) = prepared.get(&marker) else { continue };
+        let Some(device) = prepared.get(crate::request::claim_marker_device(&marker)) else {
+            continue;
+        };
+        if device.marker != marker {
+            continue;
+        }
         let Some(share) = r.gpus.iter().find(|s| s.uuid == device.uuid) else {
             continue;
         };
-        if counted.insert(marker) {
+        if counted.insert(marker.clone()) {
             *held.entry(device.uuid.clone()).or_default() += share.bytes.min(device.bytes);
         }
     }
@@ -291,6 +298,10 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.reservations = vec![
             reservation("claimed", "GPU-0", 6 * GI),
+            // Name a prepared device with the wrong secret, or none: had they counted, GPU-1
+            // would hold 2 GiB for the claim where its container holds 4.
+            reservation("guessed", "GPU-1", 2 * GI),
+            reservation("bare", "GPU-1", 2 * GI),
             // Names a prepared device but reserved more than the claim consumed.
             reservation("greedy", "GPU-1", 9 * GI),
             // Names a device no claim of this node has.
@@ -305,6 +316,7 @@ mod tests {
                 PreparedDevice {
                     uuid: "GPU-0".into(),
                     bytes: 6 * GI,
+                    marker: "uid-a-gpu-0:s3cret".into(),
                 },
             ),
             (
@@ -312,14 +324,17 @@ mod tests {
                 PreparedDevice {
                     uuid: "GPU-1".into(),
                     bytes: 4 * GI,
+                    marker: "uid-b-gpu-1:0ther".into(),
                 },
             ),
         ]);
         let read = |bundle: &Path| -> Result<Option<String>, crate::spec::SpecError> {
             Ok(match bundle.file_name().unwrap().to_str().unwrap() {
-                "claimed" | "copy" => Some("uid-a-gpu-0".into()),
-                "greedy" => Some("uid-b-gpu-1".into()),
-                "forged" => Some("uid-x-gpu-0".into()),
+                "claimed" | "copy" => Some("uid-a-gpu-0:s3cret".into()),
+                "greedy" => Some("uid-b-gpu-1:0ther".into()),
+                "forged" => Some("uid-x-gpu-0:s3cret".into()),
+                "guessed" => Some("uid-b-gpu-1:s3cret".into()),
+                "bare" => Some("uid-b-gpu-1".into()),
                 _ => None,
             })
         };
