@@ -49,6 +49,9 @@ _vramgate() {
             vramgate,status)
                 cmd="vramgate__subcmd__status"
                 ;;
+            vramgate,watch)
+                cmd="vramgate__subcmd__watch"
+                ;;
             vramgate__subcmd__help,demo)
                 cmd="vramgate__subcmd__help__subcmd__demo"
                 ;;
@@ -82,6 +85,9 @@ _vramgate() {
             vramgate__subcmd__help,status)
                 cmd="vramgate__subcmd__help__subcmd__status"
                 ;;
+            vramgate__subcmd__help,watch)
+                cmd="vramgate__subcmd__help__subcmd__watch"
+                ;;
             vramgate__subcmd__help__subcmd__ledger,repair)
                 cmd="vramgate__subcmd__help__subcmd__ledger__subcmd__repair"
                 ;;
@@ -113,7 +119,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc metrics exporter ledger demo setup replay help"
+            opts="-h -V --config --help --version status doctor release gc metrics exporter watch ledger demo setup replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -231,7 +237,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc metrics exporter ledger demo setup replay help"
+            opts="status doctor release gc metrics exporter watch ledger demo setup replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -413,6 +419,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__status)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__watch)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -679,6 +699,24 @@ _vramgate() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__watch)
+            opts="-h -V --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

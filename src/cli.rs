@@ -92,6 +92,10 @@ pub enum Command {
         #[arg(long, value_name = "ADDR", default_value = crate::exporter::DEFAULT_LISTEN)]
         listen: String,
     },
+    /// Watch what each reserved container holds on its GPUs and act on one over its
+    /// reservation, as [enforce] over_use says: report (an over_use event) or kill (stop the
+    /// container). Runs until stopped; the package's vramgate-watch.service runs it
+    Watch,
     /// Inspect or repair the ledger
     Ledger {
         #[command(subcommand)]

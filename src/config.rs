@@ -201,6 +201,33 @@ pub struct EnforceConfig {
     pub jax_disable_preallocation: bool,
     /// Add JAX's memory fraction (reservation / GPU total) unless the container sets it.
     pub jax_memory_fraction: bool,
+    /// What `vramgate watch` does about a container whose GPU memory in use exceeds its
+    /// reservation by more than [`EnforceConfig::over_use_margin`].
+    pub over_use: OverUseAction,
+    /// How far past its reservation a container may go before it counts as over-use: an
+    /// amount, or a percentage of the reservation.
+    pub over_use_margin: Quantity,
+    /// How often `vramgate watch` measures.
+    pub over_use_interval: Duration,
+}
+
+/// What `vramgate watch` does about over-use (`[enforce] over_use`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverUseAction {
+    /// An `over_use` event; status and the metrics flag the container.
+    Report,
+    /// The same, and the container is stopped (its init and its GPU processes get SIGKILL),
+    /// as the kernel's OOM killer stops the offender rather than its neighbours.
+    Kill,
+}
+
+impl OverUseAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverUseAction::Report => "report",
+            OverUseAction::Kill => "kill",
+        }
+    }
 }
 
 /// The `[runtime]` table, read by the `vramgate-runtime` wrapper.
@@ -245,6 +272,9 @@ impl Default for EnforceConfig {
             tensorflow_allow_growth: true,
             jax_disable_preallocation: true,
             jax_memory_fraction: true,
+            over_use: OverUseAction::Report,
+            over_use_margin: Quantity::Bytes(0),
+            over_use_interval: Duration::from_millis(500),
         }
     }
 }
@@ -322,6 +352,9 @@ struct RawEnforce {
     tensorflow_allow_growth: Option<toml::Value>,
     jax_disable_preallocation: Option<toml::Value>,
     jax_memory_fraction: Option<toml::Value>,
+    over_use: Option<String>,
+    over_use_margin: Option<String>,
+    over_use_interval: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -675,6 +708,27 @@ impl EnforceConfig {
             raw.jax_memory_fraction,
             enforce.jax_memory_fraction,
         )?;
+        if let Some(v) = raw.over_use {
+            enforce.over_use = match v.trim() {
+                "report" => OverUseAction::Report,
+                "kill" => OverUseAction::Kill,
+                _ => return Err(keys.bad("enforce.over_use", &v, "must be \"report\" or \"kill\"")),
+            };
+        }
+        if let Some(v) = raw.over_use_margin {
+            enforce.over_use_margin = if v.trim() == "0" {
+                Quantity::Bytes(0)
+            } else {
+                quantity::parse_quantity(&v).map_err(|e| keys.bad("enforce.over_use_margin", &v, e.to_string()))?
+            };
+        }
+        if let Some(v) = raw.over_use_interval {
+            let interval = keys.duration("enforce.over_use_interval", &v)?;
+            if !(Duration::from_millis(50)..=Duration::from_secs(60)).contains(&interval) {
+                return Err(keys.bad("enforce.over_use_interval", &v, "must be between 50ms and 60s"));
+            }
+            enforce.over_use_interval = interval;
+        }
         Ok(enforce)
     }
 }

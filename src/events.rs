@@ -33,6 +33,10 @@ pub enum Kind {
     FailOpen,
     /// What holds an admitted container to its reservation was set (the driver limit).
     Enforce,
+    /// `vramgate watch` measured a container holding more than its reservation and margin.
+    OverUse,
+    /// ...and stopped it (`[enforce] over_use = "kill"`).
+    OverUseStop,
     Note,
 }
 

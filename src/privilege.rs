@@ -81,6 +81,16 @@ pub fn drop_for_hook() -> Result<()> {
     drop_keeping(HOOK_KEEPS, &[])
 }
 
+/// What `vramgate watch` keeps: the hook's `CAP_SYS_PTRACE` (attribution, as above) and
+/// `CAP_KILL`, since under `[enforce] over_use = "kill"` it stops a container whose processes
+/// may run as any uid.
+pub const WATCH_KEEPS: &[Capability] = &[Capability::CAP_SYS_PTRACE, Capability::CAP_KILL];
+
+/// For `vramgate watch`: every capability but [`WATCH_KEEPS`] goes, for good.
+pub fn drop_for_watch() -> Result<()> {
+    drop_keeping(WATCH_KEEPS, &[])
+}
+
 /// For `vramgate-hook`, first thing in `main`: [`drop_for_hook`], except that
 /// [`DRIVER_LIMIT_NEEDS`] stays in the permitted set (never the effective one) until the hook
 /// knows whether it sets a driver limit; [`forgo_driver_limit`] then drops it for good.

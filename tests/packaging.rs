@@ -198,6 +198,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
             "/usr/lib/systemd/system/vramgate-exporter.service",
             "/usr/lib/systemd/system/vramgate-device-plugin.service",
             "/usr/lib/systemd/system/vramgate-dra.service",
+            "/usr/lib/systemd/system/vramgate-watch.service",
             "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
             "/usr/share/doc/vramgate/k8s/dra.yaml",
             "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
@@ -294,6 +295,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
         "/usr/lib/systemd/system/vramgate-dra.service",
+        "/usr/lib/systemd/system/vramgate-watch.service",
         "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
         "/usr/share/doc/vramgate/k8s/dra.yaml",
         "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
@@ -325,12 +327,13 @@ fn packages_install_gate_a_container_and_purge_clean() {
             .env("MANWIDTH", "80"),
     );
     assert!(man.contains("vramgate status"), "man 8 vramgate: {man}");
-    // The exporter's, the device plugin's and the DRA driver's units: valid for this
+    // The exporter's, the device plugin's, the DRA driver's and the watch's units: valid for this
     // systemd, installed but not enabled.
     for unit in [
         "/usr/lib/systemd/system/vramgate-exporter.service",
         "/usr/lib/systemd/system/vramgate-device-plugin.service",
         "/usr/lib/systemd/system/vramgate-dra.service",
+        "/usr/lib/systemd/system/vramgate-watch.service",
     ] {
         run_ok(Command::new("systemd-analyze").args(["verify", unit]));
     }
@@ -346,6 +349,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
                     "vramgate-exporter.service",
                     "vramgate-device-plugin.service",
                     "vramgate-dra.service",
+                    "vramgate-watch.service",
                 ]
                 .iter()
                 .any(|unit| n == *unit)

@@ -48,6 +48,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Gc => gc(config_path),
         Command::Metrics { textfile_dir } => metrics(config_path, textfile_dir.as_deref()),
         Command::Exporter { listen } => exporter(config_path, &listen),
+        Command::Watch => {
+            // Keeps what attribution and stopping a container need, nothing else.
+            vramgate::privilege::drop_for_watch()?;
+            eprintln!("vramgate watch: watching {}", config_path.display());
+            vramgate::enforce::over_use::run(config_path, |line| eprintln!("{line}"))
+        }
         Command::Ledger {
             command: LedgerCommand::Show,
         } => {

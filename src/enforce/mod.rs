@@ -20,6 +20,7 @@ pub mod apply;
 pub mod driver_limit;
 pub mod guardrails;
 pub mod mps;
+pub mod over_use;
 pub mod toolkit;
 
 use std::path::PathBuf;

@@ -143,6 +143,8 @@ const KNOWN_EVENTS: &[&str] = &[
     "abandon_ticket",
     "fail_open",
     "enforce",
+    "over_use",
+    "over_use_stop",
     "note",
 ];
 
