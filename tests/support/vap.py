@@ -27,7 +27,6 @@ excludeResourceRules or auditAnnotations is refused at load (not implemented) ra
 half-applied.
 """
 
-import json
 import uuid
 
 import yaml
