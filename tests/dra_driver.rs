@@ -392,6 +392,135 @@ fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     );
 }
 
+/// k8s/dra.yaml's admission policy on the built driver's own writes, as the stand-in evaluates
+/// it (tests/support/vap.py, with cel-python) for the caller its bearer token names: with its
+/// node's token the driver publishes as without the policy; with node-a's token on node-b (a
+/// copied token, a wrong NODE_NAME) its create, replace and delete of node-b's slices are each
+/// refused with the policy's message, and node-b's slices stay as they were; with a token that
+/// names no node, its write is refused saying what is needed.
+#[test]
+fn the_admission_policy_lets_the_driver_write_only_its_own_nodes_slices() {
+    let (_dir, tb) = runc_testbed("vramgate-dra-policy", GPUS);
+    let rt = runtime();
+    let users = [
+        User {
+            token: "dra-a",
+            username: DRA_USER,
+            node: NODE,
+        },
+        User {
+            token: "dra-nowhere",
+            username: DRA_USER,
+            node: "",
+        },
+    ];
+    let api = ApiServer::start_with_policy(&tb.dir, &[NODE, "node-b"], &users);
+    let as_a = api.kubeconfig_as("dra-a");
+    let _own = Driver::start_as(&tb.dir, &tb.config_path, &as_a, NODE, &tb.dir.join("cdi"), &[]);
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    assert_nothing_rejected(&rt, &api);
+
+    let denied = "ValidatingAdmissionPolicy 'vramgate-dra-slices' with binding 'vramgate-dra-slices' denied request: ";
+    let not_yours =
+        "vramgate-dra on node 'node-a' may write only its own node's ResourceSlices, not one of node 'node-b'";
+    // Waits for the stand-in to refuse `method` of slice `name` with `says`; the driver's log
+    // must say it too.
+    let refused = |driver: &Driver, method: &str, name: &str, says: &str| {
+        let start = format!("resourceslices.resource.k8s.io \"{name}\" is forbidden: {denied}");
+        wait_until(
+            &format!("{method} of {name} refused by the policy"),
+            Duration::from_secs(10),
+            || {
+                let rejected = rt.block_on(api.rejected());
+                let found = rejected.iter().any(|r| {
+                    let message = r["message"].as_str().unwrap_or_default();
+                    r["method"] == method && r["code"] == 403 && message.starts_with(&start) && message.contains(says)
+                });
+                (found, rejected)
+            },
+        );
+        wait_until("the driver's log says why", Duration::from_secs(5), || {
+            let log = driver.log_text();
+            (log.contains(says), log)
+        });
+    };
+    let create_as_admin = |name: &str| -> String {
+        let slice: k8s_openapi::api::resource::v1::ResourceSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": DRIVER, "nodeName": "node-b",
+                "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1}, "devices": []}}))
+        .unwrap();
+        rt.block_on(async {
+            let slices: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> = kube::Api::all(api.client().await);
+            let created = slices.create(&Default::default(), &slice).await.unwrap();
+            created.metadata.resource_version.unwrap()
+        })
+    };
+
+    // node-b has no slice: the create is refused.
+    let elsewhere = tb.dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let node_b = Driver::start_as(
+        &elsewhere,
+        &tb.config_path,
+        &as_a,
+        "node-b",
+        &elsewhere.join("cdi"),
+        &[],
+    );
+    let name_b = format!("node-b-{DRIVER}");
+    refused(&node_b, "POST", &name_b, not_yours);
+    // node-b's slice there (its own driver's): the replace is refused.
+    let version_b = create_as_admin(&name_b);
+    refused(&node_b, "PUT", &name_b, not_yours);
+    // A slice of node-b under another name, which the driver deletes first: refused.
+    let version_stray = create_as_admin("node-b-stray");
+    refused(&node_b, "DELETE", "node-b-stray", not_yours);
+    drop(node_b);
+    for (name, version) in [(name_b.as_str(), version_b), ("node-b-stray", version_stray)] {
+        let slices: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+            kube::Api::all(rt.block_on(api.client()));
+        let now = rt.block_on(slices.get(name)).unwrap();
+        assert_eq!(now.metadata.resource_version, Some(version), "{name} was written");
+    }
+
+    // A token bound to no node (as `kubectl create token` makes): even its own node's slice is
+    // refused, with what it needs.
+    let nowhere = tb.dir.join("nowhere");
+    std::fs::create_dir_all(&nowhere).unwrap();
+    let unbound = Driver::start_as(
+        &nowhere,
+        &tb.config_path,
+        &api.kubeconfig_as("dra-nowhere"),
+        NODE,
+        &nowhere.join("cdi"),
+        &[],
+    );
+    refused(
+        &unbound,
+        "PUT",
+        &format!("{NODE}-{DRIVER}"),
+        "this request does not say which node it comes from: it needs the service account token of a pod on the node",
+    );
+    drop(unbound);
+
+    // Every refusal was the policy's, and the node's own driver still publishes.
+    let rejected = rt.block_on(api.rejected());
+    assert!(
+        rejected
+            .iter()
+            .all(|r| r["code"] == 403 && r["message"].as_str().unwrap().contains(denied)),
+        "{rejected:#?}"
+    );
+    assert_eq!(
+        capacities(&rt, &api),
+        [
+            ("gpu-0".to_string(), "16Gi".to_string()),
+            ("gpu-1".to_string(), "16Gi".to_string())
+        ]
+    );
+}
+
 /// The stand-in API server refuses what kube-apiserver refuses (so that the driver's writes
 /// passing it means something): each broken variant of a valid slice is a 422 naming the
 /// field, as the real server's validation answers.

@@ -23,15 +23,28 @@ down (consumers use only a pool's newest generation, so a driver that lowered it
 ignored, not refused), and `spec.nodeName` must name a Node given with --node. An update
 must carry `metadata.resourceVersion` (the real server allows unconditional updates).
 
-Not implemented: watch, patch, server-side apply, authentication, protobuf, label selectors
-(ignored), other kinds and other API versions.
+Callers: a request with `Authorization: Bearer TOKEN` is the user that `--user TOKEN USERNAME
+NODE` names, a service account's with its groups, and with the user extra
+`authentication.kubernetes.io/node-name: [NODE]` that a node-bound service account token
+carries (none when NODE is empty); an unknown token is a 401, as the real server answers. A
+request without a token is the tests' own client, a cluster admin (the real server would call
+it system:anonymous).
+
+With `--policy FILE` (k8s/dra.yaml), the ValidatingAdmissionPolicies and bindings in FILE are
+evaluated on every ResourceSlice write, after the validation above, as kube-apiserver's
+admission does (tests/support/vap.py; needs cel-python, scripts/fetch-cel-python): a denial is
+the Status kube-apiserver answers, with the policy's message.
+
+Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC,
+protobuf, label selectors (ignored), other kinds and other API versions.
 
 Test-only endpoints: GET /_writes (every accepted write, with its time) and GET /_rejected
 (every refused write, with the reason).
 
 Works with Debian 12's python3-jsonschema (4.10) and with current releases (4.26).
 
-Usage: apiserver.py --schemas DIR --node NAME [--node NAME ...]
+Usage: apiserver.py --schemas DIR --node NAME [--node NAME ...] [--policy FILE]
+                    [--user TOKEN USERNAME NODE ...]
 Prints `listening http://127.0.0.1:PORT` once ready; one line per request on stderr.
 """
 
@@ -53,6 +66,8 @@ import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jsonschema
+
+vap = None  # tests/support/vap.py, imported by main() when a policy is given
 
 GROUP_VERSION = "resource.k8s.io/v1"
 GROUP = "/apis/" + GROUP_VERSION
@@ -88,9 +103,9 @@ class Invalid(Exception):
 class Refused(Exception):
     """Any other refusal: an HTTP code, a Status reason and a message."""
 
-    def __init__(self, code, reason, message):
+    def __init__(self, code, reason, message, details=None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
 
 def quantity(value, path):
@@ -393,9 +408,11 @@ def check_claim(obj):
 class Store:
     """Everything the stand-in holds; handlers take `lock` around each request."""
 
-    def __init__(self, schemas, nodes):
+    def __init__(self, schemas, nodes, users=None, policies=None):
         self.lock = threading.Lock()
         self.schemas = schemas
+        self.users = users or {}
+        self.policies = policies
         self.version = 0
         self.nodes = {}
         for name in nodes:
@@ -439,6 +456,17 @@ class Store:
         # A PUT is compared with the slice it replaces too: lowering a pool's only slice counts.
         check_slice(obj, self.nodes, self.highest_generation)
 
+    def admit_policy(self, operation, name, obj, old, user):
+        """The --policy files' ValidatingAdmissionPolicies, on a ResourceSlice write that passed
+        validation (a DELETE: once the slice is found)."""
+        if self.policies is None:
+            return
+        kind = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceSlice"}
+        try:
+            self.policies.admit(operation, kind, "resourceslices", name, obj, old, user)
+        except vap.Denied as e:
+            raise Refused(e.code, e.reason, e.message, e.details)
+
     def admit_claim(self, obj):
         obj.setdefault("apiVersion", GROUP_VERSION)
         obj.setdefault("kind", "ResourceClaim")
@@ -469,9 +497,27 @@ def selected(obj, terms):
     return all((str(spec.get(label.split(".", 1)[1]) or "") == value) == equal for label, value, equal in terms)
 
 
-def status(code, reason, message):
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+def status(code, reason, message, details=None):
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+# The tests' own client (no token): may do anything, as a cluster admin may.
+ADMIN = {"username": "test-admin", "groups": ["system:masters", "system:authenticated"]}
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def user_info(username, node):
+    """userInfo as kube-apiserver's service account authenticator makes it for a token bound
+    to a pod on `node` (no node extra when `node` is empty)."""
+    groups = ["system:authenticated"]
+    parts = username.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}"] + groups
+    return {"username": username, "groups": groups, "extra": {NODE_NAME_EXTRA: [node]} if node else {}}
 
 
 def conflict(resource, name):
@@ -534,6 +580,7 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path.rstrip("/")
         store = self.store
         try:
+            self.user = self.authenticate(store)
             with store.lock:
                 code, body, name = self.route(method, path, query, store)
                 if method != "GET":
@@ -545,13 +592,23 @@ class Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 with store.lock:
                     store.rejected.append({"method": method, "path": path, "code": code, "message": message})
-            self.reply(code, status(code, reason, message))
+            self.reply(code, status(code, reason, message, getattr(e, "details", None)))
         except Exception as e:  # A bug here must fail the test that met it, not hang it.
             message = f"stand-in API server error: {type(e).__name__}: {e}"
             sys.stderr.write(message + "\n")
             with store.lock:
                 store.rejected.append({"method": method, "path": path, "code": 500, "message": message})
             self.reply(500, status(500, "InternalError", message))
+
+    def authenticate(self, store):
+        header = self.headers.get("Authorization")
+        if header is None:
+            return ADMIN
+        scheme, _, token = header.partition(" ")
+        user = store.users.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise Refused(401, "Unauthorized", "Unauthorized")
+        return user
 
     def route(self, method, path, query, store):
         if path == "/_writes" and method == "GET":
@@ -600,14 +657,29 @@ class Handler(BaseHTTPRequestHandler):
                 raise Refused(409, "AlreadyExists", f'resourceslices.resource.k8s.io "{name}" already exists')
             store.stamp(obj)
             store.admit_slice(obj)
+            store.admit_policy("CREATE", name, obj, None, self.user)
             store.slices[name] = store.commit(obj)
             return 201, obj, name
         if method == "DELETE":
             terms = field_selector(query)
-            gone = [n for n, s in store.slices.items() if selected(s, terms)]
+            # Each item is admitted as its own DELETE; as kube-apiserver does, the allowed ones
+            # are deleted and the first refusal is the answer.
+            gone, refusal = [], None
+            for n, s in store.slices.items():
+                if selected(s, terms):
+                    try:
+                        store.admit_policy("DELETE", n, None, s, self.user)
+                        gone.append(n)
+                    except Refused as e:
+                        refusal = refusal or e
             deleted = [store.slices.pop(n) for n in gone]
             if deleted:
                 store.commit(None)
+            if refusal is not None:
+                if deleted:
+                    store.writes.append({"method": method, "path": GROUP + "/resourceslices", "name": ",".join(gone),
+                                         "time_ns": time.time_ns()})
+                raise refusal
             return 200, {"apiVersion": GROUP_VERSION, "kind": "ResourceSliceList",
                          "metadata": {"resourceVersion": str(store.version)}, "items": deleted}, ",".join(gone)
         raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceslices")
@@ -631,11 +703,13 @@ class Handler(BaseHTTPRequestHandler):
                 raise conflict("resourceslices.resource.k8s.io", name)
             store.stamp(obj, old)
             store.admit_slice(obj)
+            store.admit_policy("UPDATE", name, obj, old, self.user)
             store.slices[name] = store.commit(obj)
             return 200, obj, name
         if method == "DELETE":
             if old is None:
                 raise not_found("resourceslices.resource.k8s.io", name)
+            store.admit_policy("DELETE", name, None, old, self.user)
             del store.slices[name]
             store.commit(old)
             return 200, old, name
@@ -715,10 +789,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--schemas", required=True, help="the v1.36.0-local-strict schema directory")
     parser.add_argument("--node", action="append", default=[], help="a Node that exists")
+    parser.add_argument("--policy", action="append", default=[],
+                        help="a manifest whose ValidatingAdmissionPolicies and bindings apply")
+    parser.add_argument("--user", action="append", nargs=3, default=[], metavar=("TOKEN", "USERNAME", "NODE"),
+                        help="a bearer token's user, with NODE as its node-name extra ('' for none)")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.schemas, "_definitions.json")):
         sys.exit(f"apiserver.py: {args.schemas}: no _definitions.json; run scripts/fetch-k8s-schemas")
-    Handler.store = Store(Schemas(args.schemas), args.node)
+    schemas = Schemas(args.schemas)
+    policies = None
+    if args.policy:
+        global vap
+        import vap as policy_module  # beside this file; needs cel-python only then
+        vap = policy_module
+        policies = vap.Policies(args.policy, schemas)
+    users = {token: user_info(username, node) for token, username, node in args.user}
+    Handler.store = Store(schemas, args.node, users, policies)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(f"listening http://127.0.0.1:{server.server_address[1]}", flush=True)

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Checks the stand-in API server of the DRA tests (tests/support/apiserver.py) against what
 # kube-apiserver 1.36 answers: every endpoint with curl, a valid ResourceSlice and claim
-# accepted, and each broken variant refused with the right code and field path. Exits
-# non-zero at the first unexpected answer, printing it.
+# accepted, and each broken variant refused with the right code and field path; and
+# k8s/dra.yaml's ValidatingAdmissionPolicy evaluated on the driver's service account's writes
+# (its own node's slice allowed, any other node's refused with the policy's message, as
+# kube-apiserver reports a denial). Exits non-zero at the first unexpected answer, printing it.
 #
-# Usage: tests/support/apiserver_selftest.sh [SCHEMA_DIR]   (default: $VRAMGATE_K8S_SCHEMAS,
-# else /var/cache/vramgate-tests/k8s-json-schema-1.36, as scripts/fetch-k8s-schemas puts
-# them). $PYTHON picks the interpreter (default /usr/bin/python3), e.g. one from a venv with
-# a newer jsonschema.
+# Usage: tests/support/apiserver_selftest.sh [SCHEMA_DIR [CEL_PYTHON_DIR]]   (defaults:
+# $VRAMGATE_K8S_SCHEMAS, else /var/cache/vramgate-tests/k8s-json-schema-1.36, as
+# scripts/fetch-k8s-schemas puts them; $VRAMGATE_CEL_PYTHON, else
+# /var/cache/vramgate-tests/cel-python-0.5.0, as scripts/fetch-cel-python puts it). $PYTHON
+# picks the interpreter (default /usr/bin/python3), e.g. one from a venv with a newer jsonschema.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
 schemas="${1:-${VRAMGATE_K8S_SCHEMAS:-/var/cache/vramgate-tests/k8s-json-schema-1.36}}"
+cel="${2:-${VRAMGATE_CEL_PYTHON:-/var/cache/vramgate-tests/cel-python-0.5.0}}"
 python="${PYTHON:-/usr/bin/python3}"
 [ -f "$schemas/_definitions.json" ] || { echo "$0: no schemas in $schemas; run scripts/fetch-k8s-schemas" >&2; exit 2; }
+[ -f "$cel/.complete" ] || { echo "$0: no cel-python in $cel; run scripts/fetch-cel-python" >&2; exit 2; }
+export PYTHONPATH="$cel"
+dra_user=system:serviceaccount:kube-system:vramgate-dra
 
 work="$(mktemp -d)"
 server_pid=
@@ -22,7 +30,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The policy applies to the tokens' writes only: the checks without a token are the admin's.
 "$python" "$here/apiserver.py" --schemas "$schemas" --node node-a --node node-b \
+  --policy "$repo/k8s/dra.yaml" \
+  --user dra-a "$dra_user" node-a --user dra-b "$dra_user" node-b --user dra-nowhere "$dra_user" '' \
+  --user other-a system:serviceaccount:kube-system:other node-a \
   >"$work/stdout" 2>"$work/stderr" &
 server_pid=$!
 for _ in $(seq 100); do
@@ -47,12 +59,14 @@ fail() {
   exit 1
 }
 
-# request METHOD PATH [BODY]: sets $code and $body; counts writes as the server should.
+# request METHOD PATH [BODY]: sets $code and $body; counts writes as the server should. With
+# $TOKEN set, as that --user.
 request() {
   method="$1" path="$2"
-  local data=()
+  local data=() auth=()
   [ $# -ge 3 ] && data=(-H 'Content-Type: application/json' --data-binary "$3")
-  code="$(curl -sS -o "$work/body" -w '%{http_code}' -X "$method" "${data[@]}" "$base$path")"
+  [ -n "${TOKEN:-}" ] && auth=(-H "Authorization: Bearer $TOKEN")
+  code="$(curl -sS -o "$work/body" -w '%{http_code}' -X "$method" "${data[@]}" "${auth[@]}" "$base$path")"
   body="$(cat "$work/body")"
   if [ "$method" != GET ]; then
     case "$code" in 2??) accepted_writes=$((accepted_writes + 1)) ;; *) rejected_writes=$((rejected_writes + 1)) ;; esac
@@ -398,6 +412,151 @@ request POST "$slices" '[]'
 expect_status 400 BadRequest "not a JSON object"
 request GET /apis/resource.k8s.io/v1beta2/resourceslices
 expect_status 404 NotFound
+
+echo "== ValidatingAdmissionPolicy of k8s/dra.yaml: the driver writes only its own node's slice"
+# pslice NAME NODE [STATEMENTS]: the valid slice as NAME on NODE, in a pool of its own.
+pslice() {
+  json_with "$valid_slice" "o['metadata']['name'] = o['spec']['pool']['name'] = '$1'; o['spec']['nodeName'] = '$2'; ${3:-pass}"
+}
+version_of() { "$python" -c 'import json,sys; print(json.loads(sys.argv[1])["metadata"]["resourceVersion"])' "$body"; }
+# expect_denied NAME TEXT: the Status kube-apiserver answers for a denial of the policy with
+# reason Forbidden, naming the slice, whose message ends with TEXT.
+denial_prefix="ValidatingAdmissionPolicy 'vramgate-dra-slices' with binding 'vramgate-dra-slices' denied request: "
+expect_denied() {
+  expect_status 403 Forbidden
+  check "b['message'] == 'resourceslices.resource.k8s.io \"' + sys.argv[2] + '\" is forbidden: ' + sys.argv[3] + sys.argv[4] \
+and b['details'] == {'name': sys.argv[2], 'group': 'resource.k8s.io', 'kind': 'resourceslices', \
+'causes': [{'message': sys.argv[3] + sys.argv[4]}]}" "denied by the policy: $2" "$1" "$denial_prefix" "$2"
+}
+not_yours() { echo "vramgate-dra on node '$1' may write only its own node's ResourceSlices, not $2"; }
+no_node="vramgate-dra may write only its own node's ResourceSlices, and this request does not say which node it comes from: it needs the service account token of a pod on the node (kubelet's projected token, whose user extra authentication.kubernetes.io/node-name is the node: Kubernetes 1.30 or later with ServiceAccountTokenPodNodeInfo, GA in 1.32)"
+
+# Its own node: create, replace, delete.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-own node-a)"
+expect_code 201
+TOKEN=dra-a request PUT "$slices/vap-own" "$(pslice vap-own node-a "o['metadata']['resourceVersion'] = '$(version_of)'; o['spec']['pool']['generation'] = 2")"
+expect_code 200
+check "b['spec']['pool']['generation'] == 2" "replaced"
+TOKEN=dra-a request DELETE "$slices/vap-own"
+expect_code 200
+# Another node's: not created, and the one there (written by the admin) neither replaced nor
+# deleted; node-b's driver may.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-b node-b)"
+expect_denied vap-b "$(not_yours node-a "one of node 'node-b'")"
+request POST "$slices" "$(pslice vap-b node-b)"
+expect_code 201
+b_version="$(version_of)"
+TOKEN=dra-a request PUT "$slices/vap-b" "$(pslice vap-b node-b "o['metadata']['resourceVersion'] = '$b_version'; o['spec']['pool']['generation'] = 2")"
+expect_denied vap-b "$(not_yours node-a "one of node 'node-b'")"
+# Moved to the caller's node, it is still the other node's slice that is replaced.
+TOKEN=dra-a request PUT "$slices/vap-b" "$(pslice vap-b node-a "o['metadata']['resourceVersion'] = '$b_version'")"
+expect_denied vap-b "$(not_yours node-a "one of node 'node-b'")"
+TOKEN=dra-a request DELETE "$slices/vap-b"
+expect_denied vap-b "$(not_yours node-a "one of node 'node-b'")"
+request GET "$slices/vap-b"
+check "b['metadata']['resourceVersion'] == sys.argv[2] and b['spec']['nodeName'] == 'node-b'" "node-b's slice unchanged" "$b_version"
+TOKEN=dra-b request PUT "$slices/vap-b" "$(pslice vap-b node-b "o['metadata']['resourceVersion'] = '$b_version'; o['spec']['pool']['generation'] = 2")"
+expect_code 200
+# A slice of no node (allNodes) is no node's own.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-all node-a "del o['spec']['nodeName']; o['spec']['allNodes'] = True")"
+expect_denied vap-all "$(not_yours node-a "one without spec.nodeName")"
+# A token without the node-name extra: refused, saying what is needed, for every write.
+TOKEN=dra-nowhere request POST "$slices" "$(pslice vap-nowhere node-a)"
+expect_denied vap-nowhere "$no_node"
+TOKEN=dra-nowhere request DELETE "$slices/vap-b"
+expect_denied vap-b "$no_node"
+# Reads are not admission's; another service account is not the policy's (only RBAC's).
+TOKEN=dra-a request GET "$slices/vap-b"
+expect_code 200
+TOKEN=other-a request POST "$slices" "$(pslice vap-other node-b)"
+expect_code 201
+# A collection delete admits each slice as its own DELETE: node-a's go, node-b's stay, and the
+# answer is the refusal.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-own node-a "o['spec']['driver'] = 'vap.example.com'")"
+expect_code 201
+request PUT "$slices/vap-other" "$(pslice vap-other node-b "o['metadata']['resourceVersion'] = '$(request GET "$slices/vap-other"; version_of)'; o['spec']['driver'] = 'vap.example.com'")"
+expect_code 200
+TOKEN=dra-a request DELETE "$slices?fieldSelector=spec.driver%3Dvap.example.com"
+expect_denied vap-other "$(not_yours node-a "one of node 'node-b'")"
+accepted_writes=$((accepted_writes + 1))  # the delete of vap-own in it is a write too
+request GET "$slices?fieldSelector=spec.driver%3Dvap.example.com"
+check "[i['metadata']['name'] for i in b['items']] == ['vap-other']" "node-a's deleted, node-b's kept"
+request DELETE "$slices?fieldSelector=spec.driver%3Dvap.example.com"
+expect_code 200
+# An unknown token is no one.
+TOKEN=forged request GET "$slices"
+expect_status 401 Unauthorized
+
+echo "== ValidatingAdmissionPolicy: the evaluation's rules (tests/support/vap.py)"
+checks=$((checks + 1))
+PYTHONPATH="$here:$cel" "$python" - "$schemas" "$work" <<'PY' || fail "policy evaluation rules"
+import os, sys
+import apiserver, vap
+schemas, work = apiserver.Schemas(sys.argv[1]), sys.argv[2]
+kind = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceSlice"}
+user = apiserver.user_info("system:serviceaccount:kube-system:vramgate-dra", "node-a")
+obj = {"metadata": {"name": "s"}, "spec": {"nodeName": "node-a"}}
+
+def policies(spec, binding=None, name="p"):
+    path = os.path.join(work, "policy.yaml")
+    import json
+    with open(path, "w") as f:
+        f.write(json.dumps({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                            "metadata": {"name": name}, "spec": spec}) + "\n---\n")
+        f.write(json.dumps({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                            "metadata": {"name": "b"}, "spec": binding or {"policyName": name, "validationActions": ["Deny"]}}))
+    return vap.Policies([path], schemas)
+
+rules = {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                            "resources": ["resourceslices"]}]}
+def outcome(spec, operation="CREATE", binding=None, o=obj, old=None):
+    try:
+        return policies(spec, binding).admit(operation, kind, "resourceslices", "s", o, old, user)
+    except vap.Denied as e:
+        return (e.code, e.reason, e.details["causes"][0]["message"])
+
+def denied(message, code=422, reason="Invalid"):
+    return (code, reason, "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: " + message)
+
+false = {"matchConstraints": rules, "validations": [{"expression": "object.spec.nodeName == 'node-b'"}]}
+assert outcome(false) == denied("failed expression: object.spec.nodeName == 'node-b'"), outcome(false)
+assert outcome(false, "UPDATE") == [], "an operation not in the rules"
+assert outcome(false, binding={"policyName": "p", "validationActions": ["Warn", "Audit"]}) == ["p"], "no Deny"
+assert outcome(dict(false, matchConditions=[{"name": "never", "expression": "request.userInfo.username == 'x'"},
+                                             {"name": "broken", "expression": "request.nope"}])) == [], \
+    "a false condition wins over an error"
+broken = outcome(dict(false, matchConditions=[{"name": "broken", "expression": "request.nope == 1"}]))
+assert broken[:2] == (422, "Invalid") and "failed to evaluate match condition broken" in broken[2], broken
+assert outcome(dict(false, failurePolicy="Ignore", matchConditions=[{"name": "broken", "expression": "request.nope == 1"}])) == []
+error = outcome({"matchConstraints": rules, "validations": [{"expression": "object.spec.absent == 'x'", "message": "m"}]})
+assert error[:2] == (422, "Invalid") and "expression 'object.spec.absent == 'x'' resulted in error" in error[2], error
+assert outcome({"matchConstraints": rules, "failurePolicy": "Ignore",
+                "validations": [{"expression": "object.spec.absent == 'x'"}]}) == ["p"]
+fallback = {"matchConstraints": rules, "validations": [{"expression": "false", "message": "static", "reason": "Forbidden",
+                                                         "messageExpression": "object.spec.absent"}]}
+assert outcome(fallback) == denied("static", 403, "Forbidden"), outcome(fallback)
+chained = {"matchConstraints": rules, "variables": [{"name": "n", "expression": "object.spec.nodeName"},
+                                                     {"name": "m", "expression": "variables.n + '!'"},
+                                                     {"name": "unused", "expression": "object.spec.absent"}],
+           "validations": [{"expression": "variables.m == 'node-b!'", "messageExpression": "'got ' + variables.m"}]}
+assert outcome(chained) == denied("got node-a!"), outcome(chained)
+for bad, says in [
+        ({"matchConstraints": rules, "validations": [{"expresion": "true"}]}, "refused by the 1.36 schema"),
+        ({"matchConstraints": rules, "validations": [{"expression": "1 +"}]}, "does not compile"),
+        ({"matchConstraints": rules, "failurePolicy": "Never", "validations": [{"expression": "true"}]},
+         "Fail or Ignore"),
+        ({"matchConstraints": rules, "validations": [{"expression": "true", "reason": "Teapot"}]}, "reason 'Teapot'"),
+        ({"matchConstraints": rules, "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+          "validations": [{"expression": "true"}]}, "paramKind is not implemented"),
+        ({"matchConstraints": dict(rules, objectSelector={"matchLabels": {"a": "b"}}),
+          "validations": [{"expression": "true"}]}, "objectSelector is not implemented")]:
+    try:
+        policies(bad)
+    except SystemExit as e:
+        assert says in str(e), (says, str(e))
+    else:
+        raise AssertionError(f"loaded: {bad}")
+PY
 
 echo "== resourceclaims"
 claim_with_status="$(json_with "$valid_claim" "o['status'] = $valid_status")"

@@ -35,27 +35,75 @@ pub fn schemas_dir() -> PathBuf {
     dir
 }
 
+/// Where scripts/fetch-cel-python (run by scripts/install-deps) put cel-python, with which the
+/// stand-in evaluates k8s/dra.yaml's admission policy.
+pub fn cel_python_dir() -> PathBuf {
+    let dir = std::env::var_os("VRAMGATE_CEL_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/vramgate-tests/cel-python-0.5.0"));
+    assert!(
+        dir.join(".complete").exists(),
+        "{}: no cel-python; run scripts/install-deps (or scripts/fetch-cel-python)",
+        dir.display()
+    );
+    dir
+}
+
+/// The driver's service account in k8s/dra.yaml, as the API server names its user.
+pub const DRA_USER: &str = "system:serviceaccount:kube-system:vramgate-dra";
+
+/// A bearer token the stand-in knows: its user, and the node of the pod its token is bound
+/// to (the user extra `authentication.kubernetes.io/node-name`; "" for a token without it).
+pub struct User<'a> {
+    pub token: &'a str,
+    pub username: &'a str,
+    pub node: &'a str,
+}
+
 /// The stand-in API server, killed when dropped.
 pub struct ApiServer {
     child: Child,
     pub url: String,
+    /// The tests' own client: no token, a cluster admin to the stand-in.
     pub kubeconfig: PathBuf,
 }
 
 impl ApiServer {
     /// Starts it for `nodes`, with a kubeconfig for it in `dir`.
     pub fn start(dir: &Path, nodes: &[&str]) -> ApiServer {
+        ApiServer::launch(dir, nodes, false, &[])
+    }
+
+    /// Starts it with k8s/dra.yaml's admission policy evaluated on every ResourceSlice write,
+    /// and `users`' tokens known (see [`ApiServer::kubeconfig_as`]).
+    pub fn start_with_policy(dir: &Path, nodes: &[&str], users: &[User]) -> ApiServer {
+        ApiServer::launch(dir, nodes, true, users)
+    }
+
+    fn launch(dir: &Path, nodes: &[&str], policy: bool, users: &[User]) -> ApiServer {
         // Debian's python3, which has python3-jsonschema (scripts/install-deps).
         let python = if Path::new("/usr/bin/python3").exists() {
             "/usr/bin/python3"
         } else {
             "python3"
         };
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/apiserver.py");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut command = Command::new(python);
-        command.arg(&script).arg("--schemas").arg(schemas_dir());
+        command
+            .arg(root.join("tests/support/apiserver.py"))
+            .arg("--schemas")
+            .arg(schemas_dir());
         for node in nodes {
             command.args(["--node", node]);
+        }
+        if policy {
+            command
+                .arg("--policy")
+                .arg(root.join("k8s/dra.yaml"))
+                .env("PYTHONPATH", cel_python_dir());
+        }
+        for user in users {
+            command.args(["--user", user.token, user.username, user.node]);
         }
         let log = std::fs::File::create(dir.join("apiserver.log")).unwrap();
         let mut child = command.stdout(Stdio::piped()).stderr(log).spawn().unwrap();
@@ -74,16 +122,16 @@ impl ApiServer {
             })
             .to_string();
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {url}\n\
-                 users:\n- name: standin\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n\
-                 current-context: standin\n"
-            ),
-        )
-        .unwrap();
+        std::fs::write(&kubeconfig, kubeconfig_text(&url, "{}")).unwrap();
         ApiServer { child, url, kubeconfig }
+    }
+
+    /// A kubeconfig beside [`ApiServer::kubeconfig`] that calls as the user of `token` (one
+    /// of those it was started with, or any other, which it answers with 401).
+    pub fn kubeconfig_as(&self, token: &str) -> PathBuf {
+        let path = self.kubeconfig.with_file_name(format!("kubeconfig-{token}"));
+        std::fs::write(&path, kubeconfig_text(&self.url, &format!("{{token: {token}}}"))).unwrap();
+        path
     }
 
     pub async fn client(&self) -> kube::Client {
@@ -176,6 +224,14 @@ impl ApiServer {
     }
 }
 
+fn kubeconfig_text(url: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {url}\n\
+         users:\n- name: standin\n  user: {user}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n\
+         current-context: standin\n"
+    )
+}
+
 impl Drop for ApiServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -197,11 +253,23 @@ impl Driver {
     /// `dir`, and `cdi_dir` as the runtime's CDI directory; returns once its registration
     /// socket is there.
     pub fn start(dir: &Path, config: &Path, api: &ApiServer, node: &str, cdi_dir: &Path, extra: &[&str]) -> Driver {
+        Driver::start_as(dir, config, &api.kubeconfig, node, cdi_dir, extra)
+    }
+
+    /// [`Driver::start`] with `kubeconfig`'s identity (e.g. [`ApiServer::kubeconfig_as`]).
+    pub fn start_as(
+        dir: &Path,
+        config: &Path,
+        kubeconfig: &Path,
+        node: &str,
+        cdi_dir: &Path,
+        extra: &[&str],
+    ) -> Driver {
         // The state directory exists on a node (tmpfiles makes it at boot); the driver never
         // makes it itself.
         let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
         vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
-        let mut driver = Driver::spawn(dir, config, &api.kubeconfig, node, cdi_dir, extra);
+        let mut driver = Driver::spawn(dir, config, kubeconfig, node, cdi_dir, extra);
         let socket = driver.registration_socket();
         wait_until("the driver's registration socket", Duration::from_secs(20), || {
             if let Ok(Some(status)) = driver.child.try_wait() {
