@@ -31,7 +31,8 @@ pub enum Kind {
     Reclaim,
     AbandonTicket,
     FailOpen,
-    /// What holds an admitted container to its reservation was set (the driver limit).
+    /// What holds an admitted container to its reservation was set (the driver limit), or
+    /// cleared when the container ended.
     Enforce,
     Note,
 }
