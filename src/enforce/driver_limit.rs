@@ -321,6 +321,7 @@ pub fn apply_driver_limit_to(
     let mut applied = Vec::new();
     for share in whole {
         if let Err(e) = nvml.set(&share.uuid, &name_space, cgroup, SOFT_LIMIT, share.bytes) {
+            // Clears every GPU set so far; `left` keeps those whose clear failed.
             let left: Vec<String> = applied
                 .iter()
                 .filter(|a: &&AppliedLimit| nvml.clear(&a.uuid, &name_space, cgroup).is_err())
