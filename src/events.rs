@@ -31,7 +31,8 @@ pub enum Kind {
     Reclaim,
     AbandonTicket,
     FailOpen,
-    /// What holds an admitted container to its reservation was set (the driver limit).
+    /// What holds an admitted container to its reservation was set (the driver limit), or
+    /// cleared when the container ended.
     Enforce,
     /// `vramgate watch` measured a container holding more than its reservation and margin.
     OverUse,

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use crate::clock::SystemClock;
 use crate::config::{Config, ConfigError, LimitMechanism, OnStateError};
+use crate::enforce::driver_limit::{container_cgroup, whole_gpus, CGROUP_V2_ROOT};
+use crate::enforce::lifecycle;
 use crate::inventory::{self, InventoryError};
 use crate::ledger::{LedgerError, StateDir};
 use crate::procfs::{ProcLiveness, ProcessIdentity};
@@ -126,8 +128,15 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
     let state = ContainerState::read_from(state_json)?;
     match stage {
         Stage::Poststop => {
+            let config = Config::load_from(&options.config_path)?;
+            let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
+                forgo_driver_limit();
+                return Ok(Outcome::Released { found: false });
+            };
+            // Before the capability goes: clearing the driver limit needs it, as setting did.
+            end_driver_limit(&state, &dir, &config);
             forgo_driver_limit();
-            release(&state, &options.config_path)
+            release(&state, dir, &config)
         }
         _ => {
             let spec = SpecView::read_bundle(&state.bundle)?;
@@ -178,18 +187,31 @@ fn forgo_driver_limit() {
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
 /// container vramgate never saw is no error. Decided from the ledger, not from the bundle's
 /// spec: a spec rewritten after create must not leave a reservation behind.
-fn release(state: &ContainerState, config_path: &Path) -> Result<Outcome, HookError> {
-    let config = Config::load_from(config_path)?;
-    let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
-        return Ok(Outcome::Released { found: false });
-    };
+fn release(state: &ContainerState, dir: StateDir, config: &Config) -> Result<Outcome, HookError> {
     // Releasing needs no GPU numbers: the inventory is never opened here.
     let inventory = inventory::NotNeeded;
-    let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, &config);
+    let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
     let released = service.release(&state.id, Some(&state.bundle), "poststop")?;
     Ok(Outcome::Released {
         found: released.reservation.is_some(),
     })
+}
+
+/// Poststop: clears the driver limit this container's createRuntime recorded, if any (see
+/// [`crate::enforce::lifecycle`]: under the wrapper, its `delete` cleared it already and
+/// removed the record). runc has removed the cgroup by now, so this is the best the hook
+/// alone can do. A failure is in the event log and never fails the stop: the container is
+/// gone either way, and a failing poststop would fail the runtime's `delete`.
+fn end_driver_limit(state: &ContainerState, dir: &StateDir, config: &Config) {
+    let runtime_root = crate::runtime::argv::runtime_root_of(nix::unistd::getppid().as_raw() as u32);
+    let _ = lifecycle::end_driver_limit(
+        dir,
+        Path::new(&config.inventory.nvml_library),
+        runtime_root.as_deref(),
+        &state.id,
+        Some(&state.bundle),
+        lifecycle::EndedBy::Poststop,
+    );
 }
 
 /// Where vramgate-runtime records, in the spec, what holds the container to its reservation
@@ -325,7 +347,23 @@ fn driver_limit(
         })
         .collect();
     let library = Path::new(&config.inventory.nvml_library);
-    match crate::enforce::apply_driver_limit(library, init_pid, &placed, Path::new("/proc")) {
+    let set = || -> Result<Vec<crate::enforce::AppliedLimit>, crate::enforce::EnforceError> {
+        let gpus: Vec<String> = whole_gpus(&placed).iter().map(|s| s.uuid.clone()).collect();
+        if gpus.is_empty() {
+            return Ok(Vec::new());
+        }
+        let record = lifecycle::LimitRecord {
+            container_id: state.id.clone(),
+            // What the wrapper's `delete` finds the record by: the root of the runtime that
+            // runs this hook, its parent.
+            runtime_root: crate::runtime::argv::runtime_root_of(nix::unistd::getppid().as_raw() as u32),
+            bundle: Some(state.bundle.clone()),
+            cgroup: container_cgroup(init_pid, Path::new("/proc"), Path::new(CGROUP_V2_ROOT))?,
+            gpus,
+        };
+        lifecycle::set_and_record(service.state_dir(), library, &record, &placed)
+    };
+    match set() {
         Ok(applied) if applied.is_empty() => Ok(()),
         Ok(applied) => {
             let detail = applied

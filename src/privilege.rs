@@ -41,9 +41,12 @@
 //! container without a request, so its first drop ([`drop_for_hook_stage`]) leaves
 //! `CAP_SYS_ADMIN` in the *permitted* set only, never the effective one. The hook then gives
 //! it up for good ([`forgo_driver_limit`]) as soon as it knows it will not set a limit (a
-//! stop, a container without a request, another tier, the limit set). Only around the set
-//! calls themselves is it raised into the effective set ([`raise_for_driver_limit`], a guard
-//! that lowers it again). The exporter and the device plugin never set limits and drop it at
+//! container without a request, another tier, the limit set) or clear one (a stop, once the
+//! container's driver-limit record is handled: clearing is the same set call). Only around the
+//! set calls themselves is it raised into the effective set ([`raise_for_driver_limit`], a
+//! guard that lowers it again). The wrapper does the same at `delete`, where it clears a
+//! container's limit before runc removes the cgroup: from root's permitted set, `CAP_SYS_ADMIN`
+//! alone, around each call. The exporter and the device plugin never set limits and drop it at
 //! once ([`drop_for_hook`]).
 //!
 //! Capabilities are per thread: call these before starting any thread (both binaries are

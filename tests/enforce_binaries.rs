@@ -32,6 +32,11 @@ struct Host {
 
 impl Host {
     fn new(name: &str, wrapper: bool, with_limits: bool, extra: &str) -> Host {
+        Host::with_gpus(name, wrapper, with_limits, extra, "")
+    }
+
+    /// [`Host::new`] with `[[inventory.gpus]]` tables (`gpus`) instead of the simulated GPU.
+    fn with_gpus(name: &str, wrapper: bool, with_limits: bool, extra: &str, gpus: &str) -> Host {
         support::require("runc");
         let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
         let (lib, log) = nvml_stub(dir.path(), with_limits);
@@ -43,7 +48,7 @@ impl Host {
         let config = Testbed::default_config(
             dir.path(),
             &format!(
-                "{extra}\n{runtime}[inventory]\nbackend = \"static\"\nnvml_library = {:?}\n[enforce]\nlimit = \"driver\"\n",
+                "{extra}\n{runtime}[inventory]\nbackend = \"static\"\nnvml_library = {:?}\n{gpus}\n[enforce]\nlimit = \"driver\"\n",
                 lib.display().to_string()
             ),
         );
@@ -111,6 +116,28 @@ impl Host {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// The processes that loaded the stub NVML library (its constructor's "load <pid>" lines).
+    fn loads(&self) -> Vec<String> {
+        std::fs::read_to_string(format!("{}.loads", self.log.display()))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The driver-limit records in the state directory (`vramgate::enforce::lifecycle`).
+    fn records(&self) -> Vec<String> {
+        std::fs::read_dir(&self.bed.state_dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(vramgate::enforce::lifecycle::RECORD_PREFIX))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn calls(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -150,6 +177,25 @@ impl Drop for Host {
         let parent = support::cgroup_v2_root().join(format!("vramgate-drv/{}", std::process::id()));
         let _ = std::fs::remove_dir(parent);
     }
+}
+
+/// The calls that clear a limit, as the stub logged them: "clear <uuid> <cgroup> present" when
+/// the cgroup directory still existed at the call, "... gone" when it did not.
+fn clears(calls: &[String]) -> Vec<&str> {
+    calls
+        .iter()
+        .map(String::as_str)
+        .filter(|c| c.starts_with("clear "))
+        .collect()
+}
+
+/// The `detail` of each `enforce` event.
+fn enforce_details(host: &Host) -> Vec<String> {
+    host.events()
+        .into_iter()
+        .filter(|e| e["event"] == "enforce")
+        .map(|e| e["detail"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// The calls that set a limit, as the stub logged them: "set <uuid> <cgroup> <soft> <hard>".
@@ -384,4 +430,175 @@ fn hook_pids(parent: u32) -> Vec<u32> {
                 == Some(parent)
         })
         .collect()
+}
+
+/// (a) The wrapper's `delete` clears the limit on each GPU of the container, before it execs
+/// runc, which removes the cgroup: the stub saw the cgroup directory still there. The poststop
+/// hook that runc runs afterwards finds the record gone and calls nothing.
+#[test]
+fn the_wrapper_clears_the_limit_at_delete_while_the_cgroup_still_exists() {
+    let (a, b) = (
+        "GPU-00000000-0000-0000-0000-00000000000a",
+        "GPU-00000000-0000-0000-0000-00000000000b",
+    );
+    let host = Host::with_gpus("drv-delete", true, true, "", &two_gpus(a, b));
+    let cgroup = format!("/vramgate-drv/{}/d1", std::process::id());
+    let bundle = host.bundle("d1", &["sleep", "30"], "2Gi", &[], &cgroup, false);
+    on_gpus(&bundle, "0,1");
+    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "d1"]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    let dir = format!("/sys/fs/cgroup{cgroup}");
+    let calls = host.calls();
+    assert_eq!(
+        sets(&calls),
+        [
+            format!("set {a} {dir} 0 {}", 2 * GIB),
+            format!("set {b} {dir} 0 {}", 2 * GIB)
+        ],
+        "{calls:?}"
+    );
+    assert!(clears(&calls).is_empty(), "{calls:?}");
+    assert_eq!(host.records().len(), 1, "the hook recorded what it set");
+
+    let out = host.runc(&["delete", "--force", "d1"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+    let calls = host.calls();
+    assert_eq!(
+        clears(&calls),
+        [format!("clear {a} {dir} present"), format!("clear {b} {dir} present")],
+        "each GPU cleared once, by the wrapper, with CAP_SYS_ADMIN, before runc removed the cgroup: {calls:?}"
+    );
+    assert!(
+        !std::path::Path::new(&support::cgroup_v2_root().join(cgroup.trim_start_matches('/'))).exists(),
+        "runc removed the cgroup after"
+    );
+    assert!(host.records().is_empty(), "the record is gone");
+    assert!(host.reservation("d1").is_none(), "released at poststop");
+    let details = enforce_details(&host);
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("driver_limit cleared at delete") && d.contains(&format!("{a} cleared"))),
+        "{details:?}"
+    );
+}
+
+/// (b) A two-GPU container whose second set fails is refused, and the limit already set on
+/// its first GPU is cleared before the hook returns the error: no limit is left on its cgroup.
+#[test]
+fn a_failed_set_on_the_second_gpu_clears_the_first() {
+    let (a, b) = (
+        "GPU-00000000-0000-0000-0000-00000000000a",
+        "GPU-00000000-0000-0000-0000-00000000000b",
+    );
+    let host = Host::with_gpus("drv-half", false, true, "", &two_gpus(a, b));
+    std::fs::write(format!("{}.fail-set", host.log.display()), b).unwrap();
+    let cgroup = format!("/vramgate-drv/{}/h1", std::process::id());
+    let bundle = host.bundle("h1", &["sleep", "30"], "1Gi", &[], &cgroup, true);
+    on_gpus(&bundle, "0,1");
+    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "h1"]);
+    assert!(!out.status.success(), "refused");
+    let err = stderr(&out);
+    assert!(err.contains("NVML_ERROR_NOT_SUPPORTED") && err.contains(b), "{err}");
+    let dir = format!("/sys/fs/cgroup{cgroup}");
+    let calls = host.calls();
+    assert_eq!(
+        sets(&calls),
+        [format!("set {a} {dir} 0 {GIB}"), format!("set not-supported {b} {dir}")],
+        "{calls:?}"
+    );
+    assert_eq!(
+        clears(&calls),
+        [format!("clear {a} {dir} present")],
+        "the first GPU's limit is cleared, on the cgroup that still exists: {calls:?}"
+    );
+    assert!(host.reservation("h1").is_none(), "the memory is given back");
+    assert!(host.records().is_empty(), "nothing left to clear, so no record");
+}
+
+/// (c) The hook alone (podman's and CRI-O's hooks.d): the poststop hook clears what it can.
+/// runc has removed the cgroup by then, so the driver is asked about a path that is gone (the
+/// stub, as nvml.h describes, cannot open it: nothing left to clear); the record goes, and
+/// the event log says what happened.
+#[test]
+fn the_hook_alone_asks_the_driver_at_poststop_about_the_gone_cgroup() {
+    let host = Host::new("drv-poststop", false, true, "");
+    let cgroup = format!("/vramgate-drv/{}/p1", std::process::id());
+    let bundle = host.bundle("p1", &["sleep", "30"], "1Gi", &[], &cgroup, true);
+    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "p1"]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    assert_eq!(host.records().len(), 1);
+    let out = host.runc(&["delete", "--force", "p1"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+    let dir = format!("/sys/fs/cgroup{cgroup}");
+    let calls = host.calls();
+    assert_eq!(
+        clears(&calls),
+        [format!("clear {SIMULATED_GPU_UUID} {dir} gone")],
+        "asked once, at poststop, after runc removed the cgroup: {calls:?}"
+    );
+    assert!(
+        host.records().is_empty(),
+        "the record goes at poststop whatever the answer"
+    );
+    let details = enforce_details(&host);
+    assert!(
+        details
+            .iter()
+            .any(|d| d.starts_with("driver_limit cleared at poststop") && d.contains("cgroup gone")),
+        "{details:?}"
+    );
+    assert!(host.reservation("p1").is_none(), "released at poststop");
+}
+
+/// (d) `delete` of a container vramgate never limited costs no NVML load, through the wrapper
+/// and its poststop hook alike, even beside a limited one.
+#[test]
+fn a_container_without_a_limit_loads_no_nvml_at_delete() {
+    let host = Host::new("drv-plain", true, true, "");
+    let limited = host.bundle(
+        "lim",
+        &["sleep", "30"],
+        "1Gi",
+        &[],
+        &format!("/vramgate-drv/{}/lim", std::process::id()),
+        false,
+    );
+    let out = host.runc(&["create", "--bundle", limited.to_str().unwrap(), "lim"]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    let loads = host.loads();
+    assert_eq!(loads.len(), 1, "the limited container's hook loaded NVML: {loads:?}");
+    // A container with a request but no GPU limit is a different test: this one has no
+    // request at all, the common case on a host where vramgate runs as the default runtime.
+    let plain = host.bed.bundle("plain", &["sleep", "30"], &[], &[], false).unwrap();
+    let path = plain.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["linux"]["cgroupsPath"] = json!(format!("/vramgate-drv/{}/plain", std::process::id()));
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    let calls = host.calls();
+    for verb in [
+        &["create", "--bundle", plain.to_str().unwrap(), "plain"][..],
+        &["delete", "--force", "plain"][..],
+    ] {
+        let out = host.runc(verb);
+        assert!(out.status.success(), "{verb:?}: {}", stderr(&out));
+    }
+    assert_eq!(host.loads(), loads, "no process loaded NVML for the plain container");
+    assert_eq!(host.calls(), calls, "and called nothing");
+    assert_eq!(host.records().len(), 1, "the limited container's record stands");
+}
+
+/// Two static GPUs of 80 GiB, as `[[inventory.gpus]]` tables.
+fn two_gpus(a: &str, b: &str) -> String {
+    format!(
+        "[[inventory.gpus]]\nindex = 0\nuuid = \"{a}\"\ntotal = \"80Gi\"\n[[inventory.gpus]]\nindex = 1\nuuid = \"{b}\"\ntotal = \"80Gi\"\n"
+    )
+}
+
+/// Sets the bundle's `vramgate.dev/gpus` annotation.
+fn on_gpus(bundle: &Path, gpus: &str) {
+    let path = bundle.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["annotations"]["vramgate.dev/gpus"] = json!(gpus);
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
 }

@@ -151,8 +151,8 @@ fn the_rust_definitions_match_nvidias_header() {
     assert_eq!(size_of::<c_ulonglong>(), 8);
     assert_eq!(
         get("NVML_DEVICE_MEMORY_LIMIT_MAX") as u64,
-        u64::MAX,
-        "the value that means no limit"
+        vramgate::enforce::driver_limit::NVML_DEVICE_MEMORY_LIMIT_MAX,
+        "the hard limit vramgate clears with"
     );
     // Every return code vramgate names in its messages has that name in the header.
     for (code, name) in NVML_ERRORS {

@@ -27,15 +27,24 @@
 //!
 //! Privilege: NVML documents the set call as "Requires root/admin permissions", and NVIDIA's
 //! kernel module checks `CAP_SYS_ADMIN` on the calling thread. The hook holds it in its
-//! permitted set only (see [`crate::privilege`]); [`apply_driver_limit`] raises it around the
-//! set calls alone. Reading a limit and its usage ([`DriverUsage`]) needs no privilege.
+//! permitted set only (see [`crate::privilege`]); [`apply_driver_limit`] and
+//! [`clear_driver_limit`] raise it around the set calls alone (a clear is a set call). Reading
+//! a limit and its usage ([`DriverUsage`]) needs no privilege.
+//!
+//! Clearing: nvml.h (CUDA 13.4) says "To clear the limits, set softLimit to 0, and hardLimit to
+//! NVML_DEVICE_MEMORY_LIMIT_MAX" ([`CLEAR_SOFT_LIMIT`], [`NVML_DEVICE_MEMORY_LIMIT_MAX`]) and
+//! "Removing the cgroup will also clear any limits"; the set call answers
+//! `NVML_ERROR_OPERATING_SYSTEM` when "the cgroup path cannot be opened". When and by whom a
+//! limit is cleared is [`super::lifecycle`]'s.
 //!
 //! Soft and hard: hard = the reservation, soft = 0 ([`SOFT_LIMIT`]). The hard limit is what
 //! refuses an allocation beyond the reservation. The soft limit is a guarantee (`dmem.min`)
 //! that the driver adds into every ancestor cgroup and takes back only when it is lowered
 //! through NVML; runc deletes a container's cgroup without that, so a soft limit per container
 //! would pile up in the ancestors of a long-running host (NVIDIA's page says so). vramgate's
-//! admission is the guarantee instead: reservations never sum past the card.
+//! admission is the guarantee instead: reservations never sum past the card. The hard limit is
+//! the cgroup path's, and would outlive the container on it: it is cleared when the container
+//! ends ([`super::lifecycle`]), soft and hard, so that holds whatever soft a later version sets.
 
 use std::ffi::{c_char, c_uint, c_ulonglong, c_void, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -91,6 +100,17 @@ pub type SetLimitsFn = unsafe extern "C" fn(NvmlDevice, *mut SetMemoryLimitsV1) 
 pub type GetLimitsFn = unsafe extern "C" fn(NvmlDevice, *mut GetMemoryLimitsV1) -> NvmlReturn;
 /// `NVML_ERROR_NO_PERMISSION`.
 pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+/// `NVML_ERROR_NOT_FOUND`: the get call's answer for a GPU and cgroup without a limit.
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+/// `NVML_ERROR_OPERATING_SYSTEM`: the set call's answer when "the cgroup path cannot be
+/// opened" (nvml.h).
+pub const NVML_ERROR_OPERATING_SYSTEM: NvmlReturn = 17;
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX` (nvml.h: `0xFFFFFFFFFFFFFFFF`): the hard limit that, with a
+/// soft limit of 0 ([`CLEAR_SOFT_LIMIT`]), clears a cgroup's limits.
+pub const NVML_DEVICE_MEMORY_LIMIT_MAX: u64 = u64::MAX;
+/// The soft limit of a clear (nvml.h: "To clear the limits, set softLimit to 0, and
+/// hardLimit to NVML_DEVICE_MEMORY_LIMIT_MAX").
+pub const CLEAR_SOFT_LIMIT: u64 = 0;
 
 /// Whether the driver limit can work with this NVML library.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,11 +238,11 @@ pub const NVML_ERRORS: &[(NvmlReturn, &str)] = &[
     (2, "NVML_ERROR_INVALID_ARGUMENT"),
     (3, "NVML_ERROR_NOT_SUPPORTED"),
     (NVML_ERROR_NO_PERMISSION, "NVML_ERROR_NO_PERMISSION"),
-    (6, "NVML_ERROR_NOT_FOUND"),
+    (NVML_ERROR_NOT_FOUND, "NVML_ERROR_NOT_FOUND"),
     (9, "NVML_ERROR_DRIVER_NOT_LOADED"),
     (13, "NVML_ERROR_FUNCTION_NOT_FOUND"),
     (15, "NVML_ERROR_GPU_IS_LOST"),
-    (17, "NVML_ERROR_OPERATING_SYSTEM"),
+    (NVML_ERROR_OPERATING_SYSTEM, "NVML_ERROR_OPERATING_SYSTEM"),
     (25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH"),
     (999, "NVML_ERROR_UNKNOWN"),
 ];
@@ -239,8 +259,10 @@ pub fn nvml_error_name(code: NvmlReturn) -> &'static str {
 /// Sets each GPU's hard limit to the container's reservation on it, for the cgroup of its
 /// init (`init_pid`, read from `proc_root`, under /sys/fs/cgroup). MIG shares are skipped (the
 /// driver refuses MIG handles; a MIG device's memory is its own already), so the result may
-/// be shorter than `shares`; with no other share nothing is loaded. Stops at the first
-/// failure: the caller decides whether a container without its limit may start.
+/// be shorter than `shares`; with no other share nothing is loaded. All or nothing: when one
+/// GPU fails, the limits already set on the others are cleared before the error returns (see
+/// [`apply_driver_limit_to`]); the caller decides whether a container without its limit may
+/// start.
 pub fn apply_driver_limit(
     nvml_library: &Path,
     init_pid: u32,
@@ -259,104 +281,267 @@ pub fn apply_driver_limit_at(
     proc_root: &Path,
     cgroup_root: &Path,
 ) -> Result<Vec<AppliedLimit>, EnforceError> {
-    let whole: Vec<&PlacedShare> = shares.iter().filter(|s| s.mig_index.is_none()).collect();
-    if whole.is_empty() {
+    if whole_gpus(shares).is_empty() {
         return Ok(Vec::new());
     }
     let cgroup = container_cgroup(init_pid, proc_root, cgroup_root)?;
-    let name_space = CString::new(cgroup.as_os_str().as_bytes()).map_err(|_| EnforceError::BadCgroup {
-        path: cgroup.clone(),
+    apply_driver_limit_to(nvml_library, &cgroup, shares)
+}
+
+/// The shares the driver can limit: whole GPUs, not MIG devices.
+pub fn whole_gpus(shares: &[PlacedShare]) -> Vec<&PlacedShare> {
+    shares.iter().filter(|s| s.mig_index.is_none()).collect()
+}
+
+/// The cgroup directory as NVML's `nameSpace`.
+fn name_space(cgroup: &Path) -> Result<CString, EnforceError> {
+    CString::new(cgroup.as_os_str().as_bytes()).map_err(|_| EnforceError::BadCgroup {
+        path: cgroup.to_path_buf(),
         value: cgroup.display().to_string(),
         reason: "it contains a NUL byte",
-    })?;
-    let (lib, library) =
-        open_library(nvml_library).map_err(|(library, message)| EnforceError::LoadLibrary { library, message })?;
-    let symbol = |name: &'static str| EnforceError::MissingSymbol {
-        library: library.clone(),
-        symbol: name,
-    };
-    // SAFETY: the types are NVML's documented signatures (nvml.h) for the first three, and
-    // the assumed one (module docs) for the fourth; the library stays loaded while they are
-    // used, since `lib` outlives this function's calls.
-    let (init, shutdown, by_uuid, set_limits) = unsafe {
-        (
-            lib.get::<InitFn>(b"nvmlInit_v2").map_err(|_| symbol("nvmlInit_v2"))?,
-            lib.get::<ShutdownFn>(b"nvmlShutdown")
-                .map_err(|_| symbol("nvmlShutdown"))?,
-            lib.get::<HandleByUuidFn>(b"nvmlDeviceGetHandleByUUID")
-                .map_err(|_| symbol("nvmlDeviceGetHandleByUUID"))?,
-            lib.get::<SetLimitsFn>(SET_LIMITS_SYMBOL.as_bytes())
-                .map_err(|_| symbol(SET_LIMITS_SYMBOL))?,
-        )
-    };
-    let nvml_err = |function, argument: String, code| EnforceError::Nvml {
-        library: library.clone(),
-        function,
-        argument,
-        code,
-        name: nvml_error_name(code),
-    };
-    // SAFETY: nvmlInit_v2 takes nothing; NVML counts inits, so this pairs with the shutdown
-    // below whatever else in the process uses NVML.
-    let code = unsafe { init() };
-    if code != 0 {
-        return Err(nvml_err("nvmlInit_v2", String::new(), code));
+    })
+}
+
+/// [`apply_driver_limit`] on a cgroup directory already found ([`container_cgroup`]). A
+/// failure on one GPU clears what was set on the GPUs before it (a limit left on the cgroup
+/// would outlive the refused container: a container made again with the same cgroup path
+/// would start under it); should that clear fail too, the error is
+/// [`EnforceError::LeftSet`], naming the GPUs whose limit stands.
+pub fn apply_driver_limit_to(
+    nvml_library: &Path,
+    cgroup: &Path,
+    shares: &[PlacedShare],
+) -> Result<Vec<AppliedLimit>, EnforceError> {
+    let whole = whole_gpus(shares);
+    if whole.is_empty() {
+        return Ok(Vec::new());
     }
+    let name_space = name_space(cgroup)?;
+    let nvml = Session::open(nvml_library)?;
     let mut applied = Vec::new();
-    let mut result = Ok(());
     for share in whole {
-        let Ok(uuid) = CString::new(share.uuid.as_bytes()) else {
-            result = Err(EnforceError::NulInUuid {
-                uuid: share.uuid.clone(),
+        if let Err(e) = nvml.set(&share.uuid, &name_space, cgroup, SOFT_LIMIT, share.bytes) {
+            // Clears every GPU set so far; `left` keeps those whose clear failed.
+            let left: Vec<String> = applied
+                .iter()
+                .filter(|a: &&AppliedLimit| nvml.clear(&a.uuid, &name_space, cgroup).is_err())
+                .map(|a| a.uuid.clone())
+                .collect();
+            if left.is_empty() {
+                return Err(e);
+            }
+            return Err(EnforceError::LeftSet {
+                source: Box::new(e),
+                cgroup: cgroup.to_path_buf(),
+                left,
             });
-            break;
-        };
-        let mut device: NvmlDevice = std::ptr::null_mut();
-        // SAFETY: a NUL-terminated UUID and a pointer to a handle, as nvml.h declares.
-        let code = unsafe { by_uuid(uuid.as_ptr(), &mut device) };
-        if code != 0 {
-            result = Err(nvml_err("nvmlDeviceGetHandleByUUID", share.uuid.clone(), code));
-            break;
-        }
-        let mut limits = SetMemoryLimitsV1 {
-            name_space: name_space.as_ptr(),
-            soft_limit: SOFT_LIMIT,
-            hard_limit: share.bytes,
-        };
-        // The one call that needs CAP_SYS_ADMIN, held effective for it alone. A process that
-        // cannot raise it (rootless, or a caller that gave it up) still makes the call: the
-        // driver's answer, explained below, is the error.
-        let admin = crate::privilege::raise_for_driver_limit().ok().flatten();
-        // SAFETY: a handle NVML just returned and the struct above, whose nameSpace outlives
-        // the call.
-        let code = unsafe { set_limits(device, &mut limits) };
-        drop(admin);
-        if code == NVML_ERROR_NO_PERMISSION {
-            result = Err(EnforceError::NoPermission {
-                library: library.clone(),
-                argument: format!("{}, {}", share.uuid, cgroup.display()),
-            });
-            break;
-        }
-        if code != 0 {
-            result = Err(nvml_err(
-                SET_LIMITS_SYMBOL,
-                format!("{}, {}", share.uuid, cgroup.display()),
-                code,
-            ));
-            break;
         }
         applied.push(AppliedLimit {
             uuid: share.uuid.clone(),
-            cgroup: cgroup.clone(),
+            cgroup: cgroup.to_path_buf(),
             soft: SOFT_LIMIT,
             hard: share.bytes,
         });
     }
-    // SAFETY: pairs with the successful init above. Its result changes nothing: the limits
-    // are set, or the error above says why not.
-    let _ = unsafe { shutdown() };
-    result.map(|()| applied)
+    Ok(applied)
+}
+
+/// What clearing one GPU's limit for a cgroup found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleared {
+    /// The driver took the clearing values.
+    Cleared,
+    /// The driver holds no limit for this GPU and cgroup (`NVML_ERROR_NOT_FOUND`).
+    NoLimit,
+    /// The cgroup directory is gone and the driver cannot open it
+    /// (`NVML_ERROR_OPERATING_SYSTEM`): nvml.h says removing the cgroup clears its limits.
+    CgroupGone,
+}
+
+impl Cleared {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cleared::Cleared => "cleared",
+            Cleared::NoLimit => "no limit held",
+            Cleared::CgroupGone => "cgroup gone",
+        }
+    }
+}
+
+/// Clears the driver limit of cgroup directory `cgroup` on each GPU of `uuids` (soft 0, hard
+/// [`NVML_DEVICE_MEMORY_LIMIT_MAX`], nvml.h's clearing values), with CAP_SYS_ADMIN raised
+/// around each call as for setting. Every GPU is tried; the first error is returned once all
+/// were. Nothing to clear is no error: see [`Cleared`].
+pub fn clear_driver_limit(
+    nvml_library: &Path,
+    cgroup: &Path,
+    uuids: &[String],
+) -> Result<Vec<(String, Cleared)>, EnforceError> {
+    if uuids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let name_space = name_space(cgroup)?;
+    let nvml = Session::open(nvml_library)?;
+    let mut cleared = Vec::new();
+    let mut first_error = None;
+    for uuid in uuids {
+        match nvml.clear(uuid, &name_space, cgroup) {
+            Ok(outcome) => cleared.push((uuid.clone(), outcome)),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(cleared),
+    }
+}
+
+/// NVML loaded and started for the set call, shut down when dropped.
+struct Session {
+    // The function pointers are copied out of `_lib`, which is dropped after `Drop::drop`
+    // has shut NVML down (fields drop after the struct's own `drop`).
+    by_uuid: HandleByUuidFn,
+    set_limits: SetLimitsFn,
+    shutdown: ShutdownFn,
+    library: PathBuf,
+    _lib: Library,
+}
+
+impl Session {
+    /// Loads the library, finds every symbol the set call needs (before any call: a library
+    /// without one is left uncalled) and starts NVML.
+    fn open(nvml_library: &Path) -> Result<Session, EnforceError> {
+        let (lib, library) =
+            open_library(nvml_library).map_err(|(library, message)| EnforceError::LoadLibrary { library, message })?;
+        let symbol = |name: &'static str| EnforceError::MissingSymbol {
+            library: library.clone(),
+            symbol: name,
+        };
+        // SAFETY: nvml.h's signatures (`tests/nvml_abi.rs` checks them against the header);
+        // the pointers are used only while `lib` is loaded (see the struct).
+        let (init, shutdown, by_uuid, set_limits) = unsafe {
+            (
+                *lib.get::<InitFn>(b"nvmlInit_v2").map_err(|_| symbol("nvmlInit_v2"))?,
+                *lib.get::<ShutdownFn>(b"nvmlShutdown")
+                    .map_err(|_| symbol("nvmlShutdown"))?,
+                *lib.get::<HandleByUuidFn>(b"nvmlDeviceGetHandleByUUID")
+                    .map_err(|_| symbol("nvmlDeviceGetHandleByUUID"))?,
+                *lib.get::<SetLimitsFn>(SET_LIMITS_SYMBOL.as_bytes())
+                    .map_err(|_| symbol(SET_LIMITS_SYMBOL))?,
+            )
+        };
+        // SAFETY: nvmlInit_v2 takes nothing; NVML counts inits, so this pairs with the
+        // shutdown in Drop whatever else in the process uses NVML.
+        let code = unsafe { init() };
+        if code != 0 {
+            return Err(EnforceError::Nvml {
+                library,
+                function: "nvmlInit_v2",
+                argument: String::new(),
+                code,
+                name: nvml_error_name(code),
+            });
+        }
+        Ok(Session {
+            by_uuid,
+            set_limits,
+            shutdown,
+            library,
+            _lib: lib,
+        })
+    }
+
+    fn error(&self, function: &'static str, argument: String, code: NvmlReturn) -> EnforceError {
+        EnforceError::Nvml {
+            library: self.library.clone(),
+            function,
+            argument,
+            code,
+            name: nvml_error_name(code),
+        }
+    }
+
+    /// `nvmlDeviceSetMemoryLimits_v1(uuid's device, {cgroup, soft, hard})`; `Err` is the
+    /// driver's code, `Ok` success.
+    fn call(
+        &self,
+        uuid: &str,
+        name_space: &CString,
+        soft: u64,
+        hard: u64,
+    ) -> Result<Result<(), NvmlReturn>, EnforceError> {
+        let Ok(uuid_c) = CString::new(uuid.as_bytes()) else {
+            return Err(EnforceError::NulInUuid { uuid: uuid.to_string() });
+        };
+        let mut device: NvmlDevice = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a pointer to a handle, as nvml.h declares.
+        let code = unsafe { (self.by_uuid)(uuid_c.as_ptr(), &mut device) };
+        if code != 0 {
+            return Err(self.error("nvmlDeviceGetHandleByUUID", uuid.to_string(), code));
+        }
+        let mut limits = SetMemoryLimitsV1 {
+            name_space: name_space.as_ptr(),
+            soft_limit: soft,
+            hard_limit: hard,
+        };
+        // The one call that needs CAP_SYS_ADMIN, held effective for it alone. A process that
+        // cannot raise it (rootless, or a caller that gave it up) still makes the call: the
+        // driver's answer, explained by the caller, is the error.
+        let admin = crate::privilege::raise_for_driver_limit().ok().flatten();
+        // SAFETY: a handle NVML just returned and the struct above, whose nameSpace outlives
+        // the call.
+        let code = unsafe { (self.set_limits)(device, &mut limits) };
+        drop(admin);
+        Ok(if code == 0 { Ok(()) } else { Err(code) })
+    }
+
+    fn set(&self, uuid: &str, name_space: &CString, cgroup: &Path, soft: u64, hard: u64) -> Result<(), EnforceError> {
+        let argument = || format!("{uuid}, {}", cgroup.display());
+        match self.call(uuid, name_space, soft, hard)? {
+            Ok(()) => Ok(()),
+            Err(NVML_ERROR_NO_PERMISSION) => Err(EnforceError::NoPermission {
+                library: self.library.clone(),
+                argument: argument(),
+            }),
+            Err(code) => Err(self.error(SET_LIMITS_SYMBOL, argument(), code)),
+        }
+    }
+
+    fn clear(&self, uuid: &str, name_space: &CString, cgroup: &Path) -> Result<Cleared, EnforceError> {
+        match self.call(uuid, name_space, CLEAR_SOFT_LIMIT, NVML_DEVICE_MEMORY_LIMIT_MAX)? {
+            Ok(()) => Ok(Cleared::Cleared),
+            Err(code) => match clear_outcome(code, cgroup.is_dir()) {
+                Some(outcome) => Ok(outcome),
+                None if code == NVML_ERROR_NO_PERMISSION => Err(EnforceError::NoPermission {
+                    library: self.library.clone(),
+                    argument: format!("{uuid}, {}, clear", cgroup.display()),
+                }),
+                None => Err(self.error(SET_LIMITS_SYMBOL, format!("{uuid}, {}, clear", cgroup.display()), code)),
+            },
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: pairs with the successful init in `open`. Its result changes nothing: the
+        // calls are made, and their errors say what happened.
+        let _ = unsafe { (self.shutdown)() };
+    }
+}
+
+/// Which driver answers to a clear mean there is nothing to clear: no limit for this GPU and
+/// cgroup, or a cgroup that is gone (nvml.h: "Removing the cgroup will also clear any
+/// limits"; a cgroup that still exists but cannot be opened is an error).
+pub fn clear_outcome(code: NvmlReturn, cgroup_exists: bool) -> Option<Cleared> {
+    match code {
+        0 => Some(Cleared::Cleared),
+        NVML_ERROR_NOT_FOUND => Some(Cleared::NoLimit),
+        NVML_ERROR_OPERATING_SYSTEM if !cgroup_exists => Some(Cleared::CgroupGone),
+        _ => None,
+    }
 }
 
 /// Reads what a container's cgroup holds on a GPU under the driver limit:
@@ -519,6 +704,132 @@ mod tests {
         assert!(matches!(a, Availability::NoLibrary { .. }), "{a:?}");
         assert!(!a.is_available());
         assert!(a.to_string().contains("/nonexistent/libnvidia-ml.so.1"), "{a}");
+    }
+
+    /// tests/fixtures/nvml_limit_stub.c compiled into `dir`: (library, call log).
+    fn stub(dir: &Path) -> (PathBuf, PathBuf) {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
+        let lib = dir.join("libnvml-stub.so");
+        let log = dir.join("calls.log");
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+            .arg(&lib)
+            .arg(&source)
+            .arg(format!("-DLOG_PATH=\"{}\"", log.display()))
+            .output()
+            .expect("cc (gcc) builds the NVML stub: scripts/install-deps installs it");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (lib, log)
+    }
+
+    fn calls(log: &Path) -> Vec<String> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The stub refuses set calls without CAP_SYS_ADMIN, as the driver does: without root these
+    /// tests fail (a skip would report `ok` for a check that never ran).
+    fn require_root() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root (CAP_SYS_ADMIN for the set call): run it as root (sudo scripts/test)"
+        );
+    }
+
+    fn whole(uuid: &str, gib: u64) -> PlacedShare {
+        PlacedShare {
+            uuid: uuid.into(),
+            index: 0,
+            mig_index: None,
+            bytes: gib << 30,
+            total: 80 << 30,
+        }
+    }
+
+    #[test]
+    fn a_failed_second_gpu_clears_the_first_before_the_error_returns() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let (lib, log) = stub(tmp.path());
+        let cgroup = tmp.path().join("cgroup");
+        std::fs::create_dir(&cgroup).unwrap();
+        std::fs::write(format!("{}.fail-set", log.display()), "GPU-b").unwrap();
+        let err = apply_driver_limit_to(&lib, &cgroup, &[whole("GPU-a", 2), whole("GPU-b", 2)]).unwrap_err();
+        assert!(matches!(err, EnforceError::Nvml { code: 3, .. }), "{err:?}");
+        assert!(err.to_string().contains("GPU-b"), "{err}");
+        let c = cgroup.display();
+        assert_eq!(
+            calls(&log),
+            [
+                "init".to_string(),
+                "handle GPU-a".to_string(),
+                format!("set GPU-a {c} 0 {}", 2u64 << 30),
+                "handle GPU-b".to_string(),
+                format!("set not-supported GPU-b {c}"),
+                "handle GPU-a".to_string(),
+                format!("clear GPU-a {c} present"),
+                "shutdown".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_clear_sends_nvmls_clearing_values_and_a_gone_cgroup_has_nothing_left() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let (lib, log) = stub(tmp.path());
+        let cgroup = tmp.path().join("cgroup");
+        std::fs::create_dir(&cgroup).unwrap();
+        let gpus = ["GPU-a".to_string(), "GPU-b".to_string()];
+        apply_driver_limit_to(&lib, &cgroup, &[whole("GPU-a", 1), whole("GPU-b", 1)]).unwrap();
+        let cleared = clear_driver_limit(&lib, &cgroup, &gpus).unwrap();
+        assert_eq!(
+            cleared,
+            [
+                ("GPU-a".to_string(), Cleared::Cleared),
+                ("GPU-b".to_string(), Cleared::Cleared)
+            ]
+        );
+        let c = cgroup.display();
+        let lines = calls(&log);
+        assert!(
+            lines.ends_with(&[
+                "init".to_string(),
+                "handle GPU-a".to_string(),
+                format!("clear GPU-a {c} present"),
+                "handle GPU-b".to_string(),
+                format!("clear GPU-b {c} present"),
+                "shutdown".to_string(),
+            ]),
+            "{lines:?}"
+        );
+        // The cgroup removed (runc's delete): the driver cannot open it, nothing to clear.
+        std::fs::remove_dir(&cgroup).unwrap();
+        let cleared = clear_driver_limit(&lib, &cgroup, &gpus[..1]).unwrap();
+        assert_eq!(cleared, [("GPU-a".to_string(), Cleared::CgroupGone)]);
+        assert!(calls(&log).contains(&format!("clear GPU-a {c} gone")));
+        // Nothing to clear loads nothing.
+        assert!(clear_driver_limit(Path::new("/nonexistent/lib.so"), &cgroup, &[])
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn only_no_limit_and_a_gone_cgroup_mean_nothing_to_clear() {
+        assert_eq!(clear_outcome(0, true), Some(Cleared::Cleared));
+        assert_eq!(clear_outcome(NVML_ERROR_NOT_FOUND, true), Some(Cleared::NoLimit));
+        assert_eq!(
+            clear_outcome(NVML_ERROR_OPERATING_SYSTEM, false),
+            Some(Cleared::CgroupGone)
+        );
+        // A cgroup that exists but cannot be opened is a real failure, as is a refusal.
+        assert_eq!(clear_outcome(NVML_ERROR_OPERATING_SYSTEM, true), None);
+        assert_eq!(clear_outcome(NVML_ERROR_NO_PERMISSION, false), None);
+        assert_eq!(clear_outcome(999, false), None);
+        assert_eq!((CLEAR_SOFT_LIMIT, NVML_DEVICE_MEMORY_LIMIT_MAX), (0, u64::MAX));
     }
 
     #[test]

@@ -13,12 +13,13 @@
 //! | [`Tier::Guardrails`] | the wrapper writes env ([`guardrails`]) | TensorFlow and JAX allocators, in the container |
 //!
 //! The wrapper calls [`spec_edits`] (pure) and [`apply_spec_edits`] (the JSON tree) at
-//! `create`, once the container is placed; the hook calls [`driver_limit::apply_driver_limit`]
-//! at createRuntime when the limit is `driver`.
+//! `create`, once the container is placed; the hook sets the driver limit at createRuntime when
+//! the limit is `driver`, and the limit is cleared when the container ends ([`lifecycle`]).
 
 pub mod apply;
 pub mod driver_limit;
 pub mod guardrails;
+pub mod lifecycle;
 pub mod mps;
 pub mod over_use;
 pub mod toolkit;
@@ -137,6 +138,17 @@ pub enum EnforceError {
     NotCgroupV2 { dir: PathBuf },
     #[error("GPU UUID {uuid:?} contains a NUL byte")]
     NulInUuid { uuid: String },
+    /// A multi-GPU set failed and clearing what it had set on the earlier GPUs failed too.
+    #[error("{source}; the limits already set on {} for cgroup {} could not be cleared, and are cleared when the container is deleted", left.join(", "), cgroup.display())]
+    LeftSet {
+        source: Box<EnforceError>,
+        cgroup: PathBuf,
+        left: Vec<String>,
+    },
+    #[error("cannot keep the driver limit's record of the container: {0}")]
+    Record(#[from] crate::ledger::LedgerError),
+    #[error("the driver limit's record {path} is unreadable ({reason}); remove it, and clear the limits it names by hand if its container is gone")]
+    RecordCorrupt { path: PathBuf, reason: String },
 }
 
 pub(crate) use crate::spec::json_type;

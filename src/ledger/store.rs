@@ -208,6 +208,27 @@ impl StateDir {
             .map_err(|e| io_err(&self.path.join(from))(e.into()))
     }
 
+    /// Replaces the small file `name` of the state directory with `bytes`, atomically (a
+    /// record beside the ledger, written without the ledger lock: the temporary name is this
+    /// process's own, so two writers never share one).
+    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let temp = format!(".{name}.{}.tmp", std::process::id());
+        crate::atomic_file::replace_at(&self.dir, name.as_ref(), temp.as_ref(), bytes, 0o600, None)
+            .map_err(io_err(&self.path.join(name)))
+    }
+
+    /// Removes the file `name` of the state directory; one that is not there is no error.
+    pub fn remove_file(&self, name: &str) -> Result<()> {
+        match nix::unistd::unlinkat(
+            self.dir.as_fd(),
+            c_name(name).as_c_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(io_err(&self.path.join(name))(e.into())),
+        }
+    }
+
     /// Reads the ledger without locking: a consistent snapshot, thanks to atomic renames.
     pub fn read(&self) -> Result<Ledger> {
         let bytes = self.read_bytes()?;

@@ -1,5 +1,5 @@
-//! runc's command line, as far as the wrapper needs it: the global flags (to find `--log` and
-//! `--log-format`), the verb, and for `create` and `run` the bundle.
+//! runc's command line, as far as the wrapper needs it: the global flags (to find `--log`,
+//! `--log-format` and `--root`), the verb, and for `create` and `run` the bundle.
 //!
 //! Flags are read the way runc's CLI library (urfave/cli) reads them: one or two dashes, the
 //! value after a space or an `=`. Every flag that takes a value is named below, so its value
@@ -26,6 +26,9 @@ pub const CREATE_VALUE_FLAGS: &[&str] = &[
     "preserve-fds",
 ];
 pub const LOG_FLAG: &str = "log";
+/// Where runc keeps its containers' state; runc ids are unique within one root, so (root, id)
+/// names one container (containerd gives each namespace a root of its own).
+pub const ROOT_FLAG: &str = "root";
 pub const LOG_FORMAT_FLAG: &str = "log-format";
 /// The two spellings of the bundle flag (`--bundle`, `-b`; runc accepts either dash count).
 pub const BUNDLE_FLAGS: &[&str] = &["bundle", "b"];
@@ -44,6 +47,8 @@ pub struct Invocation {
     pub log: Option<PathBuf>,
     /// `--log-format`: `text` (runc's default) or `json` (what containerd passes).
     pub log_format: Option<OsString>,
+    /// `--root`, as given; `None` where the runtime's default applies.
+    pub root: Option<PathBuf>,
     /// For `create` and `run`: the bundle directory, `.` when no flag names it.
     pub bundle: Option<PathBuf>,
     /// For `create`, `run` and `delete`: the container id (runc's one positional argument).
@@ -99,6 +104,8 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
             inv.log = value.map(PathBuf::from);
         } else if name == LOG_FORMAT_FLAG.as_bytes() {
             inv.log_format = value;
+        } else if name == ROOT_FLAG.as_bytes() {
+            inv.root = value.map(PathBuf::from);
         }
     }
     if inv
@@ -146,10 +153,44 @@ pub fn parse_args(args: &[OsString]) -> Invocation {
     inv
 }
 
+/// The `--root` of the runtime process `pid`, read from its command line: what the hook
+/// (run by `runc create` or `runc delete` as their child) knows of the root its container
+/// lives in. `None` where the flag is absent, and where the command line cannot be read (a
+/// runtime that runs hooks through a helper process would then not match the wrapper's
+/// `delete`, which passes its own flag; see [`crate::enforce::lifecycle`]).
+pub fn runtime_root_of(pid: u32) -> Option<PathBuf> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<OsString> = cmdline
+        .split(|&b| b == 0)
+        .skip(1)
+        .filter(|a| !a.is_empty())
+        .map(|a| OsStr::from_bytes(a).to_os_string())
+        .collect();
+    parse_args(&args).root
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn the_root_is_read_in_both_spellings() {
+        assert_eq!(
+            inv(&["--root", "/r", "delete", "c"]).root.as_deref(),
+            Some(Path::new("/r"))
+        );
+        assert_eq!(
+            inv(&["-root=/r2", "create", "c"]).root.as_deref(),
+            Some(Path::new("/r2"))
+        );
+        assert_eq!(
+            inv(&["delete", "--root", "c"]).root,
+            None,
+            "a flag after the verb is not global"
+        );
+        assert_eq!(inv(&["delete", "c"]).root, None);
+    }
 
     fn inv(args: &[&str]) -> Invocation {
         parse_args(&args.iter().map(OsString::from).collect::<Vec<_>>())

@@ -154,7 +154,11 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
     }
     if inv.verb.as_deref() == Some(argv::DELETE_VERB.as_ref()) {
         if let (Some(container), Ok(config)) = (&inv.container, config.get()) {
-            admit::drop_abandoned_wait(&container.to_string_lossy(), config);
+            let container = container.to_string_lossy();
+            admit::drop_abandoned_wait(&container, config);
+            // Now, not at poststop: the runtime's delete removes the cgroup before it runs
+            // the poststop hooks, and a limit is cleared on the cgroup's path.
+            end_driver_limit(&inv, &container, config);
         }
     }
     let e = exec_runtime(&next, args);
@@ -164,4 +168,29 @@ pub fn run(args: &[OsString], config_path: &Path) -> RuntimeError {
         admit::undo(&container.to_string_lossy(), bundle, config);
     }
     e
+}
+
+/// At `delete`: clears the driver limit the container's createRuntime hook set and recorded
+/// ([`crate::enforce::lifecycle`]), before the runtime removes its cgroup. One failed `openat`
+/// and no NVML load for a container without a record. Clearing needs CAP_SYS_ADMIN, which
+/// the wrapper holds in its permitted set only (root's, emptied from the effective set at
+/// start): raised around each driver call alone. A failure goes to the runtime's log and the
+/// event log, keeps the record for the poststop hook, and never stops the delete.
+fn end_driver_limit(inv: &Invocation, container: &str, config: &crate::config::Config) {
+    let Ok(Some(dir)) = crate::ledger::StateDir::open_existing(&config.state_dir) else {
+        return;
+    };
+    if let Err(e) = crate::enforce::lifecycle::end_driver_limit(
+        &dir,
+        Path::new(&config.inventory.nvml_library),
+        inv.root.as_deref(),
+        container,
+        None,
+        crate::enforce::lifecycle::EndedBy::Delete,
+    ) {
+        warn(
+            inv,
+            &format!("vramgate: container {container}: cannot clear its GPU memory limit: {e}"),
+        );
+    }
 }
