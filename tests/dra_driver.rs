@@ -246,40 +246,24 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     // which would hide its 2 GiB from the scheduler (12 GiB).
     let forged = format!("VRAMGATE_DRA_DEVICE_{}_gpu_1={uid}-gpu-1", uid.replace('-', "_"));
     let guessed = format!("{forged}:00000000000000000000000000000000");
-    let forger_bundle = tb
-        .bundle(
-            "forger",
-            &["sleep", "60"],
-            &[],
-            &["VRAMGATE_MEMORY=2Gi", "VRAMGATE_GPUS=GPU-one", &forged],
-            true,
-        )
-        .unwrap();
-    let mut forger = tb
-        .runc_run(&forger_bundle, "forger")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let start = |id: &str, env: &[&str]| {
+        let bundle = tb.bundle(id, &["sleep", "60"], &[], env, true).unwrap();
+        let child = tb
+            .runc_run(&bundle, id)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        (id.to_string(), child)
+    };
+    let mut forgers = [
+        start("forger", &["VRAMGATE_MEMORY=2Gi", "VRAMGATE_GPUS=GPU-one", &forged]),
+        start("guesser", &["VRAMGATE_MEMORY=1Gi", "VRAMGATE_GPUS=GPU-one", &guessed]),
+    ];
     wait_reserved(&tb, "forger", 2 << 30);
-    let guesser_bundle = tb
-        .bundle(
-            "guesser",
-            &["sleep", "60"],
-            &[],
-            &["VRAMGATE_MEMORY=1Gi", "VRAMGATE_GPUS=GPU-one", &guessed],
-            true,
-        )
-        .unwrap();
-    let mut guesser = tb
-        .runc_run(&guesser_bundle, "guesser")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
     wait_reserved(&tb, "guesser", 1 << 30);
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "9Gi")]);
-    for (id, child) in [("forger", &mut forger), ("guesser", &mut guesser)] {
+    for (id, child) in &mut forgers {
         tb.runc(&["kill", id, "KILL"]).status().unwrap();
         let _ = child.wait();
         wait_released(&tb, id);

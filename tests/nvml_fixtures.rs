@@ -439,13 +439,20 @@ fn auto_never_simulates_a_gpu_on_a_gpu_host() {
     );
 
     let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("auto"));
+    let stderr = hook_refused_on_a_gpu_host(&host, "gpuhost");
+    assert!(stderr.contains("this host has an NVIDIA GPU"), "{stderr}");
+}
+
+/// Runs the hook at createRuntime, on a host that looks like a GPU host, for a container
+/// named `id` asking 1Gi of GPU 0; asserts it refused and reserved nothing; returns its stderr.
+fn hook_refused_on_a_gpu_host(host: &HookHarness, id: &str) -> String {
     let bundle = host.bundle_with_spec(
-        "gpuhost",
+        id,
         &serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["sleep"], "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
             "root": {"path": "rootfs"}, "annotations": {"vramgate.dev/memory": "1Gi"}}),
     );
     let init = FakeContainer::start();
-    let state = oci_state("gpuhost", Some(init.pid()), &bundle);
+    let state = oci_state(id, Some(init.pid()), &bundle);
     let mut hook = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate-hook"), &["createRuntime"])
         .env("VRAMGATE_CONFIG", &host.config)
         .stdin(std::process::Stdio::piped())
@@ -455,10 +462,10 @@ fn auto_never_simulates_a_gpu_on_a_gpu_host() {
         .unwrap();
     std::io::Write::write_all(&mut hook.stdin.take().unwrap(), &state).unwrap();
     let out = hook.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
-    assert!(stderr.contains("this host has an NVIDIA GPU"), "{stderr}");
     assert!(host.ledger().reservations.is_empty(), "nothing admitted");
+    stderr
 }
 
 /// `backend = "auto"` with the shipped config's `[[inventory.gpus]]` example uncommented, on a
@@ -499,26 +506,8 @@ fn auto_with_a_static_list_never_simulates_a_gpu_on_a_gpu_host() {
     );
 
     let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), listed);
-    let bundle = host.bundle_with_spec(
-        "listed",
-        &serde_json::json!({"ociVersion": "1.0.2", "process": {"args": ["sleep"], "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
-            "root": {"path": "rootfs"}, "annotations": {"vramgate.dev/memory": "1Gi"}}),
-    );
-    let init = FakeContainer::start();
-    let state = oci_state("listed", Some(init.pid()), &bundle);
-    let mut hook = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate-hook"), &["createRuntime"])
-        .env("VRAMGATE_CONFIG", &host.config)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut hook.stdin.take().unwrap(), &state).unwrap();
-    let out = hook.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
+    let stderr = hook_refused_on_a_gpu_host(&host, "listed");
     assert!(stderr.contains("[[inventory.gpus]]"), "{stderr}");
-    assert!(host.ledger().reservations.is_empty(), "nothing admitted");
 }
 
 #[test]

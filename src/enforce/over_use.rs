@@ -349,7 +349,7 @@ mod tests {
         let mut r = Reservation::for_test(id, "GPU-0", bytes);
         r.init = ProcessIdentity::of(init).unwrap();
         tx.ledger.reservations.push(r);
-        tx.commit().unwrap();
+        let _committed = tx.commit().unwrap();
     }
 
     fn events(dir: &StateDir) -> Vec<serde_json::Value> {

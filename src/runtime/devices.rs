@@ -401,12 +401,7 @@ mod tests {
             }
         });
         narrow(&mut spec, &[gpu(2, None, "GPU-c")], WhenNoneGiven::Give);
-        let paths: Vec<&str> = spec["linux"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["path"].as_str().unwrap())
-            .collect();
+        let paths = node_paths(&spec);
         assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia2"]);
         assert_eq!(
             spec["linux"]["resources"]["devices"],
@@ -450,12 +445,7 @@ mod tests {
             &HostPaths::default(),
         )
         .unwrap();
-        let paths: Vec<&str> = spec["linux"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["path"].as_str().unwrap())
-            .collect();
+        let paths = node_paths(&spec);
         assert_eq!(
             paths,
             [
@@ -511,6 +501,16 @@ mod tests {
             narrow(&mut spec, &chosen, WhenNoneGiven::Leave);
             assert_eq!(spec["process"]["env"], env);
         }
+    }
+
+    /// The paths of the spec's device nodes, in order.
+    fn node_paths(spec: &Value) -> Vec<&str> {
+        spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect()
     }
 
     fn allowed(spec: &Value) -> Vec<(String, Option<u64>, Option<u64>, String)> {
@@ -642,12 +642,7 @@ mod tests {
             &host,
         )
         .unwrap();
-        let paths: Vec<&str> = spec["linux"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["path"].as_str().unwrap())
-            .collect();
+        let paths = node_paths(&spec);
         assert_eq!(
             paths,
             [
