@@ -144,6 +144,19 @@ impl Default for HostPaths {
 const NVIDIA_VENDOR: &str = "0x10de";
 
 impl HostPaths {
+    /// The major number the kernel gave the character driver `name` (`/proc/devices`), e.g.
+    /// `nvidia-caps`, whose major is assigned at load.
+    pub fn char_major(&self, name: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.proc.join("devices")).ok()?;
+        text.lines()
+            .skip_while(|l| !l.starts_with("Character devices:"))
+            .take_while(|l| !l.starts_with("Block devices:"))
+            .find_map(|line| {
+                let (major, driver) = line.trim().split_once(' ')?;
+                (driver.trim() == name).then(|| major.parse().ok()).flatten()
+            })
+    }
+
     /// Whose the DRM node `226:minor` is: the PCI device behind `/sys/dev/char/226:<minor>`,
     /// and for an NVIDIA one, the GPU minor the driver gives that PCI address in
     /// `/proc/driver/nvidia/gpus/<address>/information` ("Device Minor: N").
@@ -227,6 +240,15 @@ mod tests {
         assert_eq!(host.drm_node(1), DrmNode::NvidiaGpu(3));
         assert_eq!(host.drm_node(2), DrmNode::Unknown, "NVIDIA, but no GPU minor for it");
         assert_eq!(host.drm_node(9), DrmNode::Unknown, "no such device");
+        std::fs::create_dir_all(root.path().join("proc")).unwrap();
+        std::fs::write(
+            root.path().join("proc/devices"),
+            "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-caps\n\nBlock devices:\n  8 sd\n",
+        )
+        .unwrap();
+        assert_eq!(host.char_major("nvidia-caps"), Some(508));
+        assert_eq!(host.char_major("nvidia"), Some(195));
+        assert_eq!(host.char_major("sd"), None, "a block driver");
     }
 
     #[test]

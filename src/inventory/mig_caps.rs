@@ -65,6 +65,13 @@ impl MigMinors {
         self.host_wide.contains(&minor)
     }
 
+    /// The host-wide capabilities' minors, in order.
+    pub fn host_wide_minors(&self) -> Vec<u32> {
+        let mut minors: Vec<u32> = self.host_wide.iter().copied().collect();
+        minors.sort_unstable();
+        minors
+    }
+
     /// Reads the driver's file; empty when it cannot (no MIG, no driver).
     pub fn read() -> MigMinors {
         std::fs::read_to_string(MIG_MINORS_PATH)

@@ -42,6 +42,8 @@ use crate::spec::{array_at, object_at};
 
 /// Where DRM nodes live in a container.
 const DRM_DIR: &str = "/dev/dri/";
+/// The character driver of the MIG capability nodes, in `/proc/devices`.
+const NVIDIA_CAPS_DRIVER: &str = "nvidia-caps";
 
 fn shape(path: &Path, field: &str, found: &Value, expected: &'static str) -> RuntimeError {
     RuntimeError::SpecShape {
@@ -150,7 +152,19 @@ pub fn narrow_to(
             .into_iter()
             .chain(keep_minors.iter().map(|m| u64::from(*m)))
             .collect();
-        *rules = narrow_rules(std::mem::take(rules), &removed, &gpu_minors, &kept_drm);
+        // The MIG capabilities' major is assigned at load: a wildcard over it would reach
+        // every MIG device's capability, so it becomes one rule per capability kept (its own
+        // and the host-wide ones).
+        let caps = host.char_major(NVIDIA_CAPS_DRIVER).map(|major| {
+            let minors = keep_caps
+                .iter()
+                .copied()
+                .chain(mig_minors.host_wide_minors())
+                .map(u64::from)
+                .collect::<Vec<u64>>();
+            (major, minors)
+        });
+        *rules = narrow_rules(std::mem::take(rules), &removed, &gpu_minors, &kept_drm, caps.as_ref());
     }
 
     // vramgate's own request names what it chose only after a placement (`auto`); a request
@@ -245,10 +259,17 @@ fn check_rules(root: &Map<String, Value>, path: &Path) -> Result<()> {
 }
 
 /// The device-cgroup rules of a container narrowed to its GPUs: rules that allow a removed
-/// node, or a GPU minor it does not keep, go; a wildcard over NVIDIA's major or the DRM major
-/// that opens nodes becomes one rule per minor it keeps there (`gpu_minors`: the control
-/// nodes and its GPUs'; `drm_minors`); everything else stays, in order.
-fn narrow_rules(rules: Vec<Value>, removed: &[(u64, u64)], gpu_minors: &[u64], drm_minors: &[u64]) -> Vec<Value> {
+/// node, or a GPU (or MIG capability) minor it does not keep, go; a wildcard over NVIDIA's
+/// major, the DRM major or the MIG capabilities' (`caps`: its major and the minors kept) that
+/// opens nodes becomes one rule per minor it keeps there (`gpu_minors`: the control nodes and
+/// its GPUs'; `drm_minors`); everything else stays, in order.
+fn narrow_rules(
+    rules: Vec<Value>,
+    removed: &[(u64, u64)],
+    gpu_minors: &[u64],
+    drm_minors: &[u64],
+    caps: Option<&(u64, Vec<u64>)>,
+) -> Vec<Value> {
     let mut narrowed = Vec::with_capacity(rules.len());
     for rule in rules {
         let r = DeviceRule(&rule);
@@ -269,6 +290,14 @@ fn narrow_rules(rules: Vec<Value>, removed: &[(u64, u64)], gpu_minors: &[u64], d
             (Some(NVIDIA_MAJOR), Some(minor)) if char_allow && r.opens() && !gpu_minors.contains(&minor) => {}
             (Some(NVIDIA_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(gpu_minors)),
             (Some(DRM_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(drm_minors)),
+            (Some(major), minor) if char_allow && r.opens() && caps.is_some_and(|(m, _)| *m == major) => {
+                let kept = caps.map(|(_, kept)| kept.as_slice()).unwrap_or_default();
+                match minor {
+                    None => narrowed.extend(split(kept)),
+                    Some(minor) if kept.contains(&minor) => narrowed.push(rule),
+                    Some(_) => {}
+                }
+            }
             _ => narrowed.push(rule),
         }
     }
@@ -466,6 +495,52 @@ mod tests {
         assert_eq!(allowed, [(195, 255), (195, 0), (511, 2), (511, 21), (511, 22)]);
         // `void` gave no GPU through the toolkit, and still gives none.
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=void"]));
+    }
+
+    /// A wildcard over the MIG capabilities' major (assigned at load: 511 here, as
+    /// `/proc/devices` says) would reach every MIG device's capability: it becomes one rule per
+    /// capability kept, and a rule for another MIG device's capability goes without its node.
+    #[test]
+    fn a_wildcard_over_the_mig_capabilities_keeps_only_the_chosen_mig_devices() {
+        let minors = MigMinors::parse("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n");
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("proc")).unwrap();
+        std::fs::write(
+            root.path().join("proc/devices"),
+            "Character devices:\n195 nvidia\n511 nvidia-caps\n",
+        )
+        .unwrap();
+        let host = HostPaths {
+            sys: root.path().join("sys"),
+            proc: root.path().join("proc"),
+        };
+        let mut chosen = gpu(0, Some(1), "MIG-b");
+        chosen.mig_caps = vec![21, 22];
+        let mut spec = json!({
+            "linux": {
+                "devices": [node("/dev/nvidia0", 0)],
+                "resources": {"devices": [
+                    {"allow": false, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": 511, "minor": 12, "access": "r"},
+                    {"allow": true, "type": "c", "major": 511, "access": "r"}
+                ]}
+            }
+        });
+        narrow_to(
+            &mut spec,
+            Path::new("c"),
+            &[chosen],
+            WhenNoneGiven::Leave,
+            &minors,
+            &host,
+        )
+        .unwrap();
+        let caps: Vec<Option<u64>> = allowed(&spec)
+            .iter()
+            .filter(|r| r.1 == Some(511))
+            .map(|r| r.2)
+            .collect();
+        assert_eq!(caps, [Some(21), Some(22), Some(1), Some(2)]);
     }
 
     #[test]
