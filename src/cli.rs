@@ -283,6 +283,12 @@ pub struct DevicePluginCli {
     /// on an NVML host shows only then); ledger and config changes are seen at once
     #[arg(long, value_name = "DURATION", default_value = "500ms")]
     pub poll_interval: String,
+    /// How long the first view may take before the plugin ends with the reason: it opens NVML,
+    /// which on a cold multi-GPU host without persistence mode can take minutes. Nothing is
+    /// offered until it comes; after it, a view not recomputed for ten poll intervals offers
+    /// nothing, whatever this says
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub startup_timeout: String,
 }
 
 /// Shown after `vramgate-dra --help` and in vramgate-dra(8).
@@ -350,6 +356,12 @@ pub struct DraCli {
     /// on an NVML host shows only then); ledger and config changes are seen at once
     #[arg(long, value_name = "DURATION", default_value = "500ms")]
     pub poll_interval: String,
+    /// How long the first view may take before the driver ends with the reason: it opens NVML,
+    /// which on a cold multi-GPU host without persistence mode can take minutes. Nothing is
+    /// offered until it comes; after it, a view not recomputed for ten poll intervals offers
+    /// nothing, whatever this says
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub startup_timeout: String,
 }
 
 /// The line a binary prints for an error that ended it: the error and each cause that its
@@ -375,6 +387,19 @@ pub fn error_line(error: &anyhow::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_startup_timeout_defaults_to_the_watchdogs_allowance() {
+        use crate::deviceplugin::watchdog::DEFAULT_STARTUP_TIMEOUT;
+        let plugin = DevicePluginCli::try_parse_from(["vramgate-device-plugin"]).unwrap();
+        let driver = DraCli::try_parse_from(["vramgate-dra", "--node-name", "n"]).unwrap();
+        for value in [plugin.startup_timeout, driver.startup_timeout] {
+            assert_eq!(
+                crate::quantity::parse_duration(&value).unwrap(),
+                DEFAULT_STARTUP_TIMEOUT
+            );
+        }
+    }
 
     #[test]
     fn an_error_line_says_each_cause_once() {

@@ -418,28 +418,86 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     eprintln!("plugin log:\n{}", plugin.log());
 }
 
+/// What the first-view tests give `--startup-timeout`: past the steady state's limit
+/// (ten poll intervals of 100 ms, 2 s at least), so that the two are told apart.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(4);
+
 #[test]
 fn a_first_view_that_never_comes_ends_the_plugin_with_the_reason() {
     // Refresher::open's config read blocks (a FIFO nobody writes), as NVML's start can on a GPU
-    // that fell off the bus: the plugin must end with the reason, not sit unregistered.
+    // that fell off the bus: once --startup-timeout has passed, the plugin must end with the
+    // reason and the flag to raise, not sit unregistered.
     let (_dir, bed) = runc_testbed("vramgate-dp-first-view", &two_gpus());
     vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
     let _config = HungConfig::hang(&bed.config_path);
     let plugin_dir = bed.dir.join("device-plugins");
     std::fs::create_dir_all(&plugin_dir).unwrap();
     let started = Instant::now();
-    let mut plugin = PluginProcess::spawn(&plugin_dir, &bed.config_path, &["--poll-interval", "100ms"]);
-    let limit = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
-    let exit = wait_until("the plugin ends without a first view", limit + SEEN_WITHIN * 3, || {
-        let exit = plugin.child.try_wait().unwrap();
-        (exit.is_some(), exit)
-    });
+    let allowance = format!("{}s", STARTUP_TIMEOUT.as_secs());
+    let mut plugin = PluginProcess::spawn(
+        &plugin_dir,
+        &bed.config_path,
+        &["--poll-interval", "100ms", "--startup-timeout", &allowance],
+    );
+    let exit = wait_until(
+        "the plugin ends without a first view",
+        STARTUP_TIMEOUT + SEEN_WITHIN * 3,
+        || {
+            let exit = plugin.child.try_wait().unwrap();
+            (exit.is_some(), exit)
+        },
+    );
     let took = started.elapsed();
     assert_eq!(exit.unwrap().code(), Some(1), "{}", plugin.log());
-    let reason = format!("no first view within {}s", limit.as_secs());
+    let reason = format!("no first view within {}s", STARTUP_TIMEOUT.as_secs());
     assert!(plugin.log().contains(&reason), "{}", plugin.log());
-    assert!(took >= limit, "ended after {took:?}, before the limit {limit:?}");
+    assert!(
+        plugin.log().contains("--startup-timeout"),
+        "the error does not name the flag: {}",
+        plugin.log()
+    );
+    assert!(
+        took >= STARTUP_TIMEOUT,
+        "ended after {took:?}, before --startup-timeout {STARTUP_TIMEOUT:?}"
+    );
     assert!(!plugin_dir.join(SOCKET).exists(), "it served a socket without a view");
+}
+
+#[test]
+fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_registered() {
+    // NVML's start on a cold multi-GPU host can take longer than ten poll intervals, the limit
+    // a view has once the plugin runs: within --startup-timeout the plugin waits, says so, and
+    // serves nothing until the view comes; then it registers and lists every unit.
+    let (_dir, bed) = runc_testbed("vramgate-dp-slow-start", &two_gpus());
+    vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
+    let config = HungConfig::hang(&bed.config_path);
+    let plugin_dir = bed.dir.join("device-plugins");
+    let kubelet = Kubelet::start(&plugin_dir);
+    let mut plugin = PluginProcess::spawn(
+        &plugin_dir,
+        &bed.config_path,
+        &["--poll-interval", "100ms", "--startup-timeout", "20s"],
+    );
+    let steady = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let late = steady * 2;
+    std::thread::sleep(late);
+    assert!(
+        plugin.child.try_wait().unwrap().is_none(),
+        "the plugin ended {late:?} into a late first view: {}",
+        plugin.log()
+    );
+    assert!(plugin.log().contains("still waiting"), "{}", plugin.log());
+    assert!(!plugin_dir.join(SOCKET).exists(), "it served a socket without a view");
+
+    config.release();
+    let registration = kubelet.registration(Duration::from_secs(10));
+    assert_eq!(registration.resource_name, RESOURCE);
+    assert_eq!(registration.endpoint, SOCKET);
+    let mut watch = Watch::open(&plugin_dir.join(SOCKET));
+    watch.until("every unit healthy", SEEN_WITHIN, |l| {
+        l.len() == 40 && healthy(l, GPU0) + healthy(l, GPU1) == 40
+    });
+    assert!(plugin.child.try_wait().unwrap().is_none(), "{}", plugin.log());
 }
 
 /// The status of the GPU `uuid` in `vramgate status --json`.

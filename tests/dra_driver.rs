@@ -336,28 +336,33 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     drop(dir);
 }
 
+/// What the first-view tests give `--startup-timeout`: past the steady state's limit
+/// (ten poll intervals of 100 ms, 2 s at least), so that the two are told apart.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(4);
+
 #[test]
 fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     // The driver's own config read at start is answered; the view thread's blocks (a FIFO
     // nobody writes any more), as NVML's start can on a GPU that fell off the bus: the driver
-    // must end with the reason, not sit unregistered and silent.
+    // must end with the reason, and the flag to raise, once --startup-timeout has passed,
+    // not sit unregistered and silent.
     let (_dir, tb) = runc_testbed("vramgate-dra-first-view", GPUS);
     vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
     let config = HungConfig::hang(&tb.config_path);
     config.serve_one_read();
     let started = Instant::now();
+    let allowance = format!("{}s", STARTUP_TIMEOUT.as_secs());
     let mut driver = Driver::spawn(
         &tb.dir,
         &tb.config_path,
         &tb.dir.join("no-kubeconfig"),
         NODE,
         &tb.dir.join("cdi"),
-        &[],
+        &["--startup-timeout", &allowance],
     );
-    let limit = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
     let exit = wait_until(
         "the driver ends without a first view",
-        limit + Duration::from_secs(10),
+        STARTUP_TIMEOUT + Duration::from_secs(10),
         || {
             let exit = driver.child.try_wait().unwrap();
             (exit.is_some(), exit)
@@ -366,14 +371,69 @@ fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     let took = started.elapsed();
     let text = driver.log_text();
     assert_eq!(exit.unwrap().code(), Some(1), "{text}");
-    let reason = format!("no first view within {}s", limit.as_secs());
+    let reason = format!("no first view within {}s", STARTUP_TIMEOUT.as_secs());
     assert!(text.contains(&reason), "{text}");
-    assert!(took >= limit, "ended after {took:?}, before the limit {limit:?}");
+    assert!(
+        text.contains("--startup-timeout"),
+        "the error does not name the flag: {text}"
+    );
+    assert!(
+        took >= STARTUP_TIMEOUT,
+        "ended after {took:?}, before --startup-timeout {STARTUP_TIMEOUT:?}"
+    );
     assert_eq!(
         std::fs::read_dir(&driver.registry_dir).unwrap().count(),
         0,
         "it registered without a view"
     );
+}
+
+#[test]
+fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_published() {
+    // NVML's start on a cold multi-GPU host can take longer than ten poll intervals, the limit
+    // a view has once the driver runs: within --startup-timeout the driver waits, says so,
+    // and offers nothing until the view comes; then it registers and publishes as usual.
+    let (_dir, tb) = runc_testbed("vramgate-dra-slow-start", GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
+    let config = HungConfig::hang(&tb.config_path);
+    config.serve_one_read();
+    let steady = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let mut driver = Driver::spawn(
+        &tb.dir,
+        &tb.config_path,
+        &api.kubeconfig,
+        NODE,
+        &tb.dir.join("cdi"),
+        &["--startup-timeout", "20s"],
+    );
+    let late = steady * 2;
+    std::thread::sleep(late);
+    let text = driver.log_text();
+    assert!(
+        driver.child.try_wait().unwrap().is_none(),
+        "the driver ended {late:?} into a late first view: {text}"
+    );
+    assert!(text.contains("still waiting"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(&driver.registry_dir).unwrap().count(),
+        0,
+        "it registered without a view"
+    );
+    assert!(rt.block_on(api.slice(NODE)).is_none(), "it published without a view");
+
+    config.release();
+    let socket = driver.registration_socket();
+    wait_until("the driver's registration socket", Duration::from_secs(10), || {
+        (socket.exists(), driver.log_text())
+    });
+    let registered = rt.block_on(kubelet::register(&socket, DRIVER));
+    assert_eq!(registered.endpoint, driver.plugin_dir.join("dra.sock"));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    assert!(driver.child.try_wait().unwrap().is_none(), "{}", driver.log_text());
+    assert_nothing_rejected(&rt, &api);
+    assert!(driver.stop().success(), "{}", driver.log_text());
 }
 
 /// k8s/dra.yaml's admission policy on the built driver's own writes, as the stand-in evaluates

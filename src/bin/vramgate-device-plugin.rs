@@ -28,6 +28,12 @@ fn run() -> Result<()> {
     if poll_interval < Duration::from_millis(10) || poll_interval > Duration::from_secs(1) {
         bail!("--poll-interval {:?}: must be between 10ms and 1s", cli.poll_interval);
     }
+    let startup_timeout = vramgate::quantity::parse_duration(&cli.startup_timeout)
+        .with_context(|| format!("--startup-timeout {:?}", cli.startup_timeout))?;
+    // Below a second even a static inventory's first read could miss it on a loaded node.
+    if startup_timeout < Duration::from_secs(1) {
+        bail!("--startup-timeout {:?}: must be at least 1s", cli.startup_timeout);
+    }
     // A long-running daemon keeps only what a view needs, the hook's one capability (reading
     // containers' pid namespaces for attribution); before any thread starts, since
     // capabilities are per thread.
@@ -37,6 +43,7 @@ fn run() -> Result<()> {
         plugin_dir: cli.plugin_dir,
         unit,
         poll_interval,
+        startup_timeout,
     };
     // The error's own line already names the path and the cause: printed as it is, not as a
     // chain that would repeat the cause.

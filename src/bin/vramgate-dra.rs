@@ -42,6 +42,12 @@ fn run() -> Result<()> {
     if poll_interval < Duration::from_millis(10) || poll_interval > Duration::from_secs(1) {
         bail!("--poll-interval {:?}: must be between 10ms and 1s", cli.poll_interval);
     }
+    let startup_timeout = vramgate::quantity::parse_duration(&cli.startup_timeout)
+        .with_context(|| format!("--startup-timeout {:?}", cli.startup_timeout))?;
+    // Below a second even a static inventory's first read could miss it on a loaded node.
+    if startup_timeout < Duration::from_secs(1) {
+        bail!("--startup-timeout {:?}: must be at least 1s", cli.startup_timeout);
+    }
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) is empty: set it to this node's name");
     }
@@ -60,6 +66,7 @@ fn run() -> Result<()> {
         hook_path: cli.hook,
         policy,
         poll_interval,
+        startup_timeout,
     };
     driver::run(options).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -132,6 +132,8 @@ pub enum DevicePluginError {
     Watch { path: PathBuf, source: nix::Error },
     #[error("cannot start the device plugin's async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    FirstView(#[from] watchdog::FirstViewError),
 }
 
 pub type Result<T> = std::result::Result<T, DevicePluginError>;
@@ -144,4 +146,6 @@ pub struct Options {
     pub plugin_dir: PathBuf,
     pub unit: Unit,
     pub poll_interval: Duration,
+    /// How long to wait for the first view before ending (`--startup-timeout`).
+    pub startup_timeout: Duration,
 }

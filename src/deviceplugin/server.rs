@@ -164,7 +164,7 @@ fn start_refresher(
     grants: Arc<Mutex<Grants>>,
 ) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir)> {
     let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let poll_interval = options.poll_interval;
+    let (poll_interval, startup_timeout) = (options.poll_interval, options.startup_timeout);
     let options = options.clone();
     std::thread::Builder::new()
         .name("view".into())
@@ -204,7 +204,7 @@ fn start_refresher(
             });
         })
         .map_err(DevicePluginError::Runtime)?;
-    watchdog::first_view(&started_rx, poll_interval).map_err(DevicePluginError::Runtime)?
+    watchdog::first_view(&started_rx, poll_interval, startup_timeout, "vramgate-device-plugin")?
 }
 
 impl StaleView for NodeView {

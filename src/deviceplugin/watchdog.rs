@@ -63,16 +63,89 @@ pub fn start<V: StaleView>(
         .map(drop)
 }
 
-/// Waits for the view thread's first answer (`started`), at most [`stale_after`] the poll
-/// interval: an NVML call that never returns at start ends the plugin with its reason instead
-/// of leaving it unregistered and silent (the watchdog starts with the first view).
-pub fn first_view<T>(started: &Receiver<T>, poll_interval: Duration) -> io::Result<T> {
-    let limit = stale_after(poll_interval);
-    started.recv_timeout(limit).map_err(|e| match e {
-        RecvTimeoutError::Timeout => io::Error::other(format!(
-            "no first view within {}s: reading the inventory, the config or the ledger has not returned",
-            limit.as_secs()
-        )),
-        RecvTimeoutError::Disconnected => io::Error::other("the view thread ended before its first view"),
-    })
+/// How long a plugin waits for its first view unless told otherwise (`--startup-timeout`):
+/// the first view opens NVML, and `nvmlInit` on a cold multi-GPU host without persistence
+/// mode can take tens of seconds; each restart opens it again, so an allowance cut to the
+/// steady state's [`stale_after`] would turn a slow driver into a crash loop.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Why a plugin ended without a first view.
+#[derive(Debug, thiserror::Error)]
+pub enum FirstViewError {
+    #[error("no first view within {}s: reading the inventory, the config or the ledger has not returned (a driver slow to start needs a longer --startup-timeout)", .allowance.as_secs())]
+    TimedOut { allowance: Duration },
+    #[error("the view thread ended before its first view")]
+    ViewThreadEnded,
+}
+
+/// Waits for the view thread's first answer (`started`), at most `allowance`
+/// (`--startup-timeout`): an NVML call that never returns at start ends the plugin with its
+/// reason instead of leaving it unregistered and silent (the watchdog starts with the first
+/// view). Past [`stale_after`] the poll interval, where a view in steady state would count
+/// as hung, `program` logs once that it is still waiting, so an operator sees why nothing is
+/// registered yet; nothing is offered until the view comes.
+pub fn first_view<T>(
+    started: &Receiver<T>,
+    poll_interval: Duration,
+    allowance: Duration,
+    program: &str,
+) -> Result<T, FirstViewError> {
+    let ended = |e| match e {
+        RecvTimeoutError::Timeout => FirstViewError::TimedOut { allowance },
+        RecvTimeoutError::Disconnected => FirstViewError::ViewThreadEnded,
+    };
+    let patience = stale_after(poll_interval).min(allowance);
+    match started.recv_timeout(patience) {
+        Err(RecvTimeoutError::Timeout) if patience < allowance => {
+            eprintln!(
+                "{program}: no first view after {}s (reading the inventory, the config or the ledger has not returned; NVML's start can take this long on a cold host): still waiting, for at most --startup-timeout {}s, with nothing offered until it comes",
+                patience.as_secs(),
+                allowance.as_secs()
+            );
+            started.recv_timeout(allowance - patience).map_err(ended)
+        }
+        answer => answer.map_err(ended),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn a_first_view_slower_than_ten_poll_intervals_is_waited_for() {
+        let (tx, rx) = channel();
+        let poll = Duration::from_millis(10);
+        let late = stale_after(poll) + Duration::from_millis(300);
+        std::thread::spawn(move || {
+            std::thread::sleep(late);
+            let _ = tx.send(7);
+        });
+        let started = Instant::now();
+        let view = first_view(&rx, poll, Duration::from_secs(30), "test").unwrap();
+        assert_eq!(view, 7);
+        assert!(started.elapsed() >= late);
+    }
+
+    #[test]
+    fn no_first_view_within_the_allowance_names_the_flag_to_raise() {
+        let (_tx, rx) = channel::<()>();
+        let allowance = Duration::from_millis(300);
+        let started = Instant::now();
+        let err = first_view(&rx, Duration::from_millis(10), allowance, "test").unwrap_err();
+        assert!(started.elapsed() >= allowance);
+        assert!(matches!(err, FirstViewError::TimedOut { allowance: a } if a == allowance));
+        assert!(err.to_string().contains("--startup-timeout"), "{err}");
+    }
+
+    #[test]
+    fn a_view_thread_that_ends_is_not_waited_for() {
+        let (tx, rx) = channel::<()>();
+        drop(tx);
+        let started = Instant::now();
+        let err = first_view(&rx, Duration::from_millis(10), Duration::from_secs(30), "test").unwrap_err();
+        assert!(matches!(err, FirstViewError::ViewThreadEnded));
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
 }

@@ -49,6 +49,8 @@ pub struct Options {
     pub hook_path: PathBuf,
     pub policy: RequestPolicy,
     pub poll_interval: Duration,
+    /// How long to wait for the first view before ending (`--startup-timeout`).
+    pub startup_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +73,8 @@ pub enum DriverError {
     Serve { socket: PathBuf, message: String },
     #[error("cannot start the driver's threads: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    FirstView(#[from] crate::deviceplugin::watchdog::FirstViewError),
 }
 
 type Result<T> = std::result::Result<T, DriverError>;
@@ -201,7 +205,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
     let (started_tx, started_rx) = std::sync::mpsc::channel();
     // Dropped by `run` when it returns: the thread then ends at its next wake.
     let (alive_tx, alive_rx) = watch::channel(());
-    let poll_interval = options.poll_interval;
+    let (poll_interval, startup_timeout) = (options.poll_interval, options.startup_timeout);
     let options = options.clone();
     std::thread::Builder::new()
         .name("view".into())
@@ -243,7 +247,7 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
             }
         })
         .map_err(DriverError::Runtime)?;
-    let views = watchdog::first_view(&started_rx, poll_interval).map_err(DriverError::Runtime)??;
+    let views = watchdog::first_view(&started_rx, poll_interval, startup_timeout, "vramgate-dra")??;
     Ok((views, alive_tx))
 }
 
