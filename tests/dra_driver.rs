@@ -195,6 +195,32 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     drop(dir);
 }
 
+/// A node name near the API server's 253-character limit: the slice's name stays within it
+/// (the node's name cut, a hash of the whole kept), and the API server takes the slice.
+#[test]
+fn a_node_with_a_long_name_publishes_its_slice() {
+    let (dir, tb) = runc_testbed("vramgate-dra-long-node", GPUS);
+    let rt = runtime();
+    let label = "n".repeat(60);
+    let node = format!("{label}.{label}.{label}.{label}.node-x");
+    assert!(node.len() > 253 - "-gpu-memory.vramgate.dev".len(), "{}", node.len());
+    let api = ApiServer::start(&tb.dir, &[&node]);
+    let cdi_dir = tb.dir.join("cdi");
+    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, &node, &cdi_dir, &[]);
+    rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_until("the long node's slice", Duration::from_secs(10), || {
+        let now = rt.block_on(api.capacities(&node));
+        (now.len() == 2, now)
+    });
+    let slice = rt.block_on(api.slice(&node)).unwrap();
+    let name = slice.metadata.name.unwrap();
+    assert!(name.len() <= 253 && name.ends_with("-gpu-memory.vramgate.dev"), "{name}");
+    assert_eq!(slice.spec.node_name.as_deref(), Some(node.as_str()));
+    assert_nothing_rejected(&rt, &api);
+    assert!(driver.stop().success(), "{}", driver.log_text());
+    drop(dir);
+}
+
 #[test]
 fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     let (dir, tb) = runc_testbed("vramgate-dra-capacity", GPUS);

@@ -17,10 +17,27 @@ use super::{DRIVER, MEMORY_CAPACITY};
 /// The API server's limit on a string attribute.
 const MAX_STRING_ATTRIBUTE: usize = 64;
 
+/// The longest object name the API server takes (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
 /// The slice's name: one per node and driver, so that publishing is create-or-replace of a
-/// name known in advance, and a restarted driver finds its own slice.
+/// name known in advance, and a restarted driver finds its own slice: `<node>-<driver>`. A
+/// node name may itself be up to 253 characters, and the driver's name would push the slice's
+/// past the limit, so that the driver could never publish: then the node's name is cut, and
+/// a hash of the whole of it (FNV-1a, 64 bits) keeps two long names that share a beginning
+/// apart (`<node prefix>-<16 hex digits>-<driver>`, 253 characters).
 pub fn slice_name(node: &str) -> String {
-    format!("{node}-{DRIVER}")
+    let whole = format!("{node}-{DRIVER}");
+    if whole.len() <= MAX_NAME {
+        return whole;
+    }
+    let hash = node
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let suffix = format!("-{hash:016x}-{DRIVER}");
+    // A DNS subdomain's labels end in an alphanumeric: no '-' or '.' before the hash's '-'.
+    let prefix = node[..MAX_NAME - suffix.len()].trim_end_matches(['-', '.']);
+    format!("{prefix}{suffix}")
 }
 
 /// `bytes` as a Kubernetes quantity in the form the API server keeps: the largest binary
@@ -167,6 +184,37 @@ mod tests {
 
     const MI: u64 = 1 << 20;
     const GI: u64 = 1 << 30;
+
+    /// A node name of up to 253 characters still gives a slice name the API server takes:
+    /// at most 253 characters, a DNS subdomain, the same on every start, distinct per node.
+    #[test]
+    fn a_long_node_name_gives_a_bounded_slice_name() {
+        assert_eq!(slice_name("gpu-7"), "gpu-7-gpu-memory.vramgate.dev");
+        let label = "a".repeat(62);
+        let long = |end: &str| format!("{label}.{label}.{label}.{}{end}", "b".repeat(60 - end.len()));
+        let (one, two) = (long("x-1"), long("x-2"));
+        assert_eq!(one.len(), 250);
+        let (a, b) = (slice_name(&one), slice_name(&two));
+        for name in [&a, &b] {
+            assert!(name.len() <= 253, "{} characters", name.len());
+            assert!(name.ends_with("-gpu-memory.vramgate.dev"), "{name}");
+            // kube-apiserver's IsDNS1123Subdomain: the length and the pattern (labels are not
+            // held to 63 characters there).
+            assert!(
+                name.split('.').all(|l| !l.is_empty()
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')),
+                "not a DNS subdomain: {name}"
+            );
+        }
+        assert_ne!(a, b, "two nodes sharing a long prefix");
+        assert_eq!(a, slice_name(&one), "stable across starts");
+        // A cut that would end on a '.' or '-' does not.
+        let dotted = format!("{}.{}", "c".repeat(211), "d".repeat(41));
+        assert_eq!(dotted.len(), 253);
+        assert!(!slice_name(&dotted).contains(".-") && !slice_name(&dotted).contains("--"));
+    }
 
     #[test]
     fn quantities_in_the_form_the_api_server_keeps() {

@@ -161,7 +161,7 @@ impl ApiServer {
     /// The node's slice of this driver, if there is one.
     pub async fn slice(&self, node: &str) -> Option<ResourceSlice> {
         let api: Api<ResourceSlice> = Api::all(self.client().await);
-        api.get_opt(&format!("{node}-{DRIVER}")).await.unwrap()
+        api.get_opt(&vramgate::dra::slice::slice_name(node)).await.unwrap()
     }
 
     /// `capacity.memory.value` of each device of the node's slice, by device name.
