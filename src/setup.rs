@@ -470,14 +470,35 @@ fn imports_of(text: &str, path: &Path) -> Result<Vec<String>> {
     }
 }
 
-/// The line index of the top-level `imports = [...]` (one line), if any: the lines before the
-/// first table header are the top level.
-fn imports_line(lines: &[&str]) -> Option<usize> {
-    lines
-        .iter()
-        .take_while(|l| !l.trim_start().starts_with('['))
-        .position(|l| {
-            let l = l.trim_start();
+/// The comment setup writes above an `imports` line it adds: `--remove` takes the two lines
+/// out only when it finds them, so an `imports = []` the file had before stays.
+const IMPORTS_MARK: &str = "# added by `vramgate setup containerd`; `--remove` takes this line and the next out";
+
+/// The lines of `text` as byte ranges, each without its line ending (`\n` or `\r\n`), and the
+/// offset where the next line starts.
+fn line_spans(text: &str) -> Vec<(std::ops::Range<usize>, usize)> {
+    let mut spans = Vec::new();
+    let mut at = 0;
+    for piece in text.split_inclusive('\n') {
+        let body = piece.strip_suffix('\n').unwrap_or(piece);
+        let body = body.strip_suffix('\r').unwrap_or(body);
+        spans.push((at..at + body.len(), at + piece.len()));
+        at += piece.len();
+    }
+    spans
+}
+
+/// The line of the top-level `imports = [...]` (on one line), if any, as its range in `text`
+/// (without the line ending) and the offset of the next line: the lines before the first
+/// table header are the top level. The edits below change only bytes inside it (or add and
+/// take out whole lines of their own), so setup followed by `--remove` gives the file back
+/// byte for byte, whatever its layout or line endings.
+fn imports_line(text: &str) -> Option<(std::ops::Range<usize>, usize)> {
+    line_spans(text)
+        .into_iter()
+        .take_while(|(r, _)| !text[r.clone()].trim_start().starts_with('['))
+        .find(|(r, _)| {
+            let l = text[r.clone()].trim_start();
             l.strip_prefix("imports")
                 .is_some_and(|rest| rest.trim_start().starts_with('=') && l.trim_end().ends_with(']'))
         })
@@ -491,57 +512,66 @@ fn with_import(text: &str, file: &str, path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         what: format!("its \"imports\" spans several lines; add {quoted} to it"),
     };
-    let mut lines: Vec<&str> = text.lines().collect();
-    let new_line;
-    match imports_line(&lines) {
+    let mut out = text.to_string();
+    match imports_line(text) {
         None if text.lines().any(|l| l.trim_start().starts_with("imports")) => return Err(several_lines()),
-        Some(i) => {
-            let (key, list) = lines[i].split_once('[').expect("the line holds '['");
-            let inner = list.trim_end().strip_suffix(']').unwrap_or(list).trim();
-            new_line = if inner.is_empty() {
-                format!("{key}[{quoted}]")
+        Some((line, _)) => {
+            let body = &text[line.clone()];
+            let open = line.start + body.find('[').expect("the line holds '['");
+            let close = line.start + body.rfind(']').expect("the line ends with ']'");
+            let inner = &text[open + 1..close];
+            if inner.trim().is_empty() {
+                out.insert_str(open + 1, &quoted);
             } else {
-                format!("{key}[{inner}, {quoted}]")
-            };
-            lines[i] = &new_line;
+                out.insert_str(open + 1 + inner.trim_end().len(), &format!(", {quoted}"));
+            }
         }
         None if text.trim().is_empty() => {
-            new_line = format!("version = 2\nimports = [{quoted}]");
-            lines = vec![&new_line];
+            out = format!("version = 2\n{IMPORTS_MARK}\nimports = [{quoted}]\n");
         }
         None => {
-            new_line = format!("imports = [{quoted}]");
-            // After `version = N` when the file starts with it, else first.
-            let at = lines
+            // After `version = N` when the file starts with it (and that line ends), else first.
+            let spans = line_spans(text);
+            let at = spans
                 .iter()
-                .position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
-                .filter(|&i| lines[i].trim_start().starts_with("version"))
-                .map_or(0, |i| i + 1);
-            lines.insert(at, &new_line);
+                .find(|(r, _)| {
+                    let l = text[r.clone()].trim();
+                    !l.is_empty() && !l.starts_with('#')
+                })
+                .filter(|(r, next)| text[r.clone()].trim_start().starts_with("version") && *next > r.end)
+                .map_or(0, |(_, next)| *next);
+            out.insert_str(at, &format!("{IMPORTS_MARK}\nimports = [{quoted}]\n"));
         }
     }
-    let out = lines.join("\n") + "\n";
     if !imports_of(&out, path)?.iter().any(|i| i == file) {
         return Err(several_lines());
     }
     Ok(out)
 }
 
+/// The main config text without `file` imported: the undo of [`with_import`].
 fn without_import(text: &str, file: &str) -> String {
     let quoted = toml_string(file);
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    if let Some(i) = imports_line(&lines.iter().map(String::as_str).collect::<Vec<_>>()) {
-        let line = lines[i]
-            .replace(&format!("{quoted}, "), "")
-            .replace(&format!(", {quoted}"), "")
-            .replace(&quoted, "");
-        if line.replace(' ', "") == "imports=[]" {
-            lines.remove(i);
-        } else {
-            lines[i] = line;
-        }
+    let Some((line, next)) = imports_line(text) else {
+        return text.to_string();
+    };
+    let body = &text[line.clone()];
+    let edited = [format!(", {quoted}"), format!("{quoted}, "), quoted.clone()]
+        .iter()
+        .find_map(|needle| {
+            body.find(needle.as_str())
+                .map(|i| body[..i].to_string() + &body[i + needle.len()..])
+        })
+        .unwrap_or_else(|| body.to_string());
+    // The line setup added under its mark goes with the mark, once nothing else is imported.
+    let mark = line_spans(text)
+        .into_iter()
+        .find(|(_, n)| *n == line.start)
+        .filter(|(r, _)| &text[r.clone()] == IMPORTS_MARK);
+    match mark {
+        Some((mark, _)) if edited.replace(' ', "") == "imports=[]" => text[..mark.start].to_string() + &text[next..],
+        _ => text[..line.start].to_string() + &edited + &text[line.end..],
     }
-    lines.join("\n") + "\n"
 }
 
 fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
@@ -798,7 +828,7 @@ mod tests {
         let drop_in = dir.path().join("conf.d/vramgate.toml");
         assert!(
             text.starts_with(&format!(
-                "# host config\nversion = 2\nimports = [{}]\n",
+                "# host config\nversion = 2\n{IMPORTS_MARK}\nimports = [{}]\n",
                 toml_string(&drop_in.to_string_lossy())
             )),
             "{text}"
@@ -870,7 +900,7 @@ mod tests {
         let text = std::fs::read_to_string(&main).unwrap();
         assert!(
             text.starts_with(&format!(
-                "version = 3\nimports = [{}]\n",
+                "version = 3\n{IMPORTS_MARK}\nimports = [{}]\n",
                 toml_string(&drop_in.to_string_lossy())
             )),
             "{text}"
@@ -912,7 +942,7 @@ mod tests {
         let f = "/etc/containerd/conf.d/vramgate.toml";
         assert_eq!(
             with_import("", f, p).unwrap(),
-            format!("version = 2\nimports = [\"{f}\"]\n")
+            format!("version = 2\n{IMPORTS_MARK}\nimports = [\"{f}\"]\n")
         );
         assert_eq!(
             with_import("version = 2\nimports = [\"/a.toml\"]\n[x]\n", f, p).unwrap(),
@@ -930,6 +960,24 @@ mod tests {
             without_import(&format!("imports = [\"/a\", \"{f}\"]\n"), f),
             "imports = [\"/a\"]\n"
         );
+        // Setup then --remove gives every layout back byte for byte: an `imports = []` the file
+        // had stays (containerd's own `config default` writes one), spacing inside the brackets,
+        // CRLF line endings and a last line without one survive.
+        for original in [
+            "version = 2\nimports = []\noom_score = 0\n",
+            "version = 3\r\nimports = [ ]\r\n[grpc]\r\n",
+            "imports = [ \"/a.toml\" ]\n[x]",
+            "imports = [\"/a.toml\",\"/b.toml\"]\n",
+            "# c\nversion = 2\n\n[x]\ny = 1\n",
+            "version = 2",
+            "[x]\r\ny = 1\r\n",
+        ] {
+            let added = with_import(original, f, p).unwrap();
+            assert!(imports_of(&added, p).unwrap().iter().any(|i| i == f), "{added:?}");
+            assert_eq!(without_import(&added, f), original, "{added:?}");
+        }
+        // Without its mark, an emptied line is the admin's and stays.
+        assert_eq!(without_import(&format!("imports = [\"{f}\"]\n"), f), "imports = []\n");
         assert!(import_covers("/etc/containerd/conf.d/*.toml", Path::new(f)));
         assert!(!import_covers("/etc/containerd/other/*.toml", Path::new(f)));
     }

@@ -246,3 +246,67 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
     assert!(reservations(&c.tb).is_empty());
     c.remove("plain");
 }
+
+/// containerd's own default config (`containerd config default`) of Debian 12's 1.6 (config
+/// version 2) and of sid's 2.1 (version 3, unpacked by scripts/fetch-containerd-2).
+fn default_configs() -> Vec<(&'static str, String)> {
+    require("containerd");
+    let sid =
+        std::env::var("VRAMGATE_CONTAINERD_2").unwrap_or_else(|_| "/var/cache/vramgate-tests/containerd-sid".into());
+    let two = PathBuf::from(sid).join("usr/bin/containerd");
+    assert!(
+        two.is_file(),
+        "containerd 2.1 is not unpacked at {}: run scripts/install-deps (or scripts/fetch-containerd-2)",
+        two.display()
+    );
+    let mut one = Command::new("containerd");
+    one.env("PATH", path_with_sbin());
+    [("containerd 1.6", one), ("containerd 2.1", Command::new(two))]
+        .into_iter()
+        .map(|(name, mut cmd)| (name, run_ok(cmd.args(["config", "default"]))))
+        .collect()
+}
+
+#[test]
+fn setup_then_remove_gives_default_configs_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("config.toml");
+    let drop_in = dir.path().join("conf.d/vramgate.toml");
+    let paths = [
+        "--config-path",
+        drop_in.to_str().unwrap(),
+        "--containerd-config",
+        main.to_str().unwrap(),
+        "--runtime-path",
+        RUNTIME,
+    ];
+    for (name, default) in default_configs() {
+        assert!(default.contains("\nimports = []\n"), "{name}: {default}");
+        let with_imports = default.replace("\nimports = []\n", "\nimports = [\"/etc/containerd/site.toml\"]\n");
+        let without_imports = default.replace("\nimports = []\n", "\n");
+        for (case, original) in [
+            ("as written", &default),
+            ("with an import", &with_imports),
+            ("without imports", &without_imports),
+        ] {
+            std::fs::write(&main, original).unwrap();
+            run_ok(&mut setup_cmd(&paths));
+            let set_up = std::fs::read_to_string(&main).unwrap();
+            let table: toml::Table = toml::from_str(&set_up).unwrap();
+            let imports = table["imports"].as_array().unwrap();
+            assert!(
+                imports.iter().any(|i| i.as_str() == drop_in.to_str()),
+                "{name} {case}: {imports:?}"
+            );
+            assert!(drop_in.exists(), "{name} {case}");
+            run_ok(setup_cmd(&paths).arg("--remove"));
+            let back = std::fs::read(&main).unwrap();
+            assert!(
+                back == original.as_bytes(),
+                "{name} {case}: setup then --remove changed the file:\n--- before\n{original}\n--- after\n{}",
+                String::from_utf8_lossy(&back)
+            );
+            assert!(!drop_in.exists(), "{name} {case}");
+        }
+    }
+}
