@@ -214,7 +214,10 @@ fn a_node_with_a_long_name_publishes_its_slice() {
     });
     let slice = rt.block_on(api.slice(&node)).unwrap();
     let name = slice.metadata.name.unwrap();
-    assert!(name.len() <= 253 && name.ends_with("-gpu-memory.vramgate.dev"), "{name}");
+    assert!(
+        name.len() <= 253 && name.ends_with("-gpu-memory.vramgate.dev"),
+        "{name}"
+    );
     assert_eq!(slice.spec.node_name.as_deref(), Some(node.as_str()));
     assert_nothing_rejected(&rt, &api);
     assert!(driver.stop().success(), "{}", driver.log_text());

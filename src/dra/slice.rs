@@ -31,9 +31,9 @@ pub fn slice_name(node: &str) -> String {
     if whole.len() <= MAX_NAME {
         return whole;
     }
-    let hash = node
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let suffix = format!("-{hash:016x}-{DRIVER}");
     // A DNS subdomain's labels end in an alphanumeric: no '-' or '.' before the hash's '-'.
     let prefix = node[..MAX_NAME - suffix.len()].trim_end_matches(['-', '.']);
@@ -204,7 +204,8 @@ mod tests {
                 name.split('.').all(|l| !l.is_empty()
                     && !l.starts_with('-')
                     && !l.ends_with('-')
-                    && l.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')),
+                    && l.bytes()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')),
                 "not a DNS subdomain: {name}"
             );
         }
