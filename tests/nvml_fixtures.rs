@@ -409,18 +409,7 @@ fn on_a_gpu_host(program: &str, args: &[&str]) -> Command {
 fn auto_never_simulates_a_gpu_on_a_gpu_host() {
     let dir = tempfile::tempdir().unwrap();
     let config = missing_driver_config(dir.path(), "auto");
-    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["status", "--json"])
-        .env("VRAMGATE_CONFIG", &config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        out.stdout.is_empty(),
-        "no report: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let stderr = status_refused_on_a_gpu_host(&config);
     assert!(
         stderr.contains("this host has an NVIDIA GPU (/proc/driver/nvidia exists)")
             && stderr.contains("/nonexistent/libnvidia-ml.so.1")
@@ -441,6 +430,24 @@ fn auto_never_simulates_a_gpu_on_a_gpu_host() {
     let host = HookHarness::new(env!("CARGO_BIN_EXE_vramgate-hook"), &missing_driver("auto"));
     let stderr = hook_refused_on_a_gpu_host(&host, "gpuhost");
     assert!(stderr.contains("this host has an NVIDIA GPU"), "{stderr}");
+}
+
+/// `vramgate status --json` on a host that looks like a GPU host: asserts it printed no report
+/// and one line, exit 1; returns the line.
+fn status_refused_on_a_gpu_host(config: &Path) -> String {
+    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["status", "--json"])
+        .env("VRAMGATE_CONFIG", config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no report: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
 }
 
 /// Runs the hook at createRuntime, on a host that looks like a GPU host, for a container
@@ -484,18 +491,7 @@ fn auto_with_a_static_list_never_simulates_a_gpu_on_a_gpu_host() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = on_a_gpu_host(env!("CARGO_BIN_EXE_vramgate"), &["status", "--json"])
-        .env("VRAMGATE_CONFIG", &config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        out.stdout.is_empty(),
-        "no report: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let stderr = status_refused_on_a_gpu_host(&config);
     assert!(
         stderr.contains(&format!(
             "{}: inventory.backend = \"auto\" with 1 [[inventory.gpus]] table(s)",
