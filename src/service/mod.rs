@@ -284,10 +284,25 @@ impl<'a> Service<'a> {
                 continue;
             }
             let mut log = Vec::new();
+            let on_disk = progress.ticket;
             let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
             tx.ledger.counters.record_reclaimed(&reclaimed);
             // A request error still commits: the reclaim happened, and its ticket is dropped.
-            let committed = tx.commit()?;
+            let committed = match tx.commit() {
+                Ok(committed) => committed,
+                Err(e) => {
+                    // The write failed (a full state directory, EIO, the size limit): the
+                    // ledger on disk still holds the ticket from before this attempt, whatever
+                    // `decide_on` did in memory, and a failure after the rename (the
+                    // directory's fsync) may have left a ticket it just took. Handing either
+                    // back sends this error through the removal in `attempt`, which says when
+                    // the ticket stands: a container is never started unaccounted behind its
+                    // own ticket (its waiter would live on as runc, and the queue behind it
+                    // would wait on it).
+                    progress.ticket = on_disk.or(progress.ticket);
+                    return Err(e.into());
+                }
+            };
             self.reclaim_events(&reclaimed, &mut log);
             events::append(&self.dir, &log);
             drop(committed);

@@ -1,0 +1,173 @@
+//! The ledger's edges, through the built binaries against real runc on the simulated
+//! 24,265 MiB GPU: a commit that fails on a full state directory while a container waits, a
+//! ledger rewritten in place under the markers, and the delete of a container vramgate never
+//! held.
+
+mod support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Cleanup, HOOK, RUNTIME};
+use vramgate::testbed::Testbed;
+
+/// A tmpfs of `size` mounted at a directory for the length of a test, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "vramgate-test"])
+            .arg(at)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount a tmpfs at {}: {}",
+            at.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Writes `path` until its filesystem has no block left.
+fn fill(path: &Path) {
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 4096];
+    loop {
+        match file.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "{e}");
+                break;
+            }
+        }
+    }
+}
+
+/// The ledger on disk, as written.
+fn ledger(bed: &Testbed) -> Value {
+    serde_json::from_slice(&std::fs::read(bed.state_dir.join("ledger.json")).unwrap()).unwrap()
+}
+
+fn ids(ledger: &Value, list: &str) -> Vec<String> {
+    ledger[list]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["container_id"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn eventually(what: &str, check: impl FnMut() -> bool) {
+    support::eventually(what, Duration::from_secs(20), check);
+}
+
+fn request<'a>(memory: &'a str, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut all = vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")];
+    all.extend_from_slice(more);
+    all
+}
+
+/// `vramgate-runtime run` of a new bundle without hooks (the wrapper adds them), in the
+/// background, its output piped.
+fn run_wrapped(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&str, &str)]) -> Child {
+    let bundle = bed.bundle(id, args, annotations, &[], false).unwrap();
+    let (key, value) = bed.env();
+    bed.runc_run(&bundle, id)
+        .env(key, value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+/// Item 3 of issue 31: the queued container's last attempt (its timeout) removes its ticket in
+/// memory, and the commit fails with ENOSPC. It used to come back as a plain ledger error,
+/// which fail-open answered by starting the container unaccounted, with its ticket on disk
+/// and the ticket's waiter (the wrapper) living on as runc, so every request behind it waited
+/// on it. Now the container is refused with one line that says the ticket stands, and once
+/// its process is gone nothing waits behind the ticket.
+#[test]
+fn a_commit_that_fails_on_a_full_state_dir_refuses_the_waiter_and_leaves_no_live_ticket() {
+    let dir = tempfile::Builder::new().prefix("vg-full").tempdir().unwrap();
+    let config = Testbed::default_config(
+        dir.path(),
+        &format!("on_state_error = \"fail-open\"\n[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}\n"),
+    );
+    let bed = Testbed::create(dir.path(), RUNTIME, Path::new(HOOK), &config).unwrap();
+    let _tmpfs = Tmpfs::mount(&bed.state_dir, "1m");
+    let _cleanup = Cleanup(&bed);
+
+    let mut holder = run_wrapped(&bed, "holder", &["sleep", "60"], &request("20Gi", &[]));
+    eventually("holder admitted", || {
+        bed.state_dir.join("ledger.json").exists() && ids(&ledger(&bed), "reservations") == ["holder"]
+    });
+    let waiter = run_wrapped(
+        &bed,
+        "waiter",
+        &["sh", "-c", "echo CONTAINER-RAN; sleep 30"],
+        &request(
+            "10Gi",
+            &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "5s")],
+        ),
+    );
+    eventually("waiter queued", || ids(&ledger(&bed), "queue") == ["waiter"]);
+    let filler = bed.state_dir.join("filler");
+    fill(&filler);
+
+    // Its timeout comes while the disk is full: the refusal cannot be written.
+    let out: Output = waiter.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        !text(&out.stdout).contains("CONTAINER-RAN"),
+        "never started unaccounted: {stderr}"
+    );
+    assert!(!out.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("could not be removed")).collect();
+    assert_eq!(said.len(), 1, "one line says the ticket stands: {stderr}");
+    assert!(
+        said[0].contains("container waiter") && said[0].contains("No space left on device"),
+        "and why: {stderr}"
+    );
+    assert_eq!(
+        ids(&ledger(&bed), "queue"),
+        ["waiter"],
+        "the ticket stands on disk, as the line says"
+    );
+
+    // Once there is room again, the next admission does not queue behind the dead ticket: its
+    // waiter was the refused wrapper, which is gone, so the transaction's reclaim drops it.
+    std::fs::remove_file(&filler).unwrap();
+    let next = run_wrapped(
+        &bed,
+        "next",
+        &["true"],
+        &request("2Gi", &[("vramgate.dev/policy", "reject")]),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(next.status.success(), "{}", text(&next.stderr));
+    assert!(ids(&ledger(&bed), "queue").is_empty());
+
+    let _ = bed.runc(&["kill", "holder", "KILL"]).status();
+    holder.wait().unwrap();
+}
