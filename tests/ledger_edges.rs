@@ -6,12 +6,13 @@
 mod support;
 
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
-use support::{Cleanup, HOOK, RUNTIME};
+use serde_json::{json, Value};
+use support::{runc_testbed, Cleanup, HOOK, RUNTIME};
 use vramgate::testbed::Testbed;
 
 /// A tmpfs of `size` mounted at a directory for the length of a test, unmounted on drop.
@@ -170,4 +171,79 @@ fn a_commit_that_fails_on_a_full_state_dir_refuses_the_waiter_and_leaves_no_live
 
     let _ = bed.runc(&["kill", "holder", "KILL"]).status();
     holder.wait().unwrap();
+}
+
+/// The pid and start time of a running container's init, as the ledger records them.
+fn init_identity(bed: &Testbed, id: &str) -> Value {
+    let out = bed.runc(&["state", id]).output().unwrap();
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = state["pid"].as_u64().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 1..];
+    let start_time: u64 = after_comm.split_whitespace().nth(19).unwrap().parse().unwrap();
+    json!({ "pid": pid, "start_time": start_time })
+}
+
+/// Item 4 of issue 31: the markers' sync file named only the ledger's inode, which a write in
+/// place keeps (and ext4 reuses), so a ledger rewritten by hand that holds a reservation for a
+/// container whose stop comes next was vouched for by markers that never heard of it, and the
+/// stop skipped the release. Now the sync file names the file as vramgate wrote it.
+#[test]
+fn a_ledger_rewritten_in_place_still_releases_at_stop() {
+    let (_dir, bed) = runc_testbed("vg-inplace", "");
+    let _cleanup = Cleanup(&bed);
+    // A commit: the ledger exists, with the markers' sync file for it.
+    let first = support::spawn_container(&bed, "first", &["true"], &request("1Gi", &[]))
+        .wait_with_output()
+        .unwrap();
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let synced = || {
+        std::fs::read_dir(bed.state_dir.join("held"))
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("ledger-"))
+    };
+    assert!(synced(), "the markers vouch for this ledger");
+
+    // A container vramgate never admitted (no request); its poststop hook runs all the same.
+    let mut plain = support::spawn_container(&bed, "plain", &["sleep", "30"], &[]);
+    eventually("plain runs", || {
+        bed.runc(&["state", "plain"])
+            .output()
+            .is_ok_and(|o| text(&o.stdout).contains("\"running\""))
+    });
+    let uuid = support::status(&bed.config_path)["gpus"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // By hand, in place (same inode, same generation): the ledger now holds plain's memory.
+    let path = bed.state_dir.join("ledger.json");
+    let inode = std::fs::metadata(&path).unwrap().ino();
+    let mut by_hand = ledger(&bed);
+    by_hand["reservations"] = json!([{
+        "container_id": "plain",
+        "gpus": [{ "uuid": uuid, "bytes": 4u64 << 30 }],
+        "init": init_identity(&bed, "plain"),
+        "created_unix_ms": 1,
+    }]);
+    std::fs::write(&path, serde_json::to_vec(&by_hand).unwrap()).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "written in place");
+    assert!(synced(), "the old sync file is still there");
+    assert_eq!(support::reservations(&bed), [("plain".to_string(), 4u64 << 30)]);
+
+    assert!(bed.runc(&["kill", "plain", "KILL"]).status().unwrap().success());
+    plain.wait().unwrap();
+    assert!(
+        ids(&ledger(&bed), "reservations").is_empty(),
+        "its stop released it: {}",
+        ledger(&bed)
+    );
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("\"release\"") && l.contains("\"plain\"")),
+        "{events}"
+    );
 }

@@ -161,11 +161,13 @@ fn a_ledger_is_never_written_larger_than_readers_accept() {
 }
 
 /// The poststop of a container vramgate never held (under podman's and CRI-O's hooks.d, every
-/// container) is answered by the markers, without reading the ledger: shown by damaging the
-/// ledger in place (same file, so the markers still vouch for it), after which that stop still
-/// succeeds while the stop of a held container, which must read it, reports the damage.
+/// container) is answered by the markers, without reading the ledger or taking its lock: its
+/// syscalls, traced, never open the one nor the other. And the markers vouch only for the
+/// ledger file as vramgate wrote it: once it is changed in place (same inode, which is what
+/// they used to trust), the same stop reads it and reports the damage it finds.
 #[test]
 fn the_stop_of_a_container_never_held_does_not_read_the_ledger() {
+    require("strace");
     let h = harness(GPUS);
     let held = h.bundle("held", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
     let container = FakeContainer::start();
@@ -174,6 +176,41 @@ fn the_stop_of_a_container_never_held_does_not_read_the_ledger() {
     let never = h.bundle("never", &[]);
     let out = h.hook("poststop", &oci_state("never", None, &never));
     assert!(out.status.success(), "{}", stderr(&out));
+
+    let trace = h.state_dir.with_file_name("stop.strace");
+    let mut traced = h
+        .command("strace")
+        .args(["-f", "-qq", "-y", "-o"])
+        .arg(&trace)
+        .args(["-e", "trace=open,openat,openat2,flock,fcntl,newfstatat,statx,read"])
+        .arg(HOOK)
+        .arg("poststop")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = traced.stdin.take().unwrap();
+        stdin.write_all(&oci_state("never", None, &never)).unwrap();
+    }
+    let out = traced.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state = h.state_dir.to_string_lossy().into_owned();
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let touched: Vec<&str> = trace.lines().filter(|l| l.contains(&state)).collect();
+    assert!(
+        !touched
+            .iter()
+            .any(|l| l.contains(" open") && (l.contains("\"ledger.json\"") || l.contains("\"lock\""))),
+        "the stop opened the ledger or its lock: {touched:#?}"
+    );
+    assert!(!touched.iter().any(|l| l.contains("flock(")), "{touched:#?}");
+    assert!(
+        touched.iter().any(|l| l.contains("\"ledger.json\"")),
+        "it looked at the ledger's file (a stat): {touched:#?}"
+    );
 
     {
         use std::io::Write;
@@ -185,7 +222,11 @@ fn the_stop_of_a_container_never_held_does_not_read_the_ledger() {
         ledger.write_all(b"{damaged in place").unwrap();
     }
     let out = h.hook("poststop", &oci_state("never", None, &never));
-    assert!(out.status.success(), "the ledger was read: {}", stderr(&out));
+    let line = stderr(&out);
+    assert!(
+        !out.status.success() && line.contains("is corrupt"),
+        "a ledger changed in place is read, not vouched for: {line}"
+    );
     let out = h.hook("poststop", &oci_state("held", Some(container.pid()), &held));
     let line = stderr(&out);
     assert!(!out.status.success() && line.contains("is corrupt"), "{line}");

@@ -1,25 +1,35 @@
 //! Markers that let a stop of a container vramgate never held skip the ledger.
 //!
 //! Under podman and CRI-O the hook runs at every container's poststop, with or without a
-//! request; finding out that the ledger holds nothing of a container took one unlocked read
-//! and parse of the whole ledger. Instead, every commit keeps, in the state directory's
-//! `held/`, one empty file per container the ledger names (a reservation or a ticket), and
-//! one file `ledger-<inode>` that says for which ledger file the set is complete. A stop
-//! stats the ledger, that file and the container's marker: three `stat`s.
+//! request, and the wrapper's `delete` runs for every container an engine deletes; finding out
+//! that the ledger holds nothing of a container took one unlocked read and parse of the whole
+//! ledger. Instead, every commit keeps, in the state directory's `held/`, one empty file per
+//! container the ledger names (a reservation or a ticket), and one file
+//! `ledger-<inode>-<ctime>-<size>` that says for which ledger file, as written, the set is
+//! complete. A stop stats the ledger, that file and the container's marker: three `stat`s.
 //!
 //! **Why it is safe.** A marker is created *before* the ledger that names its container is
-//! renamed into place, and removed *after* the ledger that no longer names it is; the
-//! `ledger-<inode>` file is written last, for the new inode. So whenever the ledger at
-//! `ledger.json` has its `ledger-<inode>` file, every container it names has a marker. A
-//! ledger written any other way (a vramgate before markers, during an upgrade or after a
-//! downgrade; `ledger repair`; a file put there by hand) is a new inode without that file, and
-//! the stop falls back to reading the ledger, as before. A marker left over (a writer killed
-//! between the rename and the removal) only costs that fallback read. The worst a wrong "not
-//! held" could do (an inode number reused by a writer that keeps no markers) is skip one
-//! release, which the next transaction's reclaim makes good (the container's init is gone).
+//! renamed into place, and removed *after* the ledger that no longer names it is; the sync file
+//! is written last, named for the new ledger file. So whenever the ledger at `ledger.json` has
+//! its sync file, every container it names has a marker.
 //!
-//! Markers are a cache: any error while keeping them drops the `ledger-<inode>` file (readers
-//! then read the ledger) and never fails the transaction.
+//! **What the sync file vouches for.** Not the inode alone: ext4 hands a freed inode number to
+//! the next new file within a few writes, and a write in place keeps it. The name also carries
+//! the file's change time (`ctime`, to the nanosecond), which the kernel sets to the current
+//! time on every write, rename, truncate or `chmod` of that inode and which no `touch` can set
+//! back, and its size. Any other writer (a vramgate before markers, during an upgrade or after
+//! a downgrade; `ledger repair`; an editor or `cat >` writing in place; a file put there by hand
+//! that got a reused inode number) changes the change time, the stop finds no sync file for
+//! what it sees, and falls back to reading the ledger, as before. Why not a token inside the
+//! ledger: comparing it would take the read of the ledger that markers exist to avoid, and a
+//! writer that keeps unknown fields (an older vramgate, an editor) would carry it along
+//! unchanged. What is left (a write landing in the very clock tick of vramgate's rename, with
+//! the same size) costs at most one skipped release, which the next transaction's reclaim makes
+//! good (the container's init is gone). A marker left over (a writer killed between the rename
+//! and the removal) only costs that fallback read.
+//!
+//! Markers are a cache: any error while keeping them drops the sync file (readers then read
+//! the ledger) and never fails the transaction.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -52,8 +62,20 @@ pub fn mark_name(container: &str) -> String {
     format!("{MARK_PREFIX}{hash:016x}")
 }
 
-fn synced_name(inode: u64) -> String {
-    format!("{SYNCED_PREFIX}{inode}")
+/// What a sync file vouches for: one ledger file as one write left it (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerId {
+    inode: u64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
+    size: i64,
+}
+
+fn synced_name(id: LedgerId) -> String {
+    format!(
+        "{SYNCED_PREFIX}{}-{}.{:09}-{}",
+        id.inode, id.ctime_sec, id.ctime_nsec, id.size
+    )
 }
 
 /// The marker names a ledger needs: one per container it names.
@@ -67,15 +89,20 @@ pub fn wanted(ledger: &Ledger) -> BTreeSet<String> {
         .collect()
 }
 
-/// The inode of the ledger file in `state`, if there is one.
-pub fn ledger_inode(state: &File) -> Option<u64> {
+/// Which ledger file is in `state`, as written, if there is one.
+pub fn ledger_id(state: &File) -> Option<LedgerId> {
     let st = fstatat(
         state.as_fd(),
         c(super::LEDGER_FILE).as_c_str(),
         AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .ok()?;
-    Some(st.st_ino)
+    Some(LedgerId {
+        inode: st.st_ino,
+        ctime_sec: st.st_ctime,
+        ctime_nsec: st.st_ctime_nsec,
+        size: st.st_size,
+    })
 }
 
 /// The markers' directory, opened without following a link and checked to be root's and
@@ -126,21 +153,21 @@ fn remove(dir: &File, name: &str) {
 /// `container`. False whenever they cannot say (no markers for this ledger file, an error):
 /// the caller then reads the ledger.
 pub fn surely_not_held(state: &File, container: &str) -> bool {
-    let Some(inode) = ledger_inode(state) else {
+    let Some(id) = ledger_id(state) else {
         // No ledger: nothing is held, which reading it would say too (and cheaply).
         return false;
     };
     let Some(dir) = open_marks(state, false) else {
         return false;
     };
-    exists(&dir, &synced_name(inode)) && !exists(&dir, &mark_name(container))
+    exists(&dir, &synced_name(id)) && !exists(&dir, &mark_name(container))
 }
 
 /// A commit in progress: markers for the new ledger made before it is written, the rest
 /// after ([`MarksUpdate::after_write`]).
 pub struct MarksUpdate {
     dir: Option<File>,
-    old_inode: Option<u64>,
+    old_id: Option<LedgerId>,
     /// Markers to remove once the new ledger is in place.
     stale: Vec<String>,
 }
@@ -150,16 +177,16 @@ impl MarksUpdate {
     /// complete for the ledger being replaced, only the new containers' markers are made;
     /// otherwise the directory is listed and brought in line.
     pub fn before_write(state: &File, original: &Ledger, ledger: &Ledger) -> MarksUpdate {
-        let old_inode = ledger_inode(state);
+        let old_id = ledger_id(state);
         let Some(dir) = open_marks(state, true) else {
             return MarksUpdate {
                 dir: None,
-                old_inode,
+                old_id,
                 stale: Vec::new(),
             };
         };
         let want = wanted(ledger);
-        let synced = old_inode.is_some_and(|i| exists(&dir, &synced_name(i)));
+        let synced = old_id.is_some_and(|i| exists(&dir, &synced_name(i)));
         let present: BTreeSet<String> = if synced {
             wanted(original)
         } else {
@@ -172,17 +199,18 @@ impl MarksUpdate {
         let mut stale: Vec<String> = present.difference(&want).cloned().collect();
         if !ok {
             // A marker is missing: no ledger may be declared complete until a full sync.
-            if let Some(i) = old_inode {
+            if let Some(i) = old_id {
                 remove(&dir, &synced_name(i));
             }
             return MarksUpdate {
                 dir: None,
-                old_inode,
+                old_id,
                 stale,
             };
         }
         if !synced {
-            // Other `ledger-*` files (a crash between writing one and removing the last).
+            // Other `ledger-*` files (a crash between writing one and removing the last; an
+            // older vramgate's `ledger-<inode>`).
             stale.extend(
                 listed_all(&dir)
                     .unwrap_or_default()
@@ -192,7 +220,7 @@ impl MarksUpdate {
         }
         MarksUpdate {
             dir: Some(dir),
-            old_inode,
+            old_id,
             stale,
         }
     }
@@ -204,9 +232,9 @@ impl MarksUpdate {
         for name in &self.stale {
             remove(&dir, name);
         }
-        if let Some(new) = ledger_inode(state) {
-            if Some(new) != self.old_inode && create(&dir, &synced_name(new)) {
-                if let Some(old) = self.old_inode {
+        if let Some(new) = ledger_id(state) {
+            if Some(new) != self.old_id && create(&dir, &synced_name(new)) {
+                if let Some(old) = self.old_id {
                     remove(&dir, &synced_name(old));
                 }
             }
@@ -286,7 +314,7 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .filter(|n| n.starts_with(SYNCED_PREFIX))
             .collect();
-        assert_eq!(synced, [synced_name(ledger_inode(dir_file(&dir)).unwrap())]);
+        assert_eq!(synced, [synced_name(ledger_id(dir_file(&dir)).unwrap())]);
     }
 
     fn dir_file(dir: &StateDir) -> &File {
@@ -314,6 +342,33 @@ mod tests {
         });
         assert!(dir.surely_not_held("a"));
         assert!(!dir.surely_not_held("x"));
+    }
+
+    /// A write in place keeps the inode number (and ext4 gives a freed one to the next new
+    /// file): the sync file vouches for the ledger as vramgate wrote it, not for whatever file
+    /// has its inode now.
+    #[test]
+    fn a_ledger_rewritten_in_place_is_read_until_a_commit_syncs_them() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        hold(&dir, "a");
+        let inode = std::fs::metadata(dir.ledger_path()).unwrap().ino();
+        // A hand edit of the same size that keeps the generation, as an editor writing in
+        // place would leave it; a person is never within the clock tick of vramgate's write.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut by_hand = dir.read().unwrap();
+        by_hand.reservations[0].container_id = "x".into();
+        std::fs::write(dir.ledger_path(), serde_json::to_vec(&by_hand).unwrap()).unwrap();
+        assert_eq!(
+            std::fs::metadata(dir.ledger_path()).unwrap().ino(),
+            inode,
+            "written in place"
+        );
+        assert!(!dir.surely_not_held("x"), "x is held, and the markers do not know it");
+        hold(&dir, "y");
+        assert!(!dir.surely_not_held("x"), "the commit brought the markers in line");
+        assert!(dir.surely_not_held("a"));
     }
 
     #[test]
