@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{runc_testbed, Cleanup, HOOK, RUNTIME};
+use support::{runc_testbed, wrapper, wrapper_testbed, Cleanup, HOOK, RUNTIME};
 use vramgate::testbed::Testbed;
 
 /// A tmpfs of `size` mounted at a directory for the length of a test, unmounted on drop.
@@ -246,4 +246,99 @@ fn a_ledger_rewritten_in_place_still_releases_at_stop() {
             .any(|l| l.contains("\"release\"") && l.contains("\"plain\"")),
         "{events}"
     );
+}
+
+/// The state directory's syscalls of `vramgate-runtime delete <id>` (and of the runc it
+/// `exec`s), as strace prints them with file descriptors resolved.
+fn traced_delete(bed: &Testbed, id: &str) -> Vec<String> {
+    let trace = bed.dir.join(format!("delete-{id}.strace"));
+    let (key, value) = bed.env();
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-y", "-o"])
+        .arg(&trace)
+        .args([
+            "-e",
+            "trace=open,openat,openat2,flock,fcntl,newfstatat,statx,stat,lstat,fstat,read",
+        ])
+        .arg(RUNTIME)
+        .arg("--root")
+        .arg(&bed.runc_root)
+        .args(["delete", "--force", id])
+        .env(key, value)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let state = bed.state_dir.to_string_lossy().into_owned();
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&state))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Item 5 of issue 31: every container an engine deletes goes through the wrapper's
+/// `delete`, which read and parsed the whole ledger (and could wait 30 s for its lock) to look
+/// for an abandoned wait. For a container vramgate never held the markers answer: no open of
+/// the ledger, no lock. A wait that was abandoned is still dropped.
+#[test]
+fn delete_of_a_container_never_held_reads_no_ledger_and_takes_no_lock() {
+    support::require("strace");
+    let (_dir, bed) = wrapper_testbed("vg-delete", "");
+    let _cleanup = Cleanup(&bed);
+    let mut holder = run_wrapped(&bed, "holder", &["sleep", "60"], &request("20Gi", &[]));
+    eventually("holder admitted", || support::reservations(&bed).len() == 1);
+
+    // A container without a request, created and deleted through the wrapper.
+    let bundle = bed.bundle("plain", &["sleep", "30"], &[], &[], false).unwrap();
+    let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "plain"]);
+    assert!(ok, "{stderr}");
+    let touched = traced_delete(&bed, "plain");
+    let lock = bed.state_dir.join("lock").to_string_lossy().into_owned();
+    let opened_ledger: Vec<&String> = touched
+        .iter()
+        .filter(|l| (l.starts_with("open") || l.contains(" open")) && l.contains("ledger.json"))
+        .collect();
+    assert!(opened_ledger.is_empty(), "no read of the ledger: {touched:#?}");
+    assert!(
+        !touched.iter().any(|l| l.contains(&lock) || l.contains("\"lock\"")),
+        "no lock: {touched:#?}"
+    );
+    assert!(
+        touched.iter().any(|l| l.contains("newfstatat") || l.contains("statx")),
+        "the markers were asked: {touched:#?}"
+    );
+    assert_eq!(support::reservations(&bed).len(), 1, "the held one stands");
+
+    // A create that waited in the queue and was killed (the engine gave up): its delete still
+    // drops the abandoned ticket.
+    let bundle = bed
+        .bundle(
+            "gaveup",
+            &["true"],
+            &request(
+                "10Gi",
+                &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "60s")],
+            ),
+            &[],
+            false,
+        )
+        .unwrap();
+    let (key, value) = bed.env();
+    let mut create = bed
+        .runc(&["create", "--bundle", &bundle.to_string_lossy(), "gaveup"])
+        .env(key, value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually("gaveup queued", || ids(&ledger(&bed), "queue") == ["gaveup"]);
+    create.kill().unwrap();
+    create.wait().unwrap();
+    let (_, stderr) = wrapper(&bed, &["delete", "--force", "gaveup"]);
+    assert!(ids(&ledger(&bed), "queue").is_empty(), "dropped at delete: {stderr}");
+
+    let _ = bed.runc(&["kill", "holder", "KILL"]).status();
+    holder.wait().unwrap();
 }

@@ -50,6 +50,11 @@ impl StateDir {
         self.begin_after(None, LOCK_TIMEOUT)
     }
 
+    /// [`StateDir::begin`], waiting at most `lock_timeout` for the lock.
+    pub fn begin_within(&self, lock_timeout: Duration) -> Result<Transaction> {
+        self.begin_after(None, lock_timeout)
+    }
+
     /// Starts a transaction, waiting at most `lock_timeout` for the lock, and runs the routine
     /// reclaim (see [`Ledger::check_window`]) with its `/proc` reads done before the lock is
     /// taken, on an unlocked copy of the ledger: the lock then only applies the verdicts (a

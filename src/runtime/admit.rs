@@ -125,13 +125,19 @@ pub fn undo(container: &str, bundle: &Path, config: &Config) {
 ///
 /// Only a ticket whose waiter is gone is dropped (what any transaction's reclaim does), never a
 /// live wait or a reservation: `delete` names no bundle, so it cannot tell a namesake in
-/// another engine namespace apart. One unlocked read when the ledger holds no such ticket,
-/// nothing when there is no state directory. Best effort: the next transaction reclaims what
-/// this misses.
+/// another engine namespace apart. Every container an engine deletes comes through here, and
+/// almost none ever waited: for a container the ledger does not name, the markers answer
+/// (three `stat`s, see [`crate::ledger::marks`]) without reading the ledger or taking its lock;
+/// one unlocked read where they cannot say; nothing when there is no state directory. The lock
+/// is waited for at most [`DELETE_LOCK_TIMEOUT`]: this runs inside the engine's own delete.
+/// Best effort: the next transaction reclaims what this misses.
 pub fn drop_abandoned_wait(container: &str, config: &Config) {
     let Ok(Some(dir)) = StateDir::open_existing(&config.state_dir) else {
         return;
     };
+    if dir.surely_not_held(container) {
+        return;
+    }
     let abandoned = dir.peek().is_ok_and(|peek| {
         peek.ledger()
             .queue
@@ -141,9 +147,14 @@ pub fn drop_abandoned_wait(container: &str, config: &Config) {
     if abandoned {
         let inventory = inventory::NotNeeded;
         let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
-        let _ = service.gc();
+        let _ = service.gc_within(DELETE_LOCK_TIMEOUT);
     }
 }
+
+/// How long the wrapper's `delete` waits for the ledger's lock to drop an abandoned wait:
+/// short, since the engine waits on the delete, and what it gives up on the next transaction
+/// reclaims.
+pub const DELETE_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Reserved {
     /// Each GPU reserved, with its total, as the enforcement tiers need them.

@@ -821,7 +821,13 @@ impl<'a> Service<'a> {
 
     /// One transaction that only reclaims, checking every entry.
     pub fn gc(&self) -> Result<Reclaimed> {
-        let mut tx = self.dir.begin()?;
+        self.gc_within(LOCK_TIMEOUT)
+    }
+
+    /// [`Service::gc`], waiting at most `lock_timeout` for the ledger's lock: for a caller
+    /// inside someone else's deadline (the wrapper's `delete`, inside the engine's).
+    pub fn gc_within(&self, lock_timeout: Duration) -> Result<Reclaimed> {
+        let mut tx = self.dir.begin_within(lock_timeout)?;
         let reclaimed = tx.ledger.reclaim_all(self.liveness);
         tx.ledger.counters.record_reclaimed(&reclaimed);
         let _committed = tx.commit()?;
