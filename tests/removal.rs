@@ -55,8 +55,8 @@ fn tree(dir: &Path) -> Vec<String> {
 
 /// A custom state directory holding every kind of file vramgate writes there, each made by
 /// the code that makes it on a host: the hook's admissions (ledger, lock, events, held/
-/// markers and ledger-<inode>), `vramgate ledger repair` (a ledger set aside), a rotated
-/// events log, and a driver-limit record written as the hook writes it.
+/// markers and their ledger-<inode>-<ctime>-<size>), `vramgate ledger repair` (a ledger set
+/// aside), a rotated events log, and a driver-limit record written as the hook writes it.
 fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
     let scratch = harness(INVENTORY);
     let bundle = scratch.bundle("a", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
