@@ -468,7 +468,8 @@ mod tests {
     }
 
     /// What is not a regular file is never opened for reading: a FIFO would wait for a
-    /// writer forever, a device may never end, a link to either is the same.
+    /// writer forever, a device may never end, a link to either is the same; a file over the
+    /// bound is not read either.
     #[cfg(feature = "dra")]
     #[test]
     fn a_fifo_or_a_device_among_the_specs_is_passed_over_at_once() {
@@ -487,10 +488,14 @@ mod tests {
             "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-zero\n  containerEdits: {}\n",
         )
         .unwrap();
+        // Over the bound (sparse, so the test writes nothing): never read.
+        let huge = std::fs::File::create(dir.path().join("e-huge.json")).unwrap();
+        huge.set_len(NVIDIA_SPEC_LIMIT + 1).unwrap();
         let mut specs = NvidiaSpecs::default();
         assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-zero"));
         assert_eq!(specs.parsed, 1);
         assert_eq!(read_spec(&dir.path().join("a-fifo.json")), None);
+        assert_eq!(read_regular(&dir.path().join("e-huge.json"), NVIDIA_SPEC_LIMIT), None);
     }
 
     #[test]
