@@ -104,6 +104,8 @@ pub struct Plan {
     pub unchanged: Vec<PathBuf>,
     /// What the operator does next (reload the engine, how to use it).
     pub next_steps: Vec<String>,
+    /// What setup read to decide, and what it could not read: printed whatever changes.
+    pub notes: Vec<String>,
 }
 
 /// A binary next to the running one, else its packaged path.
@@ -325,28 +327,42 @@ impl ContainerdVersion {
 /// In both, vramgate's runtime takes the `options` of the host's default runtime
 /// (`SystemdCgroup` above all: kubelet's cgroup driver must match the runtime's, or pods land
 /// in the wrong cgroups), all but its `BinaryName`, which is the wrapper's; options the host
-/// set for vramgate's runtime itself stay as they are.
+/// set for vramgate's runtime itself stay as they are. The default runtime is read from
+/// `merged` when given (version 3: the config as containerd merges it, imports and all, see
+/// [`containerd_merged_runtime_section`]), else from the main config's section.
 pub fn containerd_drop_in(
     version: ContainerdVersion,
     runtime_path: &Path,
     set_as_default: bool,
     host_runtime_section: Option<&toml::Table>,
+    merged: Option<&toml::Table>,
 ) -> String {
     let host = host_runtime_section.cloned().unwrap_or_default();
     let host_containerd = host.get("containerd").and_then(toml::Value::as_table);
-    let default_name = host_containerd
-        .and_then(|c| c.get("default_runtime_name"))
-        .and_then(toml::Value::as_str)
-        .unwrap_or(CONTAINERD_DEFAULT_RUNTIME)
-        .to_string();
-    let host_runtime = |name: &str| {
-        host_containerd
+    let default_in = |section: &toml::Table| {
+        section
+            .get("containerd")
+            .and_then(|c| c.get("default_runtime_name"))
+            .and_then(toml::Value::as_str)
+            .map(str::to_string)
+    };
+    let runtime_in = |section: &toml::Table, name: &str| {
+        section
+            .get("containerd")
             .and_then(|c| c.get("runtimes"))
             .and_then(|r| r.get(name))
             .and_then(toml::Value::as_table)
             .cloned()
     };
-    let inherited = host_runtime(&default_name)
+    let host_runtime = |name: &str| runtime_in(&host, name);
+    let from = merged.unwrap_or(&host);
+    // A merged config that already has this drop-in (setup run again after
+    // --set-as-default) names vramgate as the default: the host's default is the one before.
+    let default_name = default_in(from)
+        .filter(|name| name != RUNTIME_NAME)
+        .or_else(|| default_in(&host))
+        .unwrap_or_else(|| CONTAINERD_DEFAULT_RUNTIME.to_string());
+    let inherited = runtime_in(from, &default_name)
         .and_then(|r| r.get("options").and_then(toml::Value::as_table).cloned())
         .unwrap_or_default();
     // Version 2 repeats the whole host section; version 3 only what vramgate adds to it.
@@ -377,7 +393,8 @@ pub fn containerd_drop_in(
     runtime.insert("container_annotations".into(), allow);
     let options = table_at(runtime, "options");
     for (key, value) in inherited {
-        if key != "BinaryName" && !options.contains_key(&key) {
+        // `config dump` lists every option, unset ones at their zero value: the same as unset.
+        if key != "BinaryName" && !options.contains_key(&key) && !is_zero(&value) {
             options.insert(key, value);
         }
     }
@@ -402,6 +419,196 @@ pub fn containerd_drop_in(
         "# Written by `vramgate setup containerd`; `vramgate setup containerd --remove` undoes it.\n{note}{}",
         toml::to_string(&doc).expect("a TOML table serializes")
     )
+}
+
+/// Whether `value` is a Go zero value (`''`, `false`, `0`, `[]`, `{}`), as `containerd config
+/// dump` prints an option nobody set.
+fn is_zero(value: &toml::Value) -> bool {
+    match value {
+        toml::Value::String(s) => s.is_empty(),
+        toml::Value::Boolean(b) => !b,
+        toml::Value::Integer(i) => *i == 0,
+        toml::Value::Float(f) => *f == 0.0,
+        toml::Value::Array(a) => a.is_empty(),
+        toml::Value::Table(t) => t.is_empty(),
+        toml::Value::Datetime(_) => false,
+    }
+}
+
+/// How long `containerd config dump` may take: it reads a few files and prints (well under a
+/// second); a containerd that hangs must not hang setup.
+pub const DUMP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Where the merged CRI runtime section came from, for the line setup prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergedFrom {
+    /// `containerd --config <main> config dump`.
+    Dump,
+    /// The main config and these imported files, merged as containerd 2.x merges them,
+    /// because the dump could not be had (the reason).
+    Files { files: Vec<PathBuf>, why: String },
+}
+
+/// The CRI runtime section of containerd 2.x's config (version 3) as containerd merges it:
+/// `containerd --config <main> config dump` (the `containerd` on PATH, bounded by
+/// [`DUMP_TIMEOUT`]); where that fails (no containerd, a containerd 1.x that cannot read
+/// version 3, a hang), the main config and its imports read here, but for `drop_in`, merged
+/// key by key in containerd's order. An `SystemdCgroup = true` the admin set in an imported
+/// file is in the first and the second, never in the main file alone.
+pub fn containerd_merged_runtime_section(
+    main: &Path,
+    main_table: &toml::Table,
+    drop_in: &Path,
+) -> (toml::Table, MergedFrom) {
+    match containerd_dump(main) {
+        Ok(dump) => (dump, MergedFrom::Dump),
+        Err(why) => {
+            let (section, files) = merged_from_files(main, main_table, drop_in);
+            (section, MergedFrom::Files { files, why })
+        }
+    }
+}
+
+fn runtime_section_v3(table: &toml::Table) -> Option<&toml::Table> {
+    table
+        .get("plugins")
+        .and_then(|p| p.get(CRI_RUNTIME_PLUGIN_V3))
+        .and_then(toml::Value::as_table)
+}
+
+/// The CRI runtime section of `containerd config dump`, or why there is none.
+fn containerd_dump(main: &Path) -> std::result::Result<toml::Table, String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new("containerd")
+        .arg("--config")
+        .arg(main)
+        .args(["config", "dump"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run containerd: {e}"))?;
+    // Read on threads: a dump larger than a pipe's buffer would otherwise never end.
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = (&mut stdout).take(16 << 20).read_to_end(&mut bytes);
+        bytes
+    });
+    let err = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = (&mut stderr).take(64 << 10).read_to_end(&mut bytes);
+        bytes
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < DUMP_TIMEOUT => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "containerd config dump did not end within {}s",
+                    DUMP_TIMEOUT.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("cannot wait for containerd config dump: {e}")),
+        }
+    };
+    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    if !status.success() {
+        let err = String::from_utf8_lossy(&err);
+        return Err(format!(
+            "containerd config dump failed ({status}): {}",
+            crate::one_line(err.lines().last().unwrap_or("").trim())
+        ));
+    }
+    let dump: toml::Table = std::str::from_utf8(&out)
+        .ok()
+        .and_then(|text| toml::from_str(text).ok())
+        .ok_or("containerd config dump printed no TOML")?;
+    // containerd 1.x reads a version 3 file without error, and dumps its own version 2.
+    if dump.get("version").and_then(toml::Value::as_integer) != Some(3) {
+        return Err("the containerd on PATH is not 2.x (its config dump is not version 3)".into());
+    }
+    runtime_section_v3(&dump)
+        .cloned()
+        .ok_or_else(|| format!("containerd config dump has no {CRI_RUNTIME_PLUGIN_V3} section"))
+}
+
+/// The files `entry` of an `imports` list names, relative to `dir`: the file, or the files a
+/// `*` in its name matches, sorted (as containerd's `filepath.Glob`).
+fn import_files(entry: &str, dir: &Path) -> Vec<PathBuf> {
+    let path = dir.join(entry);
+    if !entry.contains('*') {
+        return vec![path];
+    }
+    let Some(parent) = path.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|f| import_covers(&path.to_string_lossy(), f))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The main config's CRI runtime section with those of its imports (and theirs) merged in,
+/// key by key, in the order containerd 2.x loads them (the main file, then each import in
+/// turn); `drop_in`, the file setup writes, is left out. Also the imported files read.
+fn merged_from_files(main: &Path, main_table: &toml::Table, drop_in: &Path) -> (toml::Table, Vec<PathBuf>) {
+    let mut merged = runtime_section_v3(main_table).cloned().unwrap_or_default();
+    let dir = main.parent().unwrap_or(Path::new("/"));
+    let imports_in = |table: &toml::Table| -> Vec<String> {
+        table
+            .get("imports")
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let mut pending: std::collections::VecDeque<PathBuf> = imports_in(main_table)
+        .iter()
+        .flat_map(|i| import_files(i, dir))
+        .collect();
+    let mut read = Vec::new();
+    let mut seen = std::collections::HashSet::from([main.to_path_buf()]);
+    while let Some(file) = pending.pop_front() {
+        if file == drop_in || !seen.insert(file.clone()) {
+            continue;
+        }
+        let Some(table) = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+        else {
+            continue;
+        };
+        if let Some(section) = runtime_section_v3(&table) {
+            merge_into(&mut merged, section);
+        }
+        let here = file.parent().unwrap_or(Path::new("/")).to_path_buf();
+        pending.extend(imports_in(&table).iter().flat_map(|i| import_files(i, &here)));
+        read.push(file);
+    }
+    (merged, read)
+}
+
+/// `from` merged into `into` key by key: tables merge, anything else replaces.
+fn merge_into(into: &mut toml::Table, from: &toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(toml::Value::Table(mine)), toml::Value::Table(theirs)) => merge_into(mine, theirs),
+            _ => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 /// The table under `key`, created when missing; a non-table there is replaced (the runtime
@@ -625,8 +832,33 @@ fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
     } else {
         Some(with_import(&main_text, &drop_in_str, &main)?.into_bytes())
     };
-    let drop_in_wanted = (!options.remove)
-        .then(|| containerd_drop_in(version, &options.runtime_path, options.set_as_default, host_section).into_bytes());
+    // containerd 2.x merges imported files into the main one: the default runtime's options
+    // may be set in any of them.
+    let merged = (version == ContainerdVersion::V3 && !options.remove).then(|| {
+        let (section, from) = containerd_merged_runtime_section(&main, &main_table, &drop_in);
+        plan.notes.push(match from {
+            MergedFrom::Dump => format!(
+                "the default runtime's options were read from `containerd --config {} config dump`",
+                main.display()
+            ),
+            MergedFrom::Files { files, why } => format!(
+                "the default runtime's options were read from {}{} ({why})",
+                main.display(),
+                files.iter().map(|f| format!(", {}", f.display())).collect::<String>()
+            ),
+        });
+        section
+    });
+    let drop_in_wanted = (!options.remove).then(|| {
+        containerd_drop_in(
+            version,
+            &options.runtime_path,
+            options.set_as_default,
+            host_section,
+            merged.as_ref(),
+        )
+        .into_bytes()
+    });
     plan.want(&drop_in, read_optional(&drop_in)?, drop_in_wanted, false);
     plan.want(&main, main_current, main_wanted, true);
     plan.next_steps.push(
@@ -706,6 +938,9 @@ pub fn describe(plan: &Plan, dry_run: bool) -> String {
     }
     for path in &plan.unchanged {
         out += &format!("{} is already as wanted; left alone\n", path.display());
+    }
+    for note in &plan.notes {
+        out += &format!("note: {note}\n");
     }
     if !plan.changes.is_empty() {
         for step in &plan.next_steps {
@@ -853,6 +1088,7 @@ mod tests {
             Path::new("/r"),
             false,
             Some(&host),
+            None,
         ))
         .unwrap();
         let runc = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
@@ -872,6 +1108,7 @@ mod tests {
             Path::new("/r"),
             true,
             Some(&host),
+            None,
         ))
         .unwrap();
         let ours = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"]["options"];
@@ -933,6 +1170,59 @@ mod tests {
         assert!(
             err.contains("version 1") && err.contains("containerd config migrate"),
             "{err}"
+        );
+    }
+
+    /// Where `containerd config dump` cannot be had, the main config and its imports are
+    /// merged as containerd 2.x merges them: later files win key by key, setup's own drop-in
+    /// is left out, and the drop-in takes the merged default runtime's options.
+    #[test]
+    fn containerd_2_options_set_in_an_imported_file_are_merged_from_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.toml");
+        let conf_d = dir.path().join("conf.d");
+        std::fs::create_dir(&conf_d).unwrap();
+        let drop_in = conf_d.join("vramgate.toml");
+        let runc = "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]";
+        let text = format!("version = 3\nimports = [\"conf.d/*.toml\", \"/nonexistent.toml\"]\n{runc}\nRoot = \"/run/main\"\nIoUid = 7\n");
+        std::fs::write(&main, &text).unwrap();
+        std::fs::write(
+            conf_d.join("10-site.toml"),
+            format!("version = 3\nimports = [\"../more.toml\"]\n{runc}\nSystemdCgroup = true\nBinaryName = \"/opt/runc\"\nRoot = \"/run/site\"\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("more.toml"),
+            format!("version = 3\n{runc}\nIoUid = 9\n"),
+        )
+        .unwrap();
+        // A drop-in of an earlier setup, which must not feed itself.
+        std::fs::write(&drop_in, format!("version = 3\n{runc}\nRoot = \"/run/stale\"\n")).unwrap();
+        let table: toml::Table = toml::from_str(&text).unwrap();
+        let (merged, files) = merged_from_files(&main, &table, &drop_in);
+        assert_eq!(
+            files,
+            [conf_d.join("10-site.toml"), dir.path().join("conf.d/../more.toml")]
+        );
+        let options = &merged["containerd"]["runtimes"]["runc"]["options"];
+        assert_eq!(options["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(options["Root"].as_str(), Some("/run/site"));
+        assert_eq!(options["IoUid"].as_integer(), Some(9));
+        let d: toml::Table = toml::from_str(&containerd_drop_in(
+            ContainerdVersion::V3,
+            Path::new("/usr/bin/vramgate-runtime"),
+            false,
+            runtime_section_v3(&table),
+            Some(&merged),
+        ))
+        .unwrap();
+        let ours = &d["plugins"][CRI_RUNTIME_PLUGIN_V3]["containerd"]["runtimes"]["vramgate"]["options"];
+        assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(ours["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
+        assert_eq!(ours["Root"].as_str(), Some("/run/site"));
+        assert_eq!(
+            d["plugins"][CRI_RUNTIME_PLUGIN_V3]["containerd"].get("default_runtime_name"),
+            None
         );
     }
 

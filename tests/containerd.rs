@@ -247,10 +247,8 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
     c.remove("plain");
 }
 
-/// containerd's own default config (`containerd config default`) of Debian 12's 1.6 (config
-/// version 2) and of sid's 2.1 (version 3, unpacked by scripts/fetch-containerd-2).
-fn default_configs() -> Vec<(&'static str, String)> {
-    require("containerd");
+/// sid's containerd 2.1 binary, unpacked by scripts/fetch-containerd-2.
+fn containerd_2() -> PathBuf {
     let sid =
         std::env::var("VRAMGATE_CONTAINERD_2").unwrap_or_else(|_| "/var/cache/vramgate-tests/containerd-sid".into());
     let two = PathBuf::from(sid).join("usr/bin/containerd");
@@ -259,6 +257,14 @@ fn default_configs() -> Vec<(&'static str, String)> {
         "containerd 2.1 is not unpacked at {}: run scripts/install-deps (or scripts/fetch-containerd-2)",
         two.display()
     );
+    two
+}
+
+/// containerd's own default config (`containerd config default`) of Debian 12's 1.6 (config
+/// version 2) and of sid's 2.1 (version 3, unpacked by scripts/fetch-containerd-2).
+fn default_configs() -> Vec<(&'static str, String)> {
+    require("containerd");
+    let two = containerd_2();
     let mut one = Command::new("containerd");
     one.env("PATH", path_with_sbin());
     [("containerd 1.6", one), ("containerd 2.1", Command::new(two))]
@@ -308,5 +314,72 @@ fn setup_then_remove_gives_default_configs_back_byte_for_byte() {
             );
             assert!(!drop_in.exists(), "{name} {case}");
         }
+    }
+}
+
+/// containerd 2.x merges imported files into the main config key by key, and admins set
+/// `SystemdCgroup = true` (kubelet's cgroup driver) in one of them as often as in the main
+/// file. vramgate's runtime must run with the default runtime's options as containerd merges
+/// them, or its pods land in other cgroups than kubelet expects; but never with its
+/// `BinaryName`, which is the wrapper's. Read from containerd 2.1's `config dump` when that
+/// containerd is on PATH, else (Debian's 1.6 on PATH cannot dump version 3) from the files.
+#[test]
+fn setup_for_containerd_2_takes_the_default_runtimes_options_from_imported_files() {
+    require("containerd");
+    let two = containerd_2();
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("config.toml");
+    let site = dir.path().join("site.d/10-cgroups.toml");
+    let drop_in = dir.path().join("conf.d/vramgate.toml");
+    std::fs::create_dir_all(site.parent().unwrap()).unwrap();
+    let original = format!(
+        "version = 3\nimports = [{:?}]\n\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"registry.example/pause:host\"\n",
+        dir.path().join("site.d/*.toml")
+    );
+    std::fs::write(&main, &original).unwrap();
+    std::fs::write(
+        &site,
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n  NoNewKeyring = true\n  BinaryName = \"/usr/local/sbin/runc-site\"\n",
+    )
+    .unwrap();
+    let paths = [
+        "--config-path",
+        drop_in.to_str().unwrap(),
+        "--containerd-config",
+        main.to_str().unwrap(),
+        "--runtime-path",
+        RUNTIME,
+    ];
+    let with_2 = format!("{}:{}", two.parent().unwrap().display(), path_with_sbin());
+    for (case, path, says) in [
+        ("containerd 2.1 on PATH", with_2.as_str(), "config dump`"),
+        ("containerd 1.6 on PATH", &path_with_sbin(), "is not 2.x"),
+    ] {
+        let printed = run_ok(setup_cmd(&paths).env("PATH", path));
+        let dump = run_ok(Command::new(&two).arg("--config").arg(&main).args(["config", "dump"]));
+        let dumped: toml::Table = toml::from_str(&dump).expect("containerd's dump is TOML");
+        let runtimes = &dumped["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"];
+        let ours = &runtimes["vramgate"]["options"];
+        let option = |key: &str| ours.get(key).cloned();
+        assert_eq!(option("SystemdCgroup"), Some(true.into()), "{case}: {dump}");
+        assert_eq!(option("NoNewKeyring"), Some(true.into()), "{case}: {dump}");
+        assert_eq!(option("BinaryName"), Some(RUNTIME.into()), "{case}: {dump}");
+        assert_eq!(
+            runtimes["runc"]["options"]["BinaryName"].as_str(),
+            Some("/usr/local/sbin/runc-site"),
+            "{case}: the host's runtime is left as it was"
+        );
+        assert_eq!(
+            dumped["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(),
+            Some("registry.example/pause:host")
+        );
+        // Which one was read, and why not the dump.
+        assert!(
+            printed.contains("note: the default runtime's options were read from") && printed.contains(says),
+            "{case}: {printed}"
+        );
+        run_ok(setup_cmd(&paths).arg("--remove"));
+        assert!(!drop_in.exists(), "{case}");
+        assert_eq!(std::fs::read_to_string(&main).unwrap(), original, "{case}");
     }
 }

@@ -195,6 +195,74 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     drop(dir);
 }
 
+/// Anyone who can write a CDI directory can leave a FIFO there, or a link to one, named like
+/// a spec. Opening it for reading waits for a writer: read on the driver's one async thread,
+/// it stalled that prepare, kubelet's registration and every later call; read by the view
+/// thread (a name of this driver's specs), it stopped the published capacity from following
+/// the node. Such files are passed over, and NVIDIA's spec is read off the async runtime.
+#[test]
+fn a_fifo_among_the_cdi_specs_stalls_neither_prepare_nor_registration_nor_the_slice() {
+    let (dir, tb) = runc_testbed("vramgate-dra-cdi-fifo", GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    let fifo =
+        |name: &str| nix::unistd::mkfifo(&cdi_dir.join(name), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    fifo("a-fifo.json");
+    fifo("vramgate.dev-gpu-memory_fifo.json");
+    std::os::unix::fs::symlink(cdi_dir.join("a-fifo.json"), cdi_dir.join("b-link.yaml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", cdi_dir.join("c-zero.json")).unwrap();
+    std::fs::write(
+        cdi_dir.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-one\n  containerEdits: {}\n",
+    )
+    .unwrap();
+
+    // Answered at once, with NVIDIA's device from the spec after the FIFOs, twice (the second
+    // from what the first read).
+    let uid = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
+    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let within = Duration::from_secs(10);
+    for _ in 0..2 {
+        let answer = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    within,
+                    kubelet::prepare(&registered.endpoint, vec![claim("default", "trainer", &uid)]),
+                )
+                .await
+            })
+            .unwrap_or_else(|_| panic!("NodePrepareResources: no answer in {within:?}: {}", driver.log_text()));
+        let answer = &answer.claims[&uid];
+        assert_eq!(answer.error, "");
+        assert_eq!(
+            answer.devices[0].cdi_device_ids,
+            [
+                format!("vramgate.dev/gpu-memory={uid}-gpu-1"),
+                "nvidia.com/gpu=GPU-one".to_string()
+            ]
+        );
+    }
+    // kubelet's plugin watcher, after a kubelet restart, is answered too.
+    rt.block_on(async { tokio::time::timeout(within, kubelet::register(&driver.registration_socket(), DRIVER)).await })
+        .unwrap_or_else(|_| panic!("GetInfo: no answer in {within:?}: {}", driver.log_text()));
+    // The view thread, which reads this driver's specs back, still follows the node: a
+    // headroom set now shows in the slice.
+    let config = std::fs::read_to_string(&tb.config_path).unwrap();
+    std::fs::write(&tb.config_path, format!("headroom = \"1Gi\"\n{config}")).unwrap();
+    wait_capacities(&rt, &api, &[("gpu-0", "15Gi"), ("gpu-1", "15Gi")]);
+
+    assert_nothing_rejected(&rt, &api);
+    let status = driver.stop();
+    assert!(status.success(), "{status:?}: {}", driver.log_text());
+    drop(dir);
+}
+
 /// A node name near the API server's 253-character limit: the slice's name stays within it
 /// (the node's name cut, a hash of the whole kept), and the API server takes the slice.
 #[test]

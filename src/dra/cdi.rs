@@ -178,13 +178,70 @@ pub fn prepared(dir: &Path) -> std::collections::HashMap<String, PreparedDevice>
     found
 }
 
-/// One of this driver's spec files, parsed; `None` when it is missing, too large to be ours,
-/// not JSON or of another kind.
+/// One of this driver's spec files, parsed; `None` when it is missing, not a regular file,
+/// too large to be ours, not JSON or of another kind.
 fn read_spec(path: &Path) -> Option<serde_json::Value> {
     // Our files are a few hundred bytes; anything large is not ours.
-    let bytes = crate::spec::read_limited(path, 1 << 20).ok()??;
+    let (_, bytes) = read_regular(path, 1 << 20)?;
     let spec = serde_json::from_slice::<serde_json::Value>(&bytes).ok()?;
     (spec["kind"] == KIND).then_some(spec)
+}
+
+/// What tells one version of a spec file from another without reading it: a file replaced
+/// (renamed into place) has another inode, one rewritten in place another mtime or size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// The stamp of the regular file at `path` (a link is followed), or `None` for anything else
+/// or what cannot be looked at.
+fn regular_stamp(path: &Path) -> Option<Stamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    meta.is_file().then(|| Stamp::of(&meta))
+}
+
+/// The bytes of the regular file at `path`, at most `limit` of them, with the stamp of what
+/// was read; `None` for anything else. Anyone who can write a CDI directory can put a FIFO, a
+/// device node or a link to one there under a spec's name: opening a FIFO for reading waits
+/// for a writer, a device may never end. Such files are looked at (stat), never read, and
+/// the open does not wait (`O_NONBLOCK`), in case one was swapped in after the look.
+fn read_regular(path: &Path, limit: u64) -> Option<(Stamp, Vec<u8>)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let seen = regular_stamp(path)?;
+    if seen.size > limit {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize + 1);
+    file.take(limit + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= limit).then(|| (Stamp::of(&meta), bytes))
 }
 
 /// The devices of one spec file. A device whose marker carries no secret (a spec written by a
@@ -223,55 +280,114 @@ pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
 /// Where the toolkit's spec is looked for besides the driver's own CDI directory.
 pub const STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
-/// NVIDIA's CDI device for `gpu` in the specs of `dirs`, when the node has one
-/// (`nvidia.com/gpu=<name>`): the toolkit names each device by UUID and/or by index (`0`, or
-/// `0:1` for a MIG device), and its edits bring the driver's libraries and device nodes,
-/// which a container needs to use the GPU. The UUID is preferred; the first spec that has the
-/// GPU wins. Specs that do not parse are passed over (they are the runtime's to refuse).
+/// The largest spec file read for NVIDIA's devices: the toolkit's spec lists each GPU's files,
+/// tens of KiB.
 #[cfg(feature = "dra")]
-pub fn nvidia_device(dirs: &[PathBuf], gpu: &crate::inventory::GpuMemory) -> Option<String> {
-    let index_name = match gpu.mig_index {
-        Some(mig) => format!("{}:{mig}", gpu.index),
-        None => gpu.index.to_string(),
-    };
-    let mut by_index = None;
-    for dir in dirs {
-        let Ok(entries) = std::fs::read_dir(dir) else { continue };
-        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-        files.sort();
-        for file in files {
-            let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
-            if !(yaml || file.extension().is_some_and(|e| e == "json")) {
-                continue;
-            }
-            // The toolkit's spec lists each GPU's files: tens of KiB.
-            let Ok(Some(bytes)) = crate::spec::read_limited(&file, 4 << 20) else {
-                continue;
-            };
-            let Ok(text) = String::from_utf8(bytes) else { continue };
-            // JSON is YAML: one parser for both forms.
-            let Ok(spec) = serde_saphyr::from_str::<serde_json::Value>(&text) else {
-                continue;
-            };
-            if spec["kind"] != NVIDIA_KIND {
-                continue;
-            }
-            for name in spec["devices"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|d| d["name"].as_str())
-            {
-                if name == gpu.uuid {
-                    return Some(format!("{NVIDIA_KIND}={name}"));
+const NVIDIA_SPEC_LIMIT: u64 = 4 << 20;
+
+/// NVIDIA's device names in the spec files of the node, as last read: each file is read and
+/// parsed again only when its [`Stamp`] changed, so a prepare costs a `stat` per file, not a
+/// parse of every spec on the node (the toolkit's spec is tens of KiB of YAML).
+#[cfg(feature = "dra")]
+#[derive(Debug, Default)]
+pub struct NvidiaSpecs {
+    /// Every spec file of the last scan: its stamp, and NVIDIA's device names in it (none
+    /// for a file of another kind, or one that does not parse).
+    files: std::collections::HashMap<PathBuf, (Stamp, Vec<String>)>,
+    /// How many files were parsed since this was made: what the cache saves, for its tests.
+    parsed: u64,
+}
+
+#[cfg(feature = "dra")]
+impl NvidiaSpecs {
+    /// NVIDIA's CDI device for `gpu` in the specs of `dirs`, when the node has one
+    /// (`nvidia.com/gpu=<name>`): the toolkit names each device by UUID and/or by index (`0`,
+    /// or `0:1` for a MIG device), and its edits bring the driver's libraries and device
+    /// nodes, which a container needs to use the GPU. The UUID is preferred; the first spec
+    /// that has the GPU wins. Specs that do not parse, and files that are not regular files
+    /// or larger than [`NVIDIA_SPEC_LIMIT`], are passed over (they are the runtime's to refuse).
+    /// Blocking file system calls: run it off the async runtime.
+    pub fn device(&mut self, dirs: &[PathBuf], gpu: &crate::inventory::GpuMemory) -> Option<String> {
+        let index_name = match gpu.mig_index {
+            Some(mig) => format!("{}:{mig}", gpu.index),
+            None => gpu.index.to_string(),
+        };
+        let mut by_index = None;
+        let mut by_uuid = None;
+        let mut scanned = std::collections::HashMap::new();
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            files.sort();
+            for file in files {
+                let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
+                if !(yaml || file.extension().is_some_and(|e| e == "json")) || scanned.contains_key(&file) {
+                    continue;
                 }
-                if name == index_name && by_index.is_none() {
-                    by_index = Some(format!("{NVIDIA_KIND}={name}"));
+                let Some(names) = self.names(&file) else { continue };
+                if by_uuid.is_none() {
+                    for name in &names {
+                        if *name == gpu.uuid {
+                            by_uuid = Some(format!("{NVIDIA_KIND}={name}"));
+                            break;
+                        }
+                        if *name == index_name && by_index.is_none() {
+                            by_index = Some(format!("{NVIDIA_KIND}={name}"));
+                        }
+                    }
                 }
+                scanned.insert(file.clone(), self.files[&file].clone());
             }
         }
+        // Files gone since are forgotten; the whole scan is kept, so the next prepare (of
+        // another GPU) finds every file already parsed.
+        self.files = scanned;
+        by_uuid.or(by_index)
     }
-    by_index
+
+    /// NVIDIA's device names in the spec file at `path`, parsed again only when it changed;
+    /// `None` when it is not a regular file.
+    fn names(&mut self, path: &Path) -> Option<Vec<String>> {
+        let stamp = regular_stamp(path)?;
+        if let Some((known, names)) = self.files.get(path) {
+            if *known == stamp {
+                return Some(names.clone());
+            }
+        }
+        let (stamp, names) = match read_regular(path, NVIDIA_SPEC_LIMIT) {
+            Some((read, bytes)) => {
+                self.parsed += 1;
+                (read, nvidia_names(&bytes))
+            }
+            // Too large, or swapped for something else since the look: nothing of NVIDIA's,
+            // and not opened again until it changes.
+            None => (stamp, Vec::new()),
+        };
+        self.files.insert(path.to_path_buf(), (stamp, names.clone()));
+        Some(names)
+    }
+}
+
+/// NVIDIA's device names in one spec file's bytes; none when it is of another kind or does
+/// not parse.
+#[cfg(feature = "dra")]
+fn nvidia_names(bytes: &[u8]) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return Vec::new();
+    };
+    // JSON is YAML: one parser for both forms.
+    let Ok(spec) = serde_saphyr::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    if spec["kind"] != NVIDIA_KIND {
+        return Vec::new();
+    }
+    spec["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["name"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// Removes the spec of claim `uid`; a claim never prepared (or unprepared twice) is fine.
@@ -294,21 +410,92 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let gpu = crate::inventory::GpuMemory::for_test(1, None, "GPU-one");
         let dirs = [dir.path().to_path_buf()];
-        assert_eq!(nvidia_device(&dirs, &gpu), None, "no spec");
+        let mut specs = NvidiaSpecs::default();
+        assert_eq!(specs.device(&dirs, &gpu), None, "no spec");
         std::fs::write(
             dir.path().join("nvidia.yaml"),
             "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n- name: \"1\"\n  containerEdits: {}\n",
         )
         .unwrap();
-        assert_eq!(nvidia_device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=1"));
+        assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=1"));
         std::fs::write(
             dir.path().join("other.json"),
             r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"GPU-one","containerEdits":{}}]}"#,
         )
         .unwrap();
-        assert_eq!(nvidia_device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-one"));
+        assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-one"));
         let mig = crate::inventory::GpuMemory::for_test(0, Some(2), "MIG-x");
-        assert_eq!(nvidia_device(&dirs, &mig), None);
+        assert_eq!(specs.device(&dirs, &mig), None);
+    }
+
+    /// A spec is parsed once while it stays the same, again once it changes (a new mtime,
+    /// even at the same size), and forgotten once removed.
+    #[cfg(feature = "dra")]
+    #[test]
+    fn a_spec_is_parsed_again_only_when_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = crate::inventory::GpuMemory::for_test(0, None, "GPU-zero");
+        let dirs = [dir.path().to_path_buf()];
+        let spec = dir.path().join("nvidia.json");
+        let named = |name: &str| {
+            format!(
+                r#"{{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{{"name":"{name}","containerEdits":{{}}}}]}}"#
+            )
+        };
+        std::fs::write(&spec, named("GPU-zero")).unwrap();
+        std::fs::write(dir.path().join("other.yaml"), "kind: example.com/other\n").unwrap();
+        let mut specs = NvidiaSpecs::default();
+        assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-zero"));
+        assert_eq!(specs.parsed, 2, "each file once");
+        for _ in 0..3 {
+            assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-zero"));
+        }
+        assert_eq!(specs.parsed, 2, "unchanged files are not parsed again");
+
+        // Rewritten in place, same size, another mtime: the new names are seen.
+        let file = std::fs::OpenOptions::new().write(true).open(&spec).unwrap();
+        std::io::Write::write_all(&mut &file, named("GPU-nope").as_bytes()).unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        file.set_modified(old).unwrap();
+        drop(file);
+        assert_eq!(specs.device(&dirs, &gpu), None, "GPU-zero is gone from the spec");
+        assert_eq!(specs.parsed, 3, "only the changed file is parsed again");
+
+        // Removed: forgotten.
+        std::fs::remove_file(&spec).unwrap();
+        assert_eq!(specs.device(&dirs, &gpu), None);
+        assert_eq!(specs.files.len(), 1, "{:?}", specs.files.keys());
+    }
+
+    /// What is not a regular file is never opened for reading: a FIFO would wait for a
+    /// writer forever, a device may never end, a link to either is the same; a file over the
+    /// bound is not read either.
+    #[cfg(feature = "dra")]
+    #[test]
+    fn a_fifo_or_a_device_among_the_specs_is_passed_over_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = crate::inventory::GpuMemory::for_test(0, None, "GPU-zero");
+        let dirs = [dir.path().to_path_buf()];
+        nix::unistd::mkfifo(
+            &dir.path().join("a-fifo.json"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("b-zero.yaml")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("a-fifo.json"), dir.path().join("c-link.json")).unwrap();
+        std::fs::write(
+            dir.path().join("d-nvidia.yaml"),
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-zero\n  containerEdits: {}\n",
+        )
+        .unwrap();
+        // Over the bound (sparse, so the test writes nothing): never read.
+        let huge = std::fs::File::create(dir.path().join("e-huge.json")).unwrap();
+        huge.set_len(NVIDIA_SPEC_LIMIT + 1).unwrap();
+        let mut specs = NvidiaSpecs::default();
+        assert_eq!(specs.device(&dirs, &gpu).as_deref(), Some("nvidia.com/gpu=GPU-zero"));
+        assert_eq!(specs.parsed, 1);
+        assert_eq!(read_spec(&dir.path().join("a-fifo.json")), None);
+        assert_eq!(read_regular(&dir.path().join("e-huge.json"), NVIDIA_SPEC_LIMIT), None);
     }
 
     #[test]

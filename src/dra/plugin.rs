@@ -53,6 +53,8 @@ pub struct Preparer {
     /// One prepare or unprepare at a time, as the Go helper does by default: a claim prepared
     /// and unprepared at once must end as the later call says.
     serial: tokio::sync::Mutex<()>,
+    /// NVIDIA's specs as last read; only used under `serial`, from a blocking thread.
+    nvidia_specs: Arc<std::sync::Mutex<cdi::NvidiaSpecs>>,
 }
 
 impl Preparer {
@@ -72,6 +74,7 @@ impl Preparer {
             dev_dir,
             hook,
             serial: tokio::sync::Mutex::new(()),
+            nvidia_specs: Arc::default(),
         }
     }
 
@@ -145,7 +148,7 @@ impl Preparer {
             };
             // NVIDIA's CDI device brings the GPU's nodes and the driver's libraries where the
             // node has the toolkit's spec; else ours lists the nodes (the image brings the rest).
-            let nvidia = cdi::nvidia_device(&self.nvidia_cdi_dirs(), &published.gpu);
+            let nvidia = self.nvidia_device(&published.gpu).await?;
             let device_nodes = match nvidia {
                 Some(_) => Vec::new(),
                 None => super::device_nodes(&published.gpu, &self.dev_dir),
@@ -174,6 +177,17 @@ impl Preparer {
                 share_id: share.share_id,
             })
             .collect())
+    }
+
+    /// NVIDIA's CDI device for `gpu`, looked for on a blocking thread: the runtime that runs
+    /// this prepare also answers kubelet's registration and the next calls, and a CDI
+    /// directory is a file system the driver does not own.
+    async fn nvidia_device(&self, gpu: &crate::inventory::GpuMemory) -> Result<Option<String>, String> {
+        let (specs, dirs, gpu) = (self.nvidia_specs.clone(), self.nvidia_cdi_dirs(), gpu.clone());
+        let uuid = gpu.uuid.clone();
+        tokio::task::spawn_blocking(move || specs.lock().unwrap_or_else(|e| e.into_inner()).device(&dirs, &gpu))
+            .await
+            .map_err(|e| format!("looking for NVIDIA's CDI device of GPU {uuid}: {e}"))
     }
 
     /// Where NVIDIA's CDI spec may be: the runtime's directory this driver writes to, and the

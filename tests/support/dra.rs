@@ -239,6 +239,9 @@ impl Drop for ApiServer {
     }
 }
 
+/// How long a driver has to end after SIGTERM before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// The built driver, stopped (SIGTERM) when dropped.
 pub struct Driver {
     pub child: Child,
@@ -330,12 +333,19 @@ impl Driver {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGTERM, and its exit status.
+    /// SIGTERM, and its exit status; SIGKILL after [`STOP_GRACE`], so that a driver whose
+    /// runtime is stuck fails its test (killed is not success) instead of hanging it.
     pub fn stop(&mut self) -> std::process::ExitStatus {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let asked = std::time::Instant::now();
+        while asked.elapsed() < STOP_GRACE {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
         self.child.wait().unwrap()
     }
 }
