@@ -54,6 +54,13 @@ fn admitted_while_running_and_released_after_exit() {
         .unwrap();
     assert!(pid > 1);
 
+    // The reservation shows at createRuntime, while `runc run` is still creating the
+    // container: kill it once runc says it runs, or the kill can race the create.
+    eventually("runc says the container runs", || {
+        bed.runc(&["state", "fits"])
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
+    });
     assert!(bed.runc(&["kill", "fits", "KILL"]).status().unwrap().success());
     child.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "poststop released it");
