@@ -3,7 +3,9 @@
 //! `exec` (not spawn-and-wait) because the engine talks to the runtime as its own child: it
 //! waits on this pid, sends it signals, and passes it the console socket and other inherited
 //! file descriptors. Replacing this process keeps all of that exactly as the engine set it up,
-//! and adds no process that could outlive or hide the real runtime's exit status.
+//! and adds no process that could outlive or hide the real runtime's exit status. (A create
+//! that queues starts one helper, the queue guard, which the engine never waits on and which
+//! ends when this process execs or dies: `vramgate::runtime::queue_guard`.)
 
 use std::process::ExitCode;
 
