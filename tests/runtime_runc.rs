@@ -178,3 +178,84 @@ fn a_bundle_named_through_a_symlink_and_dotdot_is_released_at_stop() {
     assert!(kinds.iter().any(|k| k == "release"), "{kinds:?}");
     assert!(!kinds.iter().any(|k| k == "reclaim"), "{kinds:?}");
 }
+
+/// The ledger's queue as its file holds it: (container id, waiter pid).
+fn ledger_queue(bed: &Testbed) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(bed.state_dir.join("ledger.json")).unwrap();
+    let ledger: Value = serde_json::from_str(&text).unwrap();
+    ledger["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let id = t["container_id"].as_str().unwrap().to_string();
+            (id, t["waiter"]["pid"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// An engine cancels a create that waits in the queue by SIGKILLing the wrapper (containerd's
+/// runc shim does, at kubelet's deadline), and may run nothing through it afterwards
+/// (containerd 2.1 does not). The killed wrapper runs no code: its queue guard drops the
+/// ticket within a second, with no other transaction on the host, and then ends. Before the
+/// guard the ticket stayed, its waiter gone, until some other transaction ran.
+#[test]
+fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
+    let (_dir, bed) = testbed("vg-rt-killed-wait", "");
+    let _cleanup = Cleanup(&bed);
+    let big = bed
+        .bundle(
+            "big",
+            &["sleep", "600"],
+            &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")],
+            &[],
+            false,
+        )
+        .unwrap();
+    assert_ok(
+        wrapper(&bed, &["create", "--bundle", &big.to_string_lossy(), "big"]),
+        "create big",
+    );
+    let waits = [
+        ("vramgate.dev/memory", "10Gi"),
+        ("vramgate.dev/gpus", "0"),
+        ("vramgate.dev/policy", "wait"),
+        ("vramgate.dev/timeout", "60s"),
+    ];
+    let bundle = bed.bundle("w1", &["true"], &waits, &[], false).unwrap();
+    let (key, value) = bed.env();
+    let mut create = bed
+        .runc(&["create", "--bundle", &bundle.to_string_lossy(), "w1"])
+        .env(key, value)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiter = create.id() as u64;
+    eventually("the create waits in the queue", || {
+        ledger_queue(&bed).contains(&("w1".to_string(), waiter))
+    });
+    // What containerd's shim does: SIGKILL to the runtime process alone.
+    create.kill().unwrap();
+    let killed = Instant::now();
+    create.wait().unwrap();
+    let guard_of_w1 = || {
+        let out = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.contains("--vramgate-queue-guard w1 "))
+    };
+    while ledger_queue(&bed).iter().any(|(id, _)| id == "w1") && killed.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left = killed.elapsed();
+    eprintln!("the ticket left the ledger {left:?} after the kill");
+    assert!(
+        left <= Duration::from_secs(1),
+        "the killed create's ticket stayed {left:?} (at most 1 s): {:?}",
+        ledger_queue(&bed)
+    );
+    eventually("the queue guard ends", || !guard_of_w1());
+    assert_eq!(reserved_ids(&bed), ["big"], "nothing admitted for the killed create");
+}

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use crate::clock::SystemClock;
-use crate::config::{Config, OnStateError};
+use crate::config::{Config, OnStateError, Policy};
 use crate::inventory::{self, GpuMemory};
 use crate::ledger::{GpuShare, StateDir};
 use crate::placement::Placement;
@@ -20,6 +20,7 @@ use crate::procfs::{Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::request::Request;
 use crate::service::{self, Admission, AdmitRequest, Service, ServiceError};
 
+use super::queue_guard::QueueGuard;
 use super::RuntimeError;
 
 /// What the wrapper reserved for a container at create.
@@ -56,15 +57,26 @@ pub fn admit_at_create(
     let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
     // runc reports the bundle as an absolute path, and the hook matches on it.
     let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
+    let policy = request.policy.unwrap_or(config.policy);
+    // Started before the first attempt, which may already commit a ticket: a kill right after
+    // that commit must not leave the ticket behind. Held until the wait is over; without it
+    // (no process to spare) the next transaction, or the engine's `delete`, drops the ticket.
+    let _guard = (policy == Policy::Wait)
+        .then(|| {
+            let exe = std::env::current_exe().ok()?;
+            QueueGuard::start(&exe, container, me).ok()
+        })
+        .flatten();
     let admission = service.admit(&AdmitRequest {
         container,
         init: me,
         request: &request,
         bundle: Some(&bundle),
-        policy: request.policy.unwrap_or(config.policy),
+        policy,
         wait_for: service::wait_for(&request, config, None),
         waiter: me,
-        // The engine cancels a create by killing this very process, which ends the wait.
+        // The engine cancels a create by killing this very process, which ends the wait (and
+        // the guard drops the ticket).
         runtime: None,
         budget: None,
         pending: true,

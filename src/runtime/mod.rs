@@ -20,6 +20,7 @@ pub mod admit;
 pub mod argv;
 pub mod devices;
 pub mod exec;
+pub mod queue_guard;
 pub mod runc_log;
 pub mod spec_edit;
 

@@ -98,12 +98,14 @@ pub struct Pod {
     pub sandbox: String,
 }
 
-/// Which containerd a CRI host runs: Debian 12's 1.6 (config version 2), or 2.1 from Debian
-/// sid (config version 3, what current Kubernetes distributions ship), unpacked by
-/// `scripts/fetch-containerd-2` without installing it. Both run the host's runc.
+/// Which containerd a CRI host runs: Debian 12's 1.6 (config version 2); 1.7 from Debian
+/// trixie (config version 2), unpacked with Docker 26 by `scripts/fetch-docker-next`; or 2.1
+/// from Debian sid (config version 3, what current Kubernetes distributions ship), unpacked by
+/// `scripts/fetch-containerd-2`. None is installed over the host's; all run the host's runc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Containerd {
     Debian,
+    Seven,
     Two,
 }
 
@@ -112,6 +114,16 @@ impl Containerd {
     pub fn path(self) -> String {
         match self {
             Containerd::Debian => path_with_sbin(),
+            Containerd::Seven => {
+                let dir = std::env::var("VRAMGATE_DOCKER_NEXT")
+                    .unwrap_or_else(|_| "/var/cache/vramgate-tests/docker-trixie".into());
+                let bin = Path::new(&dir).join("usr/bin");
+                assert!(
+                    bin.join("containerd").is_file() && bin.join("containerd-shim-runc-v2").is_file(),
+                    "containerd 1.7 is not unpacked in {dir}: run scripts/install-deps (or scripts/fetch-docker-next)"
+                );
+                format!("{}:{}", bin.display(), path_with_sbin())
+            }
             Containerd::Two => {
                 let dir = std::env::var("VRAMGATE_CONTAINERD_2")
                     .unwrap_or_else(|_| "/var/cache/vramgate-tests/containerd-sid".into());
@@ -133,7 +145,8 @@ impl Containerd {
         let cni_conf = dir.join("cni/net.d").display().to_string();
         let cdi = dir.join("cdi").display().to_string();
         match self {
-            Containerd::Debian => format!(
+            // 1.7 reads version 2 as 1.6 does; its CDI and NRI stay off, as they are by default.
+            Containerd::Debian | Containerd::Seven => format!(
                 // No CDI in 1.6.
                 r#"version = 2
 {opt}
