@@ -101,6 +101,14 @@ pub fn drop_for_hook_stage() -> Result<()> {
     drop_keeping(HOOK_KEEPS, &[DRIVER_LIMIT_NEEDS])
 }
 
+/// For the queue guard a waiting `vramgate-runtime` create starts
+/// ([`crate::runtime::queue_guard`]): every capability goes, for good. Its work needs none:
+/// the waiter's liveness is its world-readable `/proc/<pid>/stat`, and the ledger it may
+/// rewrite is root's own file.
+pub fn drop_for_queue_guard() -> Result<()> {
+    drop_keeping(&[], &[])
+}
+
 /// Effective set: `effective` (those of them permitted now); permitted set: those plus
 /// `permitted_only`; inheritable and ambient sets empty; `no_new_privs` set.
 fn drop_keeping(effective: &[Capability], permitted_only: &[Capability]) -> Result<()> {

@@ -236,6 +236,29 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
     eventually("the create waits in the queue", || {
         ledger_queue(&bed).contains(&("w1".to_string(), waiter))
     });
+    // The guard runs with no capability at all (and so the drop below proves its work needs
+    // none): it inherited the wrapper's full permitted set, meant for runc.
+    let guard_pid = {
+        let out = Command::new("ps").args(["-eo", "pid=,args="]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("--vramgate-queue-guard w1 "))
+            .and_then(|l| l.split_whitespace().next().map(str::to_string))
+            .expect("a waiting create has a queue guard")
+    };
+    let field = |name: &str| {
+        let status = std::fs::read_to_string(format!("/proc/{guard_pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+            .unwrap()
+    };
+    // Its first step; the ticket may show a moment before it.
+    eventually("the guard drops every capability", || {
+        field("CapPrm") == "0000000000000000"
+    });
+    assert_eq!(field("CapEff"), "0000000000000000");
+    assert_eq!(field("NoNewPrivs"), "1");
     // What containerd's shim does: SIGKILL to the runtime process alone.
     create.kill().unwrap();
     let killed = Instant::now();

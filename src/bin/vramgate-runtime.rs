@@ -31,6 +31,12 @@ fn main() -> ExitCode {
 /// The guard a waiting create starts (see `vramgate::runtime::queue_guard`); its stderr is
 /// /dev/null there, so the line is for someone who runs it by hand.
 fn queue_guard(args: &[std::ffi::OsString], config_path: &std::path::Path) -> ExitCode {
+    // It execs nothing and needs no capability (the runtime wrapper's full permitted set,
+    // which it inherited, is for runc): all of them go before it reads anything.
+    if let Err(e) = vramgate::privilege::drop_for_queue_guard() {
+        eprintln!("vramgate-runtime: {e}");
+        return ExitCode::from(2);
+    }
     match vramgate::runtime::queue_guard::run(args, config_path) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
