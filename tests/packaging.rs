@@ -4,20 +4,36 @@
 //! and purge and check that nothing is left. The .rpm is checked with `rpm -qlp` and
 //! `rpm -qp --scripts` (Debian's rpm cannot install it).
 //!
-//! This changes the host (/usr/bin, /etc/vramgate, /run/vramgate), so it is one test whose
-//! steps run in order, and a guard purges the package even when a step fails. A missing tool
+//! The upgrade from the previous release (`PREVIOUS_RELEASE`, built from its own source) to this
+//! one: with its exporter running under a stand-in `systemctl` (tests/support/systemctl) and a
+//! container waiting in the queue, `dpkg -i` of this package restarts the exporter onto the new
+//! binary, and the old hook still waiting keeps reading the ledger.
+//!
+//! These change the host (/usr/bin, /etc/vramgate, /run/vramgate): each test's steps run in
+//! order, the tests run one at a time (`DPKG`), and a guard purges the package even when a step
+//! fails. A missing tool
 //! fails it with the one line that says what to install (`scripts/test` installs them all):
 //! a skip would report `ok` for packages nobody built.
 
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vramgate::testbed::Testbed;
 
 const PACKAGE: &str = "vramgate";
+
+/// dpkg installs on this host: one test at a time.
+static DPKG: Mutex<()> = Mutex::new(());
+
+fn dpkg_turn() -> MutexGuard<'static, ()> {
+    // A test that failed holding it has purged the package (its guard), so the next may go.
+    DPKG.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 const HOOKS_D: &str = "/usr/share/containers/oci/hooks.d";
 
 fn root() -> PathBuf {
@@ -68,6 +84,14 @@ fn expected_binaries() -> Vec<String> {
 }
 
 /// Fails, naming what to install, unless this host can run the test.
+fn require_not_installed() {
+    assert!(
+        !installed(),
+        "the vramgate package is already installed on this host; this test installs and purges it, so it \
+         will not touch an existing install: `dpkg --purge vramgate` first, or run it on a scratch machine"
+    );
+}
+
 fn require_tools() {
     assert!(
         nix::unistd::Uid::effective().is_root(),
@@ -88,15 +112,36 @@ fn require_tools() {
     }
 }
 
-/// Purges the package and removes the test's containers however the test ends.
+/// Purges the package, stops what the stand-in systemctl started and removes the test's
+/// containers however the test ends.
 struct Cleanup {
     testbed: Option<Testbed>,
+    stand_in: Option<StandIn>,
+}
+
+/// The test's `runc run` processes, killed however the test ends (before [`Cleanup`] runs).
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Some(testbed) = &self.testbed {
             testbed.cleanup_containers();
+        }
+        if let Some(stand_in) = &self.stand_in {
+            let _ = stand_in
+                .systemctl(&["stop"])
+                .args(SERVICES)
+                .stderr(Stdio::null())
+                .status();
         }
         if installed() || Path::new("/var/lib/dpkg/info/vramgate.list").exists() {
             let _ = Command::new("dpkg")
@@ -169,12 +214,9 @@ fn reservations(status: &Value) -> Vec<String> {
 
 #[test]
 fn packages_install_gate_a_container_and_purge_clean() {
+    let _turn = dpkg_turn();
     require_tools();
-    assert!(
-        !installed(),
-        "the vramgate package is already installed on this host; this test installs and purges it, so it \
-         will not touch an existing install: `dpkg --purge vramgate` first, or run it on a scratch machine"
-    );
+    require_not_installed();
     let binaries = expected_binaries();
 
     // 1. Build both packages from the binaries `cargo test` just built.
@@ -259,10 +301,34 @@ fn packages_install_gate_a_container_and_purge_clean() {
             "{scriptlet} lacks {must_contain:?}:\n{body}"
         );
     }
-    // Never restart, reload or signal an engine behind the admin's back.
-    for word in ["systemctl", "service ", "kill ", "pkill", "invoke-rc.d"] {
+    // Never restart, reload or signal an engine behind the admin's back: systemctl only ever
+    // names vramgate's own units (through $SERVICES) or reloads unit files.
+    for word in ["kill ", "pkill", "invoke-rc.d"] {
         assert!(!scripts.contains(word), "a scriptlet runs {word:?}:\n{scripts}");
     }
+    // `service <name> restart`, not the `.service ` of a unit's name.
+    assert!(
+        !scripts
+            .lines()
+            .any(|l| l.trim_start().starts_with("service ") || l.contains(" service ")),
+        "a scriptlet runs service:\n{scripts}"
+    );
+    for line in scripts
+        .lines()
+        .filter(|l| l.contains("systemctl ") && !l.trim_start().starts_with('#'))
+    {
+        let line = line.trim();
+        assert!(
+            line.contains("systemctl daemon-reload")
+                || line.contains("systemctl try-restart \"$unit\"")
+                || line.contains("systemctl restart $unit)"),
+            "a scriptlet runs systemctl on something else: {line}"
+        );
+    }
+    assert!(
+        scripts.contains(&format!("SERVICES=\"{}\"", SERVICES.join(" "))),
+        "{scripts}"
+    );
     for (n, scriptlet) in ["post", "preun", "postun"].iter().enumerate() {
         let out = run(Command::new("sh")
             .arg("-n")
@@ -275,7 +341,10 @@ fn packages_install_gate_a_container_and_purge_clean() {
     assert_eq!(conffiles.trim(), "/etc/vramgate/config.toml");
 
     // 4. Install it.
-    let mut cleanup = Cleanup { testbed: None };
+    let mut cleanup = Cleanup {
+        testbed: None,
+        stand_in: None,
+    };
     let install = run_ok(Command::new("dpkg").arg("-i").arg(&deb));
     assert!(
         install.contains("no container engine was changed or restarted"),
@@ -485,4 +554,393 @@ fn packages_install_gate_a_container_and_purge_clean() {
         .filter(|p| p.exists())
         .collect();
     assert!(left.is_empty(), "purge left {left:?}");
+}
+
+/// The last release whose ledger readers refuse fields they do not know (`deny_unknown_fields`
+/// on the ledger, its reservations and tickets). There are no release tags: a release is a
+/// commit that landed.
+const PREVIOUS_RELEASE: &str = "ed7e56d";
+/// vramgate's long-running units, which the package restarts on upgrade when they run.
+const SERVICES: &[&str] = &[
+    "vramgate-exporter.service",
+    "vramgate-device-plugin.service",
+    "vramgate-dra.service",
+    "vramgate-watch.service",
+];
+/// Where the packaged exporter unit listens.
+const EXPORTER: &str = "127.0.0.1:9835";
+
+/// The .deb of `PREVIOUS_RELEASE`, built by its own `scripts/package` from `git archive` of
+/// it, in target/upgrade-old/<commit>/ with its own target directory (seeded with hard links
+/// to this tree's compiled dependencies, so those it shares are not compiled again). Kept
+/// there: a rerun reuses it.
+fn previous_release_deb() -> PathBuf {
+    let commit = Command::new("git")
+        .args(["rev-parse", "--verify", "--quiet"])
+        .arg(format!("{PREVIOUS_RELEASE}^{{commit}}"))
+        .current_dir(root())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run git: {e}"));
+    assert!(
+        commit.status.success(),
+        "commit {PREVIOUS_RELEASE} (the previous release, whose package the upgrade test builds) is not in this \
+         clone: a shallow clone lacks it; run `git fetch --unshallow` (.ci/run does)"
+    );
+    let commit = String::from_utf8_lossy(&commit.stdout).trim().to_string();
+    let dir = root().join("target/upgrade-old").join(&commit);
+    let deb = dir.join(format!("vramgate-{commit}.deb"));
+    if deb.is_file() {
+        return deb;
+    }
+    let src = dir.join("src");
+    let target = dir.join("target");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).unwrap();
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("git archive \"$1\" | tar -x -C \"$2\"")
+            .args(["sh", &commit])
+            .arg(&src)
+            .current_dir(root()),
+    );
+    if !target.join("release/deps").exists() {
+        std::fs::create_dir_all(target.join("release")).unwrap();
+        let ours = root().join("target/release");
+        run_ok(
+            Command::new("cp")
+                .arg("-al")
+                .args(["deps", "build", ".fingerprint"].map(|d| ours.join(d)))
+                .arg(target.join("release")),
+        );
+    }
+    // Its scripts/package reads target/ beside its source.
+    std::os::unix::fs::symlink("../target", src.join("target")).unwrap();
+    let started = Instant::now();
+    run_ok(
+        Command::new(src.join("scripts/package"))
+            .current_dir(&src)
+            .env("CARGO_TARGET_DIR", &target),
+    );
+    eprintln!(
+        "built the {PREVIOUS_RELEASE} package in {:.0?} (cached in {})",
+        started.elapsed(),
+        dir.display()
+    );
+    let built = std::fs::read_dir(target.join("debian"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .expect("the previous release's scripts/package built no .deb");
+    std::fs::copy(built, &deb).unwrap();
+    deb
+}
+
+/// tests/support/systemctl, first on PATH, with its own state directory.
+struct StandIn {
+    bin: PathBuf,
+    state: PathBuf,
+}
+
+impl StandIn {
+    fn new(dir: &Path) -> StandIn {
+        let bin = dir.join("bin");
+        let state = dir.join("systemd-state");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(root().join("tests/support/systemctl"), bin.join("systemctl")).unwrap();
+        StandIn { bin, state }
+    }
+
+    fn path(&self) -> String {
+        format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            self.bin.display()
+        )
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("PATH", self.path()).env("STANDIN_SYSTEMCTL_DIR", &self.state);
+    }
+
+    fn systemctl(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.bin.join("systemctl"));
+        cmd.args(args);
+        self.env(&mut cmd);
+        cmd
+    }
+
+    fn main_pid(&self, unit: &str) -> u32 {
+        let out = run_ok(self.systemctl(&["show", "-p", "MainPID", unit]).stderr(Stdio::null()));
+        out.trim().trim_start_matches("MainPID=").parse().unwrap()
+    }
+
+    fn calls(&self) -> String {
+        std::fs::read_to_string(self.state.join("calls")).unwrap_or_default()
+    }
+
+    fn log(&self, unit: &str) -> String {
+        std::fs::read_to_string(self.state.join(format!("{unit}.log"))).unwrap_or_default()
+    }
+}
+
+/// `GET /metrics` of the packaged exporter: the status line and the body.
+fn scrape() -> std::io::Result<(String, String)> {
+    let mut stream = std::net::TcpStream::connect_timeout(&EXPORTER.parse().unwrap(), Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    Ok((head.lines().next().unwrap_or("").to_string(), body.to_string()))
+}
+
+/// A scrape that answered 200 with no corrupt-ledger error (the exporter answers a ledger it
+/// calls corrupt with a 500 naming it, which Prometheus records as the target down:
+/// VramgateExporterDown).
+fn healthy_scrape(what: &str) -> String {
+    let (status, body) = scrape().unwrap_or_else(|e| panic!("{what}: the exporter at {EXPORTER} did not answer: {e}"));
+    assert!(
+        status.contains(" 200 ") && !body.contains("corrupt"),
+        "{what}: the exporter answered {status}: {body}"
+    );
+    body
+}
+
+fn queue_length(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("vramgate_queue_length{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The installed ledger, read as a file (no vramgate parses it here).
+fn ledger_json() -> Value {
+    let bytes = std::fs::read("/run/vramgate/ledger.json").unwrap_or_default();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+fn waiting(ledger: &Value) -> Vec<(String, u32)> {
+    ledger["queue"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            (
+                t["container_id"].as_str().unwrap().to_string(),
+                t["waiter"]["pid"].as_u64().unwrap() as u32,
+            )
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An upgrade from the previous release while its exporter runs and one of its hooks waits in
+/// the queue: the package restarts the exporter onto the new binary, the exporter never calls
+/// the ledger corrupt, the old waiter keeps waiting through a container the new hook queues
+/// beside it, and is admitted when the container in front of it stops.
+#[test]
+fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
+    let _turn = dpkg_turn();
+    require_tools();
+    for tool in ["unshare", "git", "tar"] {
+        assert!(vramgate::testbed::which(tool).is_some(), "{tool} is not installed");
+    }
+    require_not_installed();
+    assert!(
+        scrape().is_err(),
+        "something already listens on {EXPORTER}, where the packaged exporter will"
+    );
+    let old_deb = previous_release_deb();
+    run_ok(
+        Command::new(root().join("scripts/package"))
+            .arg("--no-build")
+            .current_dir(root()),
+    );
+    let new_deb = newest(&root().join("target/debian"), "vramgate_", ".deb");
+
+    let scratch = tempfile::tempdir().unwrap();
+    let mut cleanup = Cleanup {
+        testbed: None,
+        stand_in: Some(StandIn::new(scratch.path())),
+    };
+    let mut children = Children(Vec::new());
+    // 1. The previous release, its exporter started as systemd would.
+    run_ok(Command::new("dpkg").arg("-i").arg(&old_deb));
+    let stand_in = cleanup.stand_in.as_ref().unwrap();
+    run_ok(&mut stand_in.systemctl(&["start", "vramgate-exporter"]));
+    wait_for("the old exporter answering", Duration::from_secs(20), || {
+        scrape().is_ok()
+    });
+    let old_exporter = stand_in.main_pid("vramgate-exporter.service");
+    assert_ne!(old_exporter, 0, "{}", stand_in.log("vramgate-exporter.service"));
+    healthy_scrape("the old exporter");
+
+    // 2. Through the old installed hook (hooks.d, as podman and CRI-O run it) and real runc: a
+    // container that fills the simulated GPU (24,265 MiB), and one that waits behind it.
+    let testbed = Testbed::create(
+        &scratch.path().join("bed"),
+        "runc",
+        Path::new("/usr/bin/vramgate-hook"),
+        &Testbed::default_config(scratch.path(), ""),
+    )
+    .unwrap();
+    let hooks = hooks_from_hooks_d();
+    let bundle_with = |name: &str, memory: &str, args: &[&str]| {
+        let bundle = testbed
+            .bundle(
+                name,
+                args,
+                &[
+                    ("vramgate.dev/memory", memory),
+                    ("vramgate.dev/gpus", "0"),
+                    ("vramgate.dev/policy", "wait"),
+                    ("vramgate.dev/timeout", "5m"),
+                ],
+                &[],
+                false,
+            )
+            .unwrap();
+        let path = bundle.join("config.json");
+        let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        spec["hooks"] = hooks.clone();
+        std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+        bundle
+    };
+    let filler = bundle_with("filler", "20Gi", &["sleep", "600"]);
+    let old_waiter = bundle_with("old-waiter", "10Gi", &["true"]);
+    let new_waiter = bundle_with("new-waiter", "10Gi", &["true"]);
+    cleanup.testbed = Some(testbed);
+    let testbed = cleanup.testbed.as_ref().unwrap();
+    let mut start = |bundle: &Path, id: &str| {
+        let child = testbed
+            .runc_run(bundle, id)
+            .env_remove("VRAMGATE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        children.0.push(child);
+        children.0.len() - 1
+    };
+    let filler_child = start(&filler, "vg-up-filler");
+    wait_for("the filler's reservation", Duration::from_secs(20), || {
+        ledger_json()["reservations"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["container_id"] == "vg-up-filler"))
+    });
+    let old_child = start(&old_waiter, "vg-up-old");
+    wait_for("the old hook's ticket", Duration::from_secs(20), || {
+        waiting(&ledger_json()).iter().any(|(id, _)| id == "vg-up-old")
+    });
+    let old_hook = waiting(&ledger_json())
+        .into_iter()
+        .find(|(id, _)| id == "vg-up-old")
+        .unwrap()
+        .1;
+    assert_eq!(queue_length(&healthy_scrape("the old exporter, one waiting")), 1);
+
+    // 3. The upgrade, where the postinst sees systemd (a private /run/systemd/system) and runs
+    // the stand-in systemctl.
+    let mut upgrade = Command::new("unshare");
+    upgrade
+        .args(["--mount", "--propagation", "private", "sh", "-ec"])
+        .arg("mount -t tmpfs -o mode=0755 vramgate-test /run/systemd; mkdir /run/systemd/system; exec dpkg -i \"$1\"")
+        .arg("sh")
+        .arg(&new_deb);
+    stand_in.env(&mut upgrade);
+    let upgraded = run_ok(&mut upgrade);
+    let version = run_ok(Command::new("/usr/bin/vramgate").arg("--version"));
+    assert_eq!(version.trim(), format!("vramgate {}", env!("CARGO_PKG_VERSION")));
+
+    // The exporter was restarted onto the new binary, after the unit files were reloaded; the
+    // units that were not running stay stopped.
+    let calls = stand_in.calls();
+    let reload = calls
+        .find("daemon-reload")
+        .unwrap_or_else(|| panic!("no daemon-reload: {calls}\n{upgraded}"));
+    let restart = calls
+        .find("try-restart vramgate-exporter.service")
+        .unwrap_or_else(|| panic!("the exporter was not try-restarted: {calls}\n{upgraded}"));
+    assert!(reload < restart, "{calls}");
+    let new_exporter = stand_in.main_pid("vramgate-exporter.service");
+    assert!(
+        new_exporter != 0 && new_exporter != old_exporter,
+        "the exporter still runs as pid {old_exporter}: {calls}\n{upgraded}"
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{new_exporter}/exe")).unwrap(),
+        Path::new("/usr/bin/vramgate"),
+        "the restarted exporter runs the new binary"
+    );
+    for unit in &SERVICES[1..] {
+        assert_eq!(stand_in.main_pid(unit), 0, "{unit} was started by the upgrade");
+    }
+    wait_for("the new exporter answering", Duration::from_secs(20), || {
+        scrape().is_ok()
+    });
+    let metrics = healthy_scrape("the new exporter");
+    assert_eq!(queue_length(&metrics), 1, "{metrics}");
+    let status = installed_status();
+    assert!(
+        status.to_string().contains("vg-up-old"),
+        "the queue lost the old waiter: {status}"
+    );
+    // The old hook still waits, and runs the binary dpkg replaced.
+    let exe = std::fs::read_link(format!("/proc/{old_hook}/exe")).unwrap();
+    assert!(
+        exe.to_string_lossy().ends_with(" (deleted)"),
+        "the waiter is not the old hook: {}",
+        exe.display()
+    );
+
+    // 4. A container queued through the new hook beside the old waiter.
+    let new_child = start(&new_waiter, "vg-up-new");
+    wait_for("the new hook's ticket", Duration::from_secs(20), || {
+        waiting(&ledger_json()).iter().any(|(id, _)| id == "vg-up-new")
+    });
+    // The old waiter re-reads the ledger when it changes (and at least every poll interval,
+    // 1 s): give it two to have read this one.
+    std::thread::sleep(Duration::from_secs(2));
+    for (child, id) in [(old_child, "vg-up-old"), (new_child, "vg-up-new")] {
+        if let Some(status) = children.0[child].try_wait().unwrap() {
+            let mut stderr = String::new();
+            let _ = children.0[child].stderr.take().unwrap().read_to_string(&mut stderr);
+            panic!("{id} stopped waiting ({status}): {stderr}");
+        }
+    }
+    let metrics = healthy_scrape("the new exporter, an old and a new waiter");
+    assert_eq!(queue_length(&metrics), 2, "{metrics}");
+
+    // 5. The filler stops: both waiters are admitted, run and end well.
+    run_ok(&mut testbed.runc(&["kill", "vg-up-filler", "KILL"]));
+    let _ = children.0[filler_child].wait();
+    for (child, id) in [(old_child, "vg-up-old"), (new_child, "vg-up-new")] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = children.0[child].try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{id} was never admitted");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut stderr = String::new();
+        let _ = children.0[child].stderr.take().unwrap().read_to_string(&mut stderr);
+        assert!(status.success(), "{id}: {status}: {stderr}");
+    }
+    let events = std::fs::read_to_string("/run/vramgate/events.jsonl").unwrap();
+    assert!(events.contains("vg-up-old") && events.contains("vg-up-new"), "{events}");
+    let metrics = healthy_scrape("the new exporter, after both waits");
+    assert_eq!(queue_length(&metrics), 0, "{metrics}");
+    for unit in ["vramgate-exporter.service"] {
+        let log = stand_in.log(unit);
+        assert!(!log.contains("corrupt"), "{unit} logged: {log}");
+    }
 }

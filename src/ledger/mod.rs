@@ -1,14 +1,16 @@
 //! The ledger: every live reservation and every waiting container, in one JSON file.
 //!
 //! Split by concern: [`model`] is the data and its invariants, [`store`] the state directory
-//! (held open, every file opened relative to it), [`tx`] the locked read-modify-write, and
-//! [`reclaim`] how entries of processes that are gone leave the file.
+//! (held open, every file opened relative to it), [`tx`] the locked read-modify-write,
+//! [`reclaim`] how entries of processes that are gone leave the file, and [`compat`] what a
+//! write leaves out while a reader of an older release may still run.
 //!
 //! One transaction = one exclusive lock on `<state>/lock`, one read of `<state>/ledger.json`,
 //! and at most one atomic write (temporary file, fsync, rename, fsync of the directory). A
 //! reader that does not lock (`vramgate status`, a waiter checking whether it is worth taking
 //! the lock) always sees a whole ledger, old or new, never a torn one.
 
+mod compat;
 pub mod marks;
 mod model;
 mod reclaim;

@@ -29,6 +29,13 @@ use crate::procfs::ProcessIdentity;
 /// holds (the newer one only once an entry uses what needs it), so that a bump alone does
 /// not stop the older hooks of an upgrade in progress.
 ///
+/// The same holds for the readers before this rule, which refuse every field they do not
+/// know (the release of commit ed7e56d and older): the only field added since is
+/// [`Ticket::enqueued_boot_ms`], and while a hook of such a release may still wait in the
+/// queue, tickets are written without it (see `ledger/compat.rs`). Their daemons (exporter,
+/// device plugin) are restarted by the package on upgrade instead. A field added from now on
+/// is either one that older readers may ignore (kept in `extra`), or a format bump.
+///
 /// [`Counters`]: crate::counters::Counters
 pub const FORMAT: u32 = 1;
 /// A ledger larger than this is refused as corrupt by every reader, and never written (see

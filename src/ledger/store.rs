@@ -306,8 +306,14 @@ impl StateDir {
     /// A ledger larger than [`MAX_LEDGER_BYTES`] is refused before anything is written: every
     /// reader refuses such a file as corrupt, so writing it would stop every container start
     /// on the host until `ledger repair`.
+    ///
+    /// While a hook of an older release may still read it, the ledger is written in the format
+    /// that one reads (see [`super::compat`]).
     pub(super) fn write(&self, ledger: &Ledger) -> Result<Vec<u8>> {
-        let bytes = serde_json::to_vec(ledger).expect("the ledger serializes");
+        let older = super::compat::older_reader_waits(ledger, &super::compat::ProcBinaries)
+            .then(|| super::compat::for_older_readers(ledger))
+            .flatten();
+        let bytes = serde_json::to_vec(older.as_ref().unwrap_or(ledger)).expect("the ledger serializes");
         if bytes.len() as u64 > MAX_LEDGER_BYTES {
             return Err(LedgerError::TooLarge {
                 path: self.ledger_path(),

@@ -1,0 +1,229 @@
+//! Writing the oldest format that describes the ledger while an older reader may still run
+//! (the writer's half of the rule in [`FORMAT`](super::FORMAT)).
+//!
+//! The one field added since the last release whose readers refuse unknown fields (before
+//! readers kept them in `extra`) is [`Ticket::enqueued_boot_ms`]. Such a reader that can still
+//! run after a package upgrade is a hook or wrapper of the old release waiting in the queue: it
+//! re-reads the ledger until it is admitted, and would call a ledger with that field corrupt
+//! and fail its container. So while one waits, every ticket is written without the field
+//! (those tickets' ages fall back to the wall clock, as for any ticket without it), and with
+//! it again once none does.
+//!
+//! How an old waiter is told apart: its ticket lacks the field (every ticket of this release
+//! carries it) and its process runs a binary that is no longer the file at the path it was
+//! started from (a package upgrade replaced it: `/proc/<pid>/exe` then reads `... (deleted)`).
+//! A ticket this release wrote without the field, because an old waiter was there, has a
+//! waiter running the installed binary, so it does not count: the mode ends with the last old
+//! waiter instead of feeding itself. The exporter, device plugin and DRA driver of an older
+//! release are readers too, but they never appear in the ledger: the package restarts them on
+//! upgrade (packaging/debian/postinst), and finding them here would take a scan of all of
+//! `/proc` on every write.
+//!
+//! The cost: nothing when every ticket carries the field (the common case, and an empty
+//! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only.
+
+use std::os::unix::fs::MetadataExt;
+
+use super::model::{Ledger, Ticket};
+use crate::procfs::{Life, ProcessIdentity};
+
+/// How the writer asks whether a waiting process may be a reader of an older release; `/proc`
+/// on a host, a table in unit tests.
+pub trait Binaries {
+    fn runs_replaced_binary(&self, process: &ProcessIdentity) -> bool;
+}
+
+/// Answers from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcBinaries;
+
+impl Binaries for ProcBinaries {
+    /// True when the process runs and its executable is not the file now at its path (replaced
+    /// or removed), or when that cannot be told while it runs: leaving the field out costs a
+    /// wall-clock age, writing it for an old reader costs its container.
+    fn runs_replaced_binary(&self, process: &ProcessIdentity) -> bool {
+        if process.life() == Life::Gone {
+            return false;
+        }
+        let exe = format!("/proc/{}/exe", process.pid);
+        let replaced = match std::fs::read_link(&exe) {
+            Ok(target) => match target.to_str() {
+                // Linux appends this to the path of an executable that was unlinked.
+                Some(path) if path.ends_with(" (deleted)") => true,
+                _ => {
+                    let running = std::fs::metadata(&exe);
+                    let installed = std::fs::metadata(&target);
+                    match (running, installed) {
+                        (Ok(r), Ok(i)) => (r.dev(), r.ino()) != (i.dev(), i.ino()),
+                        _ => true,
+                    }
+                }
+            },
+            Err(_) => true,
+        };
+        // The pid may have gone (and been reused) between the reads: only the recorded process
+        // counts.
+        replaced && process.life() != Life::Gone
+    }
+}
+
+/// Whether the next write must leave out what an older reader refuses: some ticket without
+/// `enqueued_boot_ms` is held by a process running a replaced binary.
+pub fn older_reader_waits(ledger: &Ledger, binaries: &dyn Binaries) -> bool {
+    ledger
+        .queue
+        .iter()
+        .filter(|t| t.enqueued_boot_ms.is_none())
+        .any(|t| binaries.runs_replaced_binary(&t.waiter))
+}
+
+/// The ledger as the older format describes it, when it differs from `ledger`: every ticket
+/// without `enqueued_boot_ms`. `None` when there is nothing to leave out.
+pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
+    if ledger.queue.iter().all(|t| t.enqueued_boot_ms.is_none()) {
+        return None;
+    }
+    let mut older = ledger.clone();
+    older
+        .queue
+        .iter_mut()
+        .for_each(|t: &mut Ticket| t.enqueued_boot_ms = None);
+    Some(older)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::path::Path;
+
+    /// Pids in `replaced` run a replaced binary; counts the questions asked.
+    struct Table {
+        replaced: Vec<u32>,
+        asked: Cell<usize>,
+    }
+
+    impl Binaries for Table {
+        fn runs_replaced_binary(&self, process: &ProcessIdentity) -> bool {
+            self.asked.set(self.asked.get() + 1);
+            self.replaced.contains(&process.pid)
+        }
+    }
+
+    fn table(replaced: &[u32]) -> Table {
+        Table {
+            replaced: replaced.to_vec(),
+            asked: Cell::new(0),
+        }
+    }
+
+    fn ticket(pid: u32, boot_ms: Option<u64>) -> Ticket {
+        Ticket {
+            ticket: 0,
+            container_id: format!("c{pid}"),
+            gpus: vec![],
+            waiter: ProcessIdentity { pid, start_time: 1 },
+            enqueued_unix_ms: 1,
+            deadline_unix_ms: 2,
+            enqueued_boot_ms: boot_ms,
+            bundle: None,
+            choose: None,
+            extra: Default::default(),
+        }
+    }
+
+    fn ledger(tickets: Vec<Ticket>) -> Ledger {
+        let mut ledger = Ledger::default();
+        for t in tickets {
+            ledger.enqueue(t);
+        }
+        ledger
+    }
+
+    #[test]
+    fn a_queue_whose_tickets_all_carry_the_field_asks_nothing() {
+        let binaries = table(&[1, 2]);
+        let all_new = ledger(vec![ticket(1, Some(10)), ticket(2, Some(20))]);
+        assert!(!older_reader_waits(&all_new, &binaries));
+        assert!(!older_reader_waits(&Ledger::default(), &binaries));
+        assert_eq!(
+            binaries.asked.get(),
+            0,
+            "no /proc read without a ticket lacking the field"
+        );
+    }
+
+    #[test]
+    fn an_old_ticket_whose_waiter_runs_a_replaced_binary_is_an_older_reader() {
+        let old_waiter = ledger(vec![ticket(7, None), ticket(8, Some(20))]);
+        assert!(older_reader_waits(&old_waiter, &table(&[7])));
+        let binaries = table(&[8]);
+        assert!(
+            !older_reader_waits(&old_waiter, &binaries),
+            "a replaced binary behind a ticket with the field is this release's"
+        );
+        assert_eq!(
+            binaries.asked.get(),
+            1,
+            "only the ticket without the field is looked at"
+        );
+    }
+
+    /// Tickets this release wrote without the field while an old waiter was there are held by
+    /// processes of the installed binary: once the old waiter is gone, the mode ends.
+    #[test]
+    fn tickets_written_for_older_readers_do_not_keep_the_mode() {
+        let written_in_mode = ledger(vec![ticket(7, None), ticket(9, None)]);
+        assert!(older_reader_waits(&written_in_mode, &table(&[7])));
+        let mut after = written_in_mode.clone();
+        after.remove_ticket(1);
+        assert!(!older_reader_waits(&after, &table(&[7])));
+    }
+
+    #[test]
+    fn the_older_format_leaves_out_only_the_boot_stamp() {
+        let mixed = ledger(vec![ticket(7, None), ticket(8, Some(20))]);
+        let older = for_older_readers(&mixed).expect("a ticket carries the field");
+        let json = serde_json::to_value(&older).unwrap();
+        for t in json["queue"].as_array().unwrap() {
+            assert!(t.get("enqueued_boot_ms").is_none(), "{t}");
+        }
+        let mut back = Ledger::parse(&serde_json::to_vec(&older).unwrap(), Path::new("/l")).unwrap();
+        back.queue[1].enqueued_boot_ms = Some(20);
+        assert_eq!(back, mixed, "nothing else differs");
+        assert!(for_older_readers(&ledger(vec![ticket(7, None)])).is_none());
+    }
+
+    /// The `/proc` answer on real processes: this test's own binary is the one at its path; a
+    /// copy of `sleep` run and then replaced by another file, or removed, is not.
+    #[test]
+    fn proc_tells_a_replaced_or_removed_binary_from_the_installed_one() {
+        let me = ProcessIdentity::current().unwrap();
+        assert!(!ProcBinaries.runs_replaced_binary(&me));
+        let dir = tempfile::tempdir().unwrap();
+        let sleep = crate::testbed::which("sleep").expect("sleep on PATH");
+        for how in ["replaced", "removed"] {
+            let exe = dir.path().join(format!("sleep-{how}"));
+            std::fs::copy(&sleep, &exe).unwrap();
+            let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+            let waiter = crate::procfs::ProcessIdentity::of(child.id()).unwrap();
+            assert!(!ProcBinaries.runs_replaced_binary(&waiter), "{how}: not yet");
+            // What dpkg does: a new file renamed over the path (rename keeps the old inode
+            // alive for the running process).
+            if how == "replaced" {
+                let new = dir.path().join("new");
+                std::fs::copy(&sleep, &new).unwrap();
+                std::fs::rename(&new, &exe).unwrap();
+            } else {
+                std::fs::remove_file(&exe).unwrap();
+            }
+            assert!(ProcBinaries.runs_replaced_binary(&waiter), "{how}");
+            child.kill().unwrap();
+            child.wait().unwrap();
+            assert!(
+                !ProcBinaries.runs_replaced_binary(&waiter),
+                "{how}: a gone process is no reader"
+            );
+        }
+    }
+}
