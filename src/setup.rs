@@ -338,7 +338,6 @@ pub fn containerd_drop_in(
     merged: Option<&toml::Table>,
 ) -> String {
     let host = host_runtime_section.cloned().unwrap_or_default();
-    let host_containerd = host.get("containerd").and_then(toml::Value::as_table);
     let default_in = |section: &toml::Table| {
         section
             .get("containerd")
