@@ -9,6 +9,9 @@
 #               GPU 0, backfill off and on. Job durations follow the smoke runs (admission to
 #               release was 9 to 14 s for 4 s of compute: 10 s + 0.06 s/GiB), plus the 4 s more
 #               compute the 80-job run does (JOB_SECONDS=8);
+#   sharing     the same 80-job mix on 2 x 141 GiB, auto best-fit, against exclusive GPUs (one job
+#               per whole GPU, FIFO, as nvidia.com/gpu: 1 hands them out): makespan, waits, mean
+#               reserved share, and how much shorter the shared makespan is;
 #   speed       a week of a busy 8-GPU host (a job a minute, 10,080 jobs, about 60 % of its
 #               memory reserved on average) replayed, timed.
 # Usage: bench/replay.sh   (builds the release binary first)
@@ -68,6 +71,14 @@ PY
     done
   done
 } | tee "$out/placement.txt"
+
+{
+  echo "# $(date -u +%FT%TZ) sharing: the 80-job mix on 2 x 141 GiB, shared (auto best-fit) against exclusive GPUs"
+  for backfill in false true; do
+    echo "## backfill=$backfill"
+    vg "$work/auto-2.jsonl" --gpus 2x141Gi --backfill $backfill --compare sharing=exclusive,shared
+  done
+} | tee "$out/sharing.txt"
 
 python3 - "$work/week.jsonl" <<'PY'
 import json, random, sys

@@ -597,7 +597,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__replay)
-            opts="-h -V --gpus --strategy --backfill --backfill-bound --policy --headroom --compare --json --timeline --plot --config --help --version"
+            opts="-h -V --gpus --strategy --backfill --backfill-bound --policy --headroom --sharing --compare --json --timeline --plot --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -624,6 +624,10 @@ _vramgate() {
                     return 0
                     ;;
                 --headroom)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sharing)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

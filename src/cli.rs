@@ -107,14 +107,15 @@ pub enum Command {
     Setup(SetupArgs),
     /// Replay a workload (a host's events.jsonl, or a job file) on vramgate's own decision
     /// code, on simulated GPUs and a virtual clock: what other GPUs, a strategy, backfill, a
-    /// policy or headroom would have done. Settings not given are the config's
+    /// policy, headroom or exclusive GPUs (one job per GPU) would have done. Settings not given
+    /// are the config's
     Replay(ReplayArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// A host's events.jsonl, or a job file: JSON lines with arrival (s), memory ("6Gi"),
-    /// duration (s), and optionally gpus ("0", "auto", "auto:2"), policy, timeout, id
+    /// duration (s), and optionally gpus ("0", "auto", "auto:2"), policy, timeout (s or "90s"), id
     #[arg(value_name = "WORKLOAD")]
     pub workload: PathBuf,
     /// The GPUs to replay on, COUNTxSIZE[,COUNTxSIZE...] (default: the config's
@@ -136,8 +137,13 @@ pub struct ReplayArgs {
     /// Memory kept free on every GPU ("2Gi", "5%")
     #[arg(long, value_name = "QUANTITY")]
     pub headroom: Option<String>,
+    /// How jobs hold GPUs: shared (vramgate: jobs that fit share a GPU) or exclusive (the
+    /// baseline without it: one job per whole GPU, as `nvidia.com/gpu: 1` hands them out)
+    #[arg(long, value_name = "SHARING")]
+    pub sharing: Option<String>,
     /// Replay once per value and show them side by side: KEY=V1,V2 with KEY one of gpus,
-    /// strategy, backfill, backfill-bound, policy, headroom (gpus values are separated by '|')
+    /// strategy, backfill, backfill-bound, policy, headroom, sharing (gpus values are separated
+    /// by '|'); sharing=exclusive,shared also says how much shorter the shared makespan is
     #[arg(long, value_name = "KEY=V1,V2")]
     pub compare: Option<String>,
     /// Print JSON for scripts instead of a table

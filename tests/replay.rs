@@ -183,3 +183,147 @@ fn bad_input_gets_one_line_that_names_the_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
 }
+
+/// Two 10 GiB GPUs, five jobs at once: four of 4 GiB for 10 s and one of 2 GiB for 5 s.
+/// Shared, all five fit at once (4 + 4 + 2 on one GPU, 4 + 4 on the other): 10 s. Exclusive,
+/// two run at a time in FIFO order: a and b from 0 s, c and d from 10 s, e from 20 s to 25 s.
+const FIVE: &str = r#"{"id":"a","arrival":0,"memory":"4Gi","duration":10,"policy":"wait","timeout":3600}
+{"id":"b","arrival":0,"memory":"4Gi","duration":10,"policy":"wait","timeout":3600}
+{"id":"c","arrival":0,"memory":"4Gi","duration":10,"policy":"wait","timeout":3600}
+{"id":"d","arrival":0,"memory":"4Gi","duration":10,"policy":"wait","timeout":3600}
+{"id":"e","arrival":0,"memory":"2Gi","duration":5,"policy":"wait","timeout":3600}
+"#;
+
+#[test]
+fn exclusive_gpus_run_one_job_each_and_the_shared_makespan_is_compared_with_them() {
+    let both = replay(FIVE, &["--gpus", "2x10Gi", "--compare", "sharing=exclusive,shared"]);
+    let (ex, sh) = (&both[0], &both[1]);
+    assert_eq!(
+        (ex["setting"].as_str(), ex["sharing"].as_str()),
+        (Some("sharing=exclusive"), Some("exclusive"))
+    );
+    assert_eq!(order(ex), ["a", "b", "c", "d", "e"]);
+    assert_eq!(ex["makespan_s"], 25.0);
+    assert_eq!(
+        (ex["wait_s"]["p95"].as_f64(), ex["wait_s"]["max"].as_f64()),
+        (Some(20.0), Some(20.0))
+    );
+    // The work is the same in both (4·4 GiB·10 s + 2 GiB·5 s = 170 GiB·s); the bound is the
+    // longest job, 10 s.
+    assert_eq!(ex["lower_bound_s"], 10.0);
+    assert_eq!(ex["ratio"], 2.5);
+    // What the jobs asked, over 20 GiB for 25 s: 170 / 500.
+    assert_eq!(ex["mean_share"], 0.34);
+    assert!(ex.get("against_exclusive").is_none(), "{ex}");
+
+    assert_eq!(sh["sharing"], "shared");
+    assert_eq!(sh["makespan_s"], 10.0);
+    assert_eq!(sh["wait_s"]["max"], 0.0);
+    assert_eq!(sh["ratio"], 1.0);
+    // 170 GiB·s over 20 GiB for 10 s.
+    assert_eq!(sh["mean_share"], 0.85);
+    let against = &sh["against_exclusive"];
+    assert_eq!(against["makespan_s"], 25.0);
+    assert_eq!(against["mean_share"], 0.34);
+    assert_eq!(against["admitted"], 5);
+    assert!(
+        (against["makespan_shorter_by"].as_f64().unwrap() - 0.6).abs() < 1e-9,
+        "{against}"
+    );
+
+    // The flag alone, and the table's closing line.
+    let alone = replay(FIVE, &["--gpus", "2x10Gi", "--sharing", "exclusive"]);
+    assert_eq!(alone[0]["makespan_s"], 25.0);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, FIVE).unwrap();
+    let out = Command::new(VRAMGATE)
+        .args(["--config", "/dev/null", "replay"])
+        .arg(&file)
+        .args(["--gpus", "2x10Gi", "--compare", "sharing=exclusive,shared"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "sharing=shared: makespan 60 % shorter than exclusive GPUs (10.0s against 25.0s), 85 % of the memory reserved against 34 %"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_comparison_says_when_exclusive_gpus_ran_fewer_jobs() {
+    // Two 2 GiB jobs that do not wait, on one 10 GiB GPU: shared, both run; exclusive, b finds
+    // the GPU taken and is refused, so 10 s of exclusive against 10 s shared is not the same work.
+    let jobs = r#"{"id":"a","arrival":0,"memory":"2Gi","duration":10,"policy":"reject"}
+{"id":"b","arrival":0,"memory":"2Gi","duration":10,"policy":"reject"}
+"#;
+    let both = replay(jobs, &["--gpus", "1x10Gi", "--compare", "sharing=exclusive,shared"]);
+    assert_eq!(
+        (both[0]["admitted"].as_u64(), both[0]["refused"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(both[1]["admitted"], 2);
+    assert_eq!(both[1]["against_exclusive"]["admitted"], 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, jobs).unwrap();
+    let out = Command::new(VRAMGATE)
+        .args(["--config", "/dev/null", "replay"])
+        .arg(&file)
+        .args(["--gpus", "1x10Gi", "--compare", "sharing=exclusive,shared"])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(
+        text.contains("sharing=shared: makespan 0 % shorter than exclusive GPUs (10.0s against 10.0s)")
+            && text.contains(
+                "  but exclusive GPUs ran 1 of the 2 jobs this run ran: the others were refused or timed out"
+            ),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_exclusive_baseline_on_gpus_a_job_does_not_fit_is_refused_in_one_line() {
+    let (ok, out, err) = replay_raw(FIVE, &["--gpus", "1x10Gi,1x2Gi", "--sharing", "exclusive"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert_eq!(
+        err.trim_end(),
+        "vramgate: job a (line 1): sharing=exclusive hands out any whole GPU, and it asks 4096 MiB, more than the smallest GPU (2048 MiB); replay the baseline on GPUs it fits"
+    );
+    // Shared, the same GPUs hold every job.
+    assert_eq!(replay(FIVE, &["--gpus", "1x10Gi,1x2Gi"])[0]["admitted"], 5);
+    let (ok, _, err) = replay_raw(FIVE, &["--gpus", "2x10Gi", "--compare", "sharing=none,shared"]);
+    assert!(!ok);
+    assert_eq!(err.trim_end(), "vramgate: --sharing \"none\": give shared or exclusive");
+}
+
+#[test]
+fn a_timeout_in_seconds_like_arrival_and_duration() {
+    // t waits for a's 6 GiB from 2 s, gives up 5.5 s later; its ticket is gone at 7.5 s.
+    let jobs = r#"{"id":"a","arrival":0,"memory":"6Gi","duration":100,"gpus":"0"}
+{"id":"t","arrival":2,"memory":"6Gi","duration":10,"gpus":"0","policy":"wait","timeout":5.5}
+"#;
+    let o = &replay(jobs, &["--gpus", "1x10Gi", "--timeline", "/dev/null"])[0];
+    assert_eq!((o["admitted"].as_u64(), o["timed_out"].as_u64()), (Some(1), Some(1)));
+    let (ok, out, err) = replay_raw(
+        &jobs.replace("\"timeout\":5.5", "\"timeout\":\"5500ms\""),
+        &["--gpus", "1x10Gi"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Vec<Value>>(&out).unwrap()[0]["timed_out"], 1);
+    for (value, shown) in [("-5", "-5"), ("1e9", "1000000000")] {
+        let (ok, out, err) = replay_raw(&jobs.replace("5.5", value), &["--gpus", "1x10Gi"]);
+        assert!(!ok && out.is_empty(), "{value}: {out}");
+        assert!(
+            err.contains(&format!(
+                "jobs.jsonl:2: job t: timeout must be a number of seconds from 0 to 604800 (168h) or a duration such as \"90s\", not {shown}"
+            )),
+            "{value}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+}

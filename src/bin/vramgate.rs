@@ -253,7 +253,7 @@ fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode
 
 fn replay(config_path: &Path, args: &vramgate::cli::ReplayArgs) -> Result<ExitCode> {
     use vramgate::replay;
-    let mut config = Config::load_from(config_path)?;
+    let mut setting = replay::Setting::new(Config::load_from(config_path)?);
     let overrides = [
         ("gpus", &args.gpus),
         ("strategy", &args.strategy),
@@ -261,26 +261,28 @@ fn replay(config_path: &Path, args: &vramgate::cli::ReplayArgs) -> Result<ExitCo
         ("backfill-bound", &args.backfill_bound),
         ("policy", &args.policy),
         ("headroom", &args.headroom),
+        ("sharing", &args.sharing),
     ];
     for (key, value) in overrides {
         if let Some(value) = value {
-            replay::apply_setting(&mut config, key, value)?;
+            replay::apply_setting(&mut setting, key, value)?;
         }
     }
     let compares_gpus = args.compare.as_deref().is_some_and(|c| c.starts_with("gpus="));
-    if config.inventory.gpus.is_empty() && !compares_gpus {
+    if setting.config.inventory.gpus.is_empty() && !compares_gpus {
         anyhow::bail!(
             "replay needs the GPUs to replay on: give --gpus COUNTxSIZE (e.g. 1x80Gi), or a config with [[inventory.gpus]]"
         );
     }
     let jobs = replay::workload::read(&args.workload)?;
-    let settings = replay::settings_for(&config, args.compare.as_deref())?;
+    let settings = replay::settings_for(&setting, args.compare.as_deref())?;
     let mut outcomes = Vec::new();
     for (name, setting) in &settings {
         let mut progress =
             |done: f64| eprintln!("vramgate replay: {name}: {:.0}% of {} jobs", done * 100.0, jobs.len());
         outcomes.push(replay::run(&jobs, setting, name, &mut progress)?);
     }
+    replay::report::compare_with_exclusive(&mut outcomes);
     if let Some(path) = &args.timeline {
         std::fs::write(path, replay::report::timeline_csv(&outcomes))
             .with_context(|| format!("writing {}", path.display()))?;

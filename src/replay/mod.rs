@@ -89,16 +89,69 @@ pub fn parse_gpus(value: &str) -> Result<Vec<StaticGpu>> {
 }
 
 /// One setting a replay may override: the name as `--compare` and the flags spell it.
-pub const SETTINGS: &[&str] = &["gpus", "strategy", "backfill", "backfill-bound", "policy", "headroom"];
+pub const SETTINGS: &[&str] = &[
+    "gpus",
+    "strategy",
+    "backfill",
+    "backfill-bound",
+    "policy",
+    "headroom",
+    "sharing",
+];
 
-/// Applies one override to `config`.
-pub fn apply_setting(config: &mut Config, key: &str, value: &str) -> Result<()> {
+/// How jobs hold GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharing {
+    /// vramgate's way: a job reserves its memory, and jobs that fit share a GPU.
+    Shared,
+    /// The baseline without vramgate: the scheduler hands out whole GPUs (`nvidia.com/gpu: 1`),
+    /// one job per GPU, whatever its size.
+    Exclusive,
+}
+
+impl Sharing {
+    pub fn parse(value: &str) -> Option<Sharing> {
+        match value {
+            "shared" => Some(Sharing::Shared),
+            "exclusive" => Some(Sharing::Exclusive),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sharing::Shared => "shared",
+            Sharing::Exclusive => "exclusive",
+        }
+    }
+}
+
+/// What one replay runs under: vramgate's settings, and how jobs hold GPUs.
+#[derive(Debug, Clone)]
+pub struct Setting {
+    pub config: Config,
+    pub sharing: Sharing,
+}
+
+impl Setting {
+    pub fn new(config: Config) -> Setting {
+        Setting {
+            config,
+            sharing: Sharing::Shared,
+        }
+    }
+}
+
+/// Applies one override to `setting`.
+pub fn apply_setting(setting: &mut Setting, key: &str, value: &str) -> Result<()> {
     let bad = |reason: &str| ReplayError::Setting {
         key: key.to_string(),
         value: value.to_string(),
         reason: reason.to_string(),
     };
+    let config = &mut setting.config;
     match key {
+        "sharing" => setting.sharing = Sharing::parse(value).ok_or_else(|| bad("give shared or exclusive"))?,
         "gpus" => {
             config.inventory.backend = crate::config::Backend::Static;
             config.inventory.gpus = parse_gpus(value)?;
@@ -228,18 +281,20 @@ struct Waiting {
     deadline_ms: u64,
 }
 
-/// Replays `jobs` under `config` (its GPUs must be static), calling `progress` now and then
-/// with the share of jobs done.
-pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMut(f64)) -> Result<Outcome> {
-    let requests: Vec<Request> = jobs.iter().map(request_of).collect::<Result<_>>()?;
+/// Replays `jobs` under `setting` (its GPUs must be static), named `name` in the report,
+/// calling `progress` now and then with the share of jobs done.
+pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut(f64)) -> Result<Outcome> {
+    // What each job asks; the exclusive baseline admits whole GPUs instead ([`whole_gpus`])
+    // and records what the job asked.
+    let asked: Vec<Request> = jobs.iter().map(request_of).collect::<Result<_>>()?;
     let scratch = scratch_state()?;
-    let mut config = config.clone();
+    let mut config = setting.config.clone();
     config.state_dir = scratch.path.join("state");
     config.source = None;
     let gpus = config.inventory.static_gpus_or_simulated();
     // A job no GPU can ever hold is the workload's mistake, said before anything runs.
     let largest = gpus.iter().map(|g| g.total).max().unwrap_or(0);
-    for (job, request) in jobs.iter().zip(&requests) {
+    for (job, request) in jobs.iter().zip(&asked) {
         let on_largest = request.memory.bytes_on(largest);
         if on_largest > largest {
             return Err(ReplayError::Job {
@@ -253,6 +308,20 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
             });
         }
     }
+    let requests = match setting.sharing {
+        Sharing::Shared => asked.clone(),
+        Sharing::Exclusive => {
+            exclusive_check(jobs, &asked, &gpus)?;
+            // A whole GPU is the device's, not vramgate's: no headroom kept, no memory counted
+            // as used outside (the device plugin hands out whole devices, whatever is on them).
+            config.headroom = crate::quantity::Quantity::Bytes(0);
+            asked.iter().map(whole_gpus).collect()
+        }
+    };
+    let gpus: Vec<StaticGpu> = match setting.sharing {
+        Sharing::Shared => gpus,
+        Sharing::Exclusive => gpus.into_iter().map(|g| StaticGpu { used_outside: 0, ..g }).collect(),
+    };
     let inventory = StaticInventory::from_gpus(gpus.clone());
     let clock = VirtualClock { now_ms: Cell::new(0) };
     let dir = StateDir::open_or_create(&config.state_dir).map_err(ServiceError::Ledger)?;
@@ -275,7 +344,8 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
         enforcement: None,
     };
 
-    let mut record = report::Recorder::new(&gpus, setting);
+    let exclusive = setting.sharing == Sharing::Exclusive;
+    let mut record = report::Recorder::new(&gpus, name, setting.sharing);
     let mut completions: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut waiting: Vec<Waiting> = Vec::new();
     let mut next_arrival = 0;
@@ -321,7 +391,15 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
                     });
                 }
                 Step::Done(admission) => {
-                    done += settle(&mut record, &mut completions, jobs, i, now, admission);
+                    done += settle(
+                        &mut record,
+                        &mut completions,
+                        jobs,
+                        exclusive.then(|| &asked[i]),
+                        i,
+                        now,
+                        admission,
+                    );
                 }
             }
         }
@@ -357,7 +435,15 @@ pub fn run(jobs: &[Job], config: &Config, setting: &str, progress: &mut dyn FnMu
                     Step::Wait => k += 1,
                     Step::Done(admission) => {
                         waiting.remove(k);
-                        done += settle(&mut record, &mut completions, jobs, i, now, admission);
+                        done += settle(
+                            &mut record,
+                            &mut completions,
+                            jobs,
+                            exclusive.then(|| &asked[i]),
+                            i,
+                            now,
+                            admission,
+                        );
                         progressed = true;
                         if ledger.is_some() {
                             ledger = Some(service.state_dir().read().map_err(ServiceError::Ledger)?);
@@ -404,12 +490,21 @@ fn settle(
     record: &mut report::Recorder,
     completions: &mut BinaryHeap<Reverse<(u64, usize)>>,
     jobs: &[Job],
+    exclusive: Option<&Request>,
     i: usize,
     now: u64,
     admission: Admission,
 ) -> usize {
     match admission {
-        Admission::Admitted { shares, .. } => {
+        Admission::Admitted { mut shares, .. } => {
+            // What the job asked of each GPU it holds: under the exclusive baseline a share is
+            // the whole GPU (its size), and the job's own need is what the report counts, so
+            // that both rows say how much of the memory held work.
+            if let Some(asked) = exclusive {
+                for share in &mut shares {
+                    share.bytes = asked.memory.bytes_on(share.bytes);
+                }
+            }
             record.admitted(i, now, jobs[i].arrival_ms, &shares);
             completions.push(Reverse((now.saturating_add(jobs[i].duration_ms), i)));
             0
@@ -427,8 +522,37 @@ fn settle(
     }
 }
 
-/// The settings of one replay in a `--compare`: `base` with `key=value` applied.
-pub fn settings_for(base: &Config, compare: Option<&str>) -> Result<Vec<(String, Config)>> {
+/// A job of the exclusive baseline: the same GPUs (pinned, `auto` or `auto:N`), each whole.
+fn whole_gpus(asked: &Request) -> Request {
+    let mut whole = asked.clone();
+    whole.memory = crate::quantity::Quantity::PartsPerMillion(1_000_000);
+    whole
+}
+
+/// The exclusive baseline hands out a GPU without looking at its size, as a device plugin
+/// does: on GPUs of several sizes a job that some of them cannot hold is not a fair baseline,
+/// so it is refused before anything runs.
+fn exclusive_check(jobs: &[Job], asked: &[Request], gpus: &[StaticGpu]) -> Result<()> {
+    let smallest = gpus.iter().map(|g| g.total).min().unwrap_or(0);
+    for (job, request) in jobs.iter().zip(asked) {
+        let bytes = request.memory.bytes_on(smallest);
+        if bytes > smallest {
+            return Err(ReplayError::Job {
+                id: job.id.clone(),
+                line: job.line,
+                reason: format!(
+                    "sharing=exclusive hands out any whole GPU, and it asks {}, more than the smallest GPU ({}); replay the baseline on GPUs it fits",
+                    crate::quantity::format_bytes(bytes),
+                    crate::quantity::format_bytes(smallest)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The settings of one replay in a `--compare`: `base` with `key=value` applied, named.
+pub fn settings_for(base: &Setting, compare: Option<&str>) -> Result<Vec<(String, Setting)>> {
     let Some(compare) = compare else {
         return Ok(vec![(describe(base), base.clone())]);
     };
@@ -446,15 +570,16 @@ pub fn settings_for(base: &Config, compare: Option<&str>) -> Result<Vec<(String,
     values
         .iter()
         .map(|v| {
-            let mut config = base.clone();
-            apply_setting(&mut config, key, v.trim())?;
-            Ok((format!("{key}={}", v.trim()), config))
+            let mut setting = base.clone();
+            apply_setting(&mut setting, key, v.trim())?;
+            Ok((format!("{key}={}", v.trim()), setting))
         })
         .collect()
 }
 
 /// A few words for a setting: what the GPUs and rules are.
-pub fn describe(config: &Config) -> String {
+pub fn describe(setting: &Setting) -> String {
+    let config = &setting.config;
     let mut sizes: BTreeMap<u64, usize> = BTreeMap::new();
     for g in config.inventory.static_gpus_or_simulated() {
         *sizes.entry(g.total).or_default() += 1;
@@ -464,9 +589,14 @@ pub fn describe(config: &Config) -> String {
         .map(|(size, n)| format!("{n}x{}", crate::quantity::format_bytes(*size).replace(' ', "")))
         .collect();
     format!(
-        "{} {}{}",
+        "{} {}{}{}",
         gpus.join(","),
         config.placement.strategy.as_str(),
-        if config.queue.backfill { " backfill" } else { "" }
+        if config.queue.backfill { " backfill" } else { "" },
+        if setting.sharing == Sharing::Exclusive {
+            " exclusive"
+        } else {
+            ""
+        }
     )
 }

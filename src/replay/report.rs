@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::Job;
+use super::{Job, Sharing};
 use crate::config::StaticGpu;
 use crate::ledger::GpuShare;
 
@@ -48,9 +48,23 @@ pub struct Sample {
     pub queued: usize,
 }
 
+/// A shared run against the exclusive baseline of the same `--compare`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct AgainstExclusive {
+    pub makespan_s: f64,
+    /// Jobs the exclusive run admitted: fewer than this run's when jobs that do not wait were
+    /// refused a busy GPU, and then the two makespans are not of the same work.
+    pub admitted: usize,
+    pub mean_share: f64,
+    /// How much shorter this run's makespan is, as a fraction of the exclusive one (0.35 is
+    /// 35 % shorter; negative when it is longer).
+    pub makespan_shorter_by: f64,
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Outcome {
     pub setting: String,
+    pub sharing: Sharing,
     pub jobs: usize,
     /// From the first arrival to the last job's end.
     pub makespan_s: f64,
@@ -64,7 +78,13 @@ pub struct Outcome {
     pub lower_bound_s: f64,
     /// Makespan over the lower bound.
     pub ratio: f64,
+    /// Reserved bytes over all the GPUs' memory, averaged over the makespan. Under the
+    /// exclusive baseline a job holds its GPU whole, and this counts what it asked.
+    pub mean_share: f64,
     pub gpus: Vec<GpuUse>,
+    /// Set on a shared run when the same `--compare` has an exclusive one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub against_exclusive: Option<AgainstExclusive>,
     /// Job ids in the order they were admitted.
     pub admission_order: Vec<String>,
     #[serde(skip)]
@@ -74,6 +94,7 @@ pub struct Outcome {
 /// Collects what happens during a replay.
 pub(super) struct Recorder {
     setting: String,
+    sharing: Sharing,
     index: HashMap<String, usize>,
     totals: Vec<u64>,
     reserved: Vec<u64>,
@@ -94,9 +115,10 @@ pub(super) struct Recorder {
 }
 
 impl Recorder {
-    pub(super) fn new(gpus: &[StaticGpu], setting: &str) -> Recorder {
+    pub(super) fn new(gpus: &[StaticGpu], setting: &str, sharing: Sharing) -> Recorder {
         Recorder {
             setting: setting.to_string(),
+            sharing,
             index: gpus.iter().enumerate().map(|(k, g)| (g.uuid.clone(), k)).collect(),
             totals: gpus.iter().map(|g| g.total).collect(),
             reserved: vec![0; gpus.len()],
@@ -208,8 +230,15 @@ impl Recorder {
                 },
             })
             .collect();
+        let held: u128 = self.integral.iter().sum();
+        let mean_share = if makespan_ms == 0 || capacity == 0 {
+            0.0
+        } else {
+            held as f64 / (capacity as f64 * makespan_ms as f64)
+        };
         Outcome {
             setting: self.setting,
+            sharing: self.sharing,
             jobs: jobs.len(),
             makespan_s: makespan_ms as f64 / 1000.0,
             wait_s: Percentiles::of(self.waits_ms.iter().map(|w| *w as f64 / 1000.0).collect()),
@@ -222,10 +251,31 @@ impl Recorder {
             } else {
                 1.0
             },
+            mean_share,
             gpus,
+            against_exclusive: None,
             admission_order: self.order.iter().map(|i| jobs[*i].id.clone()).collect(),
             timeline: self.timeline,
         }
+    }
+}
+
+/// Sets each shared run's comparison with the (first) exclusive run beside it, if any.
+pub fn compare_with_exclusive(outcomes: &mut [Outcome]) {
+    let Some(base) = outcomes.iter().find(|o| o.sharing == Sharing::Exclusive).cloned() else {
+        return;
+    };
+    for o in outcomes.iter_mut().filter(|o| o.sharing == Sharing::Shared) {
+        o.against_exclusive = Some(AgainstExclusive {
+            makespan_s: base.makespan_s,
+            admitted: base.admitted,
+            mean_share: base.mean_share,
+            makespan_shorter_by: if base.makespan_s > 0.0 {
+                1.0 - o.makespan_s / base.makespan_s
+            } else {
+                0.0
+            },
+        });
     }
 }
 
@@ -234,7 +284,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28} {:>10} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11} {:>6}  per GPU: mean/peak reserved",
+        "{:<28} {:>10} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11} {:>6} {:>8}  per GPU: mean/peak reserved",
         "setting",
         "makespan",
         "wait p50",
@@ -244,7 +294,8 @@ pub fn table(outcomes: &[Outcome]) -> String {
         "refused",
         "timed out",
         "lower bound",
-        "ratio"
+        "ratio",
+        "reserved"
     );
     for o in outcomes {
         let gpus: Vec<String> = o
@@ -254,7 +305,7 @@ pub fn table(outcomes: &[Outcome]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:>9.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>8} {:>7} {:>9} {:>10.1}s {:>6.2}  {}",
+            "{:<28} {:>9.1}s {:>8.1}s {:>8.1}s {:>8.1}s {:>8} {:>7} {:>9} {:>10.1}s {:>6.2} {:>7.0}%  {}",
             o.setting,
             o.makespan_s,
             o.wait_s.p50,
@@ -265,8 +316,32 @@ pub fn table(outcomes: &[Outcome]) -> String {
             o.timed_out,
             o.lower_bound_s,
             o.ratio,
+            o.mean_share * 100.0,
             gpus.join("  ")
         );
+    }
+    for o in outcomes {
+        if let Some(x) = &o.against_exclusive {
+            let pct = x.makespan_shorter_by * 100.0;
+            let _ = writeln!(
+                out,
+                "{}: makespan {:.0} % {} than exclusive GPUs ({:.1}s against {:.1}s), {:.0} % of the memory reserved against {:.0} %",
+                o.setting,
+                pct.abs(),
+                if pct >= 0.0 { "shorter" } else { "longer" },
+                o.makespan_s,
+                x.makespan_s,
+                o.mean_share * 100.0,
+                x.mean_share * 100.0
+            );
+            if x.admitted < o.admitted {
+                let _ = writeln!(
+                    out,
+                    "  but exclusive GPUs ran {} of the {} jobs this run ran: the others were refused or timed out, so the makespans are not of the same work (--policy wait, with a timeout, compares like with like)",
+                    x.admitted, o.admitted
+                );
+            }
+        }
     }
     out
 }

@@ -3,7 +3,7 @@
 //! A job file has one JSON object per line: `arrival` (seconds from the start), `memory` (a
 //! vramgate quantity: `"6Gi"`, `"25%"`), `duration` (seconds), and optionally `gpus` (as the
 //! `vramgate.dev/gpus` key: `"0"`, `"0,1"`, `"auto"`, `"auto:2"`; default `auto`), `policy`
-//! (`wait` or `reject`), `timeout` (`"90s"`) and `id`.
+//! (`wait` or `reject`), `timeout` (seconds, as `arrival` and `duration`, or `"90s"`) and `id`.
 //!
 //! An event log (`events.jsonl`) is turned into jobs container by container: arrival is its
 //! first request event (`admit`, `enqueue`, `refuse`), its size and GPUs are those of its
@@ -76,9 +76,34 @@ struct JobLine {
     #[serde(default)]
     policy: Option<String>,
     #[serde(default)]
-    timeout: Option<String>,
+    timeout: Option<Timeout>,
     #[serde(default)]
     id: Option<String>,
+}
+
+/// A job's `timeout`: seconds, as `arrival` and `duration` are, or a duration such as `"90s"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Timeout {
+    Seconds(f64),
+    Text(String),
+}
+
+/// `timeout` as the `vramgate.dev/timeout` key spells it; a number must lie within what that
+/// key accepts (168 h), so that it is refused here, with the value the file gave.
+fn timeout_text(timeout: Timeout) -> Result<String, String> {
+    match timeout {
+        Timeout::Text(text) => Ok(text),
+        Timeout::Seconds(s) => {
+            let max = crate::quantity::MAX_DURATION.as_secs();
+            if !s.is_finite() || s < 0.0 || s > max as f64 {
+                return Err(format!(
+                    "timeout must be a number of seconds from 0 to {max} (168h) or a duration such as \"90s\", not {s}"
+                ));
+            }
+            Ok(format!("{}ms", (s * 1000.0).round() as u64))
+        }
+    }
 }
 
 fn seconds_to_ms(value: f64, what: &str) -> Result<u64, String> {
@@ -103,15 +128,17 @@ pub fn from_job_file(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError>
             reason,
         };
         let job: JobLine = serde_json::from_str(line).map_err(|e| bad(format!("not a job ({e})")))?;
+        let id = job.id.unwrap_or_else(|| format!("job-{line_no}"));
+        let of_job = |reason: String| bad(format!("job {id}: {reason}"));
         jobs.push(Job {
-            id: job.id.unwrap_or_else(|| format!("job-{line_no}")),
-            arrival_ms: seconds_to_ms(job.arrival, "arrival").map_err(bad)?,
+            arrival_ms: seconds_to_ms(job.arrival, "arrival").map_err(of_job)?,
             memory: job.memory,
-            duration_ms: seconds_to_ms(job.duration, "duration").map_err(bad)?,
+            duration_ms: seconds_to_ms(job.duration, "duration").map_err(of_job)?,
             gpus: job.gpus.unwrap_or_else(|| "auto".into()),
             policy: job.policy,
-            timeout: job.timeout,
+            timeout: job.timeout.map(timeout_text).transpose().map_err(of_job)?,
             line: line_no,
+            id,
         });
     }
     jobs.sort_by_key(|j| (j.arrival_ms, j.line));
@@ -286,6 +313,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("arrival must be"), "{err}");
+    }
+
+    #[test]
+    fn a_timeout_is_seconds_or_a_duration() {
+        let p = Path::new("jobs.jsonl");
+        let line =
+            |t: &str| format!("{{\"arrival\":0,\"memory\":\"1Gi\",\"duration\":1,\"id\":\"t\",\"timeout\":{t}}}");
+        let timeout = |t: &str| from_job_file(&line(t), p).map(|j| j[0].timeout.clone());
+        assert_eq!(timeout("90").unwrap().as_deref(), Some("90000ms"));
+        assert_eq!(timeout("1.5").unwrap().as_deref(), Some("1500ms"));
+        assert_eq!(timeout("0").unwrap().as_deref(), Some("0ms"));
+        assert_eq!(timeout("\"10m\"").unwrap().as_deref(), Some("10m"));
+        assert_eq!(timeout("604800").unwrap().as_deref(), Some("604800000ms"));
+        for bad in ["-1", "604801", "1e300"] {
+            let err = timeout(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with("jobs.jsonl:1: job t: timeout must be a number of seconds from 0 to 604800"),
+                "{bad}: {err}"
+            );
+        }
+        // Neither a number nor a string.
+        let err = timeout("true").unwrap_err().to_string();
+        assert!(err.starts_with("jobs.jsonl:1: not a job"), "{err}");
     }
 
     #[test]
