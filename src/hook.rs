@@ -76,7 +76,7 @@ pub enum HookError {
     },
     #[error("container {container}: its device rule \"{rule}\" lets it open the nodes of GPUs it holds no reservation on (a container with CAP_MKNOD can make them); drop the rule or --privileged (name the devices it needs instead), reserve on every GPU it can reach, or start it through vramgate-runtime, which narrows a rule over NVIDIA's devices to the reserved GPUs")]
     DeviceRuleReachesOtherGpus { container: String, rule: String },
-    #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); remove them, or start the container through vramgate-runtime, which removes them")]
+    #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); ask for the memory with VRAMGATE_MEMORY instead, or start the container through vramgate-runtime, which admits it on them and then removes them")]
     ToolkitConflict { container: String, variables: String },
 }
 

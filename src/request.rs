@@ -16,6 +16,14 @@
 //!   pod annotation `vramgate.dev/gpus`, which names it for every container of the pod); a
 //!   container of the pod that names none (a sidecar) has no request, where outside a pod that
 //!   is an error. A container's own `VRAMGATE_MEMORY` keeps the usual rule.
+//!
+//! **NVIDIA's vocabulary.** `NVIDIA_GPU_MEMORY_REQUEST` / `NVIDIA_GPU_MEMORY_LIMIT` (whole MiB,
+//! what nvidia-container-toolkit's CDI hook `apply-cuda-memory-limits` reads) and, in a pod,
+//! KAI's annotations `nvidia.com/container.<container name>.gpu-memory.request` / `.limit` are
+//! a request too ([`nvidia_memory`]): a container that says only that is admitted as if it had
+//! set `VRAMGATE_MEMORY` to the larger of the two (until vramgate keeps a request and a limit
+//! apart, reserving the limit never over-commits). vramgate's own word comes first; where both
+//! are set they must name the same amount, or the container is refused with one line.
 
 use std::time::Duration;
 
@@ -53,6 +61,17 @@ pub const MAX_AUTO_GPUS: u32 = 64;
 pub const CRI_CONTAINER_TYPE_ANNOTATIONS: [&str; 2] =
     ["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
 pub const CRI_SANDBOX: &str = "sandbox";
+/// Where containerd's CRI plugin, then CRI-O, write the name of a pod's container, which KAI's
+/// annotations ([`NVIDIA_ANNOTATION_PREFIX`]) are keyed by.
+pub const CRI_CONTAINER_NAME_ANNOTATIONS: [&str; 2] =
+    ["io.kubernetes.cri.container-name", "io.kubernetes.container.name"];
+/// NVIDIA's request variables, read by nvidia-container-toolkit's `apply-cuda-memory-limits`.
+pub const NVIDIA_REQUEST_ENV: &str = "NVIDIA_GPU_MEMORY_REQUEST";
+pub const NVIDIA_LIMIT_ENV: &str = "NVIDIA_GPU_MEMORY_LIMIT";
+/// KAI's per-container annotations: `nvidia.com/container.<name>.gpu-memory.request` / `.limit`.
+pub const NVIDIA_ANNOTATION_PREFIX: &str = "nvidia.com/container.";
+/// The largest whole-MiB amount whose bytes fit in a u64.
+const MAX_NVIDIA_MIB: u64 = u64::MAX >> 20;
 
 /// Longest device list we parse; 64 GPUs written as UUIDs fit in well under this.
 const MAX_DEVICE_LIST_LEN: usize = 4096;
@@ -93,6 +112,13 @@ pub enum RequestError {
         outside: String,
         given_source: String,
         given_value: String,
+    },
+    #[error("{vramgate} and {nvidia} ask for different amounts ({vramgate_amount} and {nvidia_amount}), and vramgate reserves one: set one of them, or give both the same amount (NVIDIA's in whole MiB)")]
+    VocabulariesDisagree {
+        vramgate: String,
+        vramgate_amount: String,
+        nvidia: String,
+        nvidia_amount: String,
     },
     #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
     TooFewGpus {
@@ -179,7 +205,13 @@ pub struct GpuSelector {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     pub memory: Quantity,
-    pub memory_source: &'static str,
+    /// Where the amount came from, as messages name it: a key, or NVIDIA's variables or
+    /// annotations with their values.
+    pub memory_source: String,
+    /// True when the amount came from NVIDIA's vocabulary alone ([`nvidia_memory`]): the
+    /// runtime wrapper then writes it into the spec as `vramgate.dev/memory`, since its
+    /// enforcement may replace or remove NVIDIA's variables before the hook reads the spec.
+    pub from_nvidia: bool,
     pub policy: Option<Policy>,
     pub timeout: Option<Duration>,
     pub gpus: GpuSelector,
@@ -213,7 +245,8 @@ pub fn pod_role(spec: &SpecView) -> PodRole {
 /// and the one place that decides which containers of a pod have a request (see the module
 /// documentation): the hook admits, and the runtime wrapper adds hooks, only where it is true.
 pub fn has_request(spec: &SpecView) -> bool {
-    let own = spec.env(MEMORY_ENV).is_some();
+    // NVIDIA's variables and KAI's annotations name this container: its own request.
+    let own = spec.env(MEMORY_ENV).is_some() || nvidia_sources(spec).next().is_some();
     let annotated = spec.annotations.contains_key(MEMORY_ANNOTATION);
     match pod_role(spec) {
         PodRole::NotInPod => annotated || own,
@@ -254,17 +287,36 @@ impl Request {
                 }
             }
         }
-        let Some((memory_source, memory_value)) = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV) else {
-            return Ok(None);
-        };
         let invalid = |source_name: &str, value: &str, reason: String| RequestError::Invalid {
             source_name: source_name.to_string(),
             value: value.chars().take(80).collect(),
             reason,
         };
-        let memory =
-            quantity::parse_quantity(memory_value).map_err(|e| invalid(memory_source, memory_value, e.to_string()))?;
         let mut notes = Vec::new();
+        let nvidia = nvidia_memory(spec, &mut notes)?;
+        let own = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV);
+        let (memory, memory_source, memory_value) = match (own, nvidia) {
+            (None, None) => return Ok(None),
+            (None, Some(n)) => (n.memory, n.described, None),
+            (Some((source, value)), nvidia) => {
+                let memory = quantity::parse_quantity(value).map_err(|e| invalid(source, value, e.to_string()))?;
+                if let Some(n) = nvidia {
+                    // Comparable only in bytes: a share of the GPU beside NVIDIA's MiB is two
+                    // different requests until the GPU is known, so it is refused as one.
+                    if memory != n.memory {
+                        return Err(RequestError::VocabulariesDisagree {
+                            vramgate: format!("{source} = {:?}", value.chars().take(80).collect::<String>()),
+                            vramgate_amount: memory.to_string(),
+                            nvidia: n.described,
+                            nvidia_amount: n.memory.to_string(),
+                        });
+                    }
+                }
+                (memory, source.to_string(), Some(value))
+            }
+        };
+        let from_nvidia = memory_value.is_none();
+        let memory_value = memory_value.unwrap_or_default();
         if memory_source == MEMORY_ANNOTATION {
             if let Some(env_value) = spec.env(MEMORY_ENV) {
                 notes.push(format!(
@@ -295,12 +347,161 @@ impl Request {
         Ok(Some(Request {
             memory,
             memory_source,
+            from_nvidia,
             policy,
             timeout,
             gpus,
             notes,
         }))
     }
+}
+
+/// NVIDIA's spelling of a container's request, read and checked ([`nvidia_memory`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvidiaMemory {
+    /// What vramgate reserves: the larger of the request and the limit, in bytes.
+    pub memory: Quantity,
+    /// The keys and values it came from, as messages show them
+    /// (`NVIDIA_GPU_MEMORY_LIMIT = "2048"`).
+    pub described: String,
+}
+
+/// The name this container has in its pod, from its CRI runtime's annotation.
+fn container_name(spec: &SpecView) -> Option<&str> {
+    CRI_CONTAINER_NAME_ANNOTATIONS
+        .iter()
+        .find_map(|key| spec.annotations.get(*key))
+        .map(String::as_str)
+}
+
+/// True when the spec's NVIDIA variables are vramgate-runtime's own: under `limit = "toolkit"`
+/// it replaces them with the reservation's values for the toolkit's hook (and records the tier
+/// in [`crate::hook::ENFORCEMENT_ANNOTATION`], which it removes from any spec that brings it),
+/// so the hook that confirms must not read them back as the container's request.
+fn nvidia_env_written_by_vramgate(spec: &SpecView) -> bool {
+    spec.annotations
+        .get(crate::hook::ENFORCEMENT_ANNOTATION)
+        .map(String::as_str)
+        == Some(crate::enforce::Tier::ToolkitLimit.as_str())
+}
+
+/// NVIDIA's request keys the spec sets for this container, `(key, value)`: KAI's annotations for
+/// the container's name when there is one, else the two variables. Annotations win over the
+/// environment as vramgate's own do (KAI injects the variables from the annotations, so a pod
+/// normally carries both, with the same values).
+fn nvidia_sources(spec: &SpecView) -> impl Iterator<Item = (String, &str)> {
+    let annotated: Vec<(String, &str)> = container_name(spec)
+        .into_iter()
+        .flat_map(|name| ["request", "limit"].map(|kind| format!("{NVIDIA_ANNOTATION_PREFIX}{name}.gpu-memory.{kind}")))
+        .filter_map(|key| spec.annotations.get(&key).map(|v| (key, v.as_str())))
+        .collect();
+    let env: Vec<(String, &str)> = if nvidia_env_written_by_vramgate(spec) {
+        Vec::new()
+    } else {
+        [NVIDIA_REQUEST_ENV, NVIDIA_LIMIT_ENV]
+            .into_iter()
+            .filter_map(|key| spec.env(key).map(|v| (key.to_string(), v)))
+            .collect()
+    };
+    if annotated.is_empty() { env } else { annotated }.into_iter()
+}
+
+/// One NVIDIA amount: whole MiB, a decimal integer, as the toolkit's hook parses it (Go's
+/// `strconv.ParseUint(value, 10, 64)`: digits only, no sign, no unit, no spaces), and small
+/// enough that its bytes fit in 64 bits.
+fn parse_mib(key: &str, value: &str) -> Result<u64, RequestError> {
+    let invalid = |reason: String| RequestError::Invalid {
+        source_name: key.to_string(),
+        value: value.chars().take(80).collect(),
+        reason,
+    };
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(
+            "NVIDIA's memory amounts are whole MiB, written as a decimal integer with no unit (1024 is 1 GiB)".into(),
+        ));
+    }
+    match value.parse::<u64>() {
+        Ok(mib) if mib <= MAX_NVIDIA_MIB => Ok(mib),
+        _ => Err(invalid(format!(
+            "is too large to be a memory amount (at most {MAX_NVIDIA_MIB} MiB)"
+        ))),
+    }
+}
+
+/// The request NVIDIA's vocabulary makes for this container, `None` when it says nothing.
+/// Until vramgate keeps a request and a limit apart, it reserves the larger: the limit is what
+/// the container may use, so reserving it never over-commits the GPU. A request above the
+/// limit is refused, as the toolkit's hook refuses it. A note is added when KAI's annotations
+/// override variables that say something else.
+pub fn nvidia_memory(spec: &SpecView, notes: &mut Vec<String>) -> Result<Option<NvidiaMemory>, RequestError> {
+    let sources: Vec<(String, &str)> = nvidia_sources(spec).collect();
+    if sources.is_empty() {
+        return Ok(None);
+    }
+    let mut request = None;
+    let mut limit = None;
+    for (key, value) in &sources {
+        let mib = parse_mib(key, value)?;
+        if key.ends_with("request") || key == NVIDIA_REQUEST_ENV {
+            request = Some((key.as_str(), *value, mib));
+        } else {
+            limit = Some((key.as_str(), *value, mib));
+        }
+    }
+    if let (Some((req_key, req_value, req)), Some((lim_key, lim_value, lim))) = (request, limit) {
+        if req > lim {
+            return Err(RequestError::Invalid {
+                source_name: req_key.to_string(),
+                value: req_value.chars().take(80).collect(),
+                reason: format!(
+                    "is more than {lim_key} = {lim_value:?}: a request cannot exceed the limit (NVIDIA's hook refuses it too)"
+                ),
+            });
+        }
+    }
+    let mib = request
+        .iter()
+        .chain(limit.iter())
+        .map(|(_, _, mib)| *mib)
+        .max()
+        .unwrap_or(0);
+    let described = sources
+        .iter()
+        .map(|(key, value)| format!("{key} = {:?}", value.chars().take(40).collect::<String>()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if mib == 0 {
+        return Err(RequestError::Invalid {
+            source_name: sources
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>()
+                .join(" and "),
+            value: sources.iter().map(|(_, v)| *v).collect::<Vec<_>>().join(", "),
+            reason: "is zero: a request must be at least 1 MiB".into(),
+        });
+    }
+    if sources[0].0.starts_with(NVIDIA_ANNOTATION_PREFIX) && !nvidia_env_written_by_vramgate(spec) {
+        let env: Vec<String> = [NVIDIA_REQUEST_ENV, NVIDIA_LIMIT_ENV]
+            .into_iter()
+            .filter_map(|key| {
+                spec.env(key)
+                    .map(|v| format!("{key}={:?}", v.chars().take(40).collect::<String>()))
+            })
+            .collect();
+        let same = [NVIDIA_REQUEST_ENV, NVIDIA_LIMIT_ENV].into_iter().all(|key| {
+            let kind = if key == NVIDIA_REQUEST_ENV { "request" } else { "limit" };
+            let from_annotation = sources.iter().find(|(k, _)| k.ends_with(kind)).map(|(_, v)| *v);
+            spec.env(key).is_none() || spec.env(key) == from_annotation
+        });
+        if !env.is_empty() && !same {
+            notes.push(format!("annotations {described} override env {}", env.join(", ")));
+        }
+    }
+    Ok(Some(NvidiaMemory {
+        memory: Quantity::Bytes(mib << 20),
+        described,
+    }))
 }
 
 impl GpuSelector {
@@ -872,6 +1073,141 @@ mod tests {
         assert!(matches!(Request::from_spec(&bad), Err(RequestError::Invalid { .. })));
         let own = container("", r#","VRAMGATE_MEMORY=1Gi""#);
         assert!(matches!(Request::from_spec(&own), Err(RequestError::NoGpu { .. })));
+    }
+
+    /// NVIDIA's variables and KAI's annotations are a request: the larger of request and limit,
+    /// parsed as strictly as the toolkit's hook, and refused where vramgate's word disagrees.
+    #[test]
+    fn nvidia_vocabulary_is_a_request() {
+        let env = |vars: &str| {
+            spec(&format!(
+                r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{vars}]}}}}"#
+            ))
+        };
+        let memory = |s: &SpecView| Request::from_spec(s).map(|r| r.map(|r| (r.memory, r.from_nvidia)));
+        assert!(has_request(&env(r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#)));
+        assert_eq!(
+            memory(&env(r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#)),
+            Ok(Some((Quantity::Bytes(2 << 30), true)))
+        );
+        assert_eq!(
+            memory(&env(r#","NVIDIA_GPU_MEMORY_REQUEST=1024""#)),
+            Ok(Some((Quantity::Bytes(1 << 30), true)))
+        );
+        // Both: the larger, the limit, is reserved.
+        assert_eq!(
+            memory(&env(
+                r#","NVIDIA_GPU_MEMORY_REQUEST=0512","NVIDIA_GPU_MEMORY_LIMIT=3072""#
+            )),
+            Ok(Some((Quantity::Bytes(3 << 30), true)))
+        );
+        // vramgate's word beside the same amount: one request, vramgate's.
+        assert_eq!(
+            memory(&env(r#","VRAMGATE_MEMORY=3Gi","NVIDIA_GPU_MEMORY_LIMIT=3072""#)),
+            Ok(Some((Quantity::Bytes(3 << 30), false)))
+        );
+        // Disagreeing: one line naming both.
+        for vars in [
+            r#","VRAMGATE_MEMORY=2Gi","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+            r#","VRAMGATE_MEMORY=25%","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+        ] {
+            let err = Request::from_spec(&env(vars)).unwrap_err();
+            assert!(
+                matches!(err, RequestError::VocabulariesDisagree { .. }),
+                "{vars}: {err}"
+            );
+            let line = err.to_string();
+            assert!(
+                line.contains("VRAMGATE_MEMORY = ") && line.contains("NVIDIA_GPU_MEMORY_LIMIT = \"3072\""),
+                "{line}"
+            );
+        }
+        // As strict as Go's strconv.ParseUint(v, 10, 64), and the bytes must fit.
+        for bad in [
+            "",
+            "1Gi",
+            "1024Mi",
+            "+5",
+            "-1",
+            " 5",
+            "5 ",
+            "1.5",
+            "0x10",
+            "1_000",
+            "18446744073709551616",
+            "17592186044416",
+        ] {
+            let err = Request::from_spec(&env(&format!(r#","NVIDIA_GPU_MEMORY_LIMIT={bad}""#))).unwrap_err();
+            assert!(
+                matches!(&err, RequestError::Invalid { source_name, .. } if source_name == NVIDIA_LIMIT_ENV),
+                "{bad:?}: {err}"
+            );
+        }
+        // Request above the limit, and zero, refused as the toolkit's hook and VRAMGATE_MEMORY do.
+        let err = Request::from_spec(&env(
+            r#","NVIDIA_GPU_MEMORY_REQUEST=4096","NVIDIA_GPU_MEMORY_LIMIT=1024""#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cannot exceed the limit"), "{err}");
+        let err = Request::from_spec(&env(r#","NVIDIA_GPU_MEMORY_REQUEST=0""#))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is zero"), "{err}");
+        // NVIDIA's variables with no GPU: refused like VRAMGATE_MEMORY.
+        let s = spec(r#"{"process":{"env":["NVIDIA_GPU_MEMORY_LIMIT=1024"]}}"#);
+        assert!(matches!(Request::from_spec(&s), Err(RequestError::NoGpu { .. })));
+        // The variables vramgate-runtime wrote for the toolkit's hook are not read back.
+        let written = spec(
+            r#"{"annotations":{"vramgate.dev/enforcement":"toolkit_limit","vramgate.dev/memory":"3221225472"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_GPU_MEMORY_REQUEST=0","NVIDIA_GPU_MEMORY_LIMIT=3071"]}}"#,
+        );
+        assert_eq!(memory(&written), Ok(Some((Quantity::Bytes(3 << 30), false))));
+    }
+
+    #[test]
+    fn kai_annotations_name_one_container_of_the_pod() {
+        let pod = |name: &str, env: &str| {
+            spec(&format!(
+                r#"{{"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.container-name":"{name}","nvidia.com/container.trainer.gpu-memory.request":"1024","nvidia.com/container.trainer.gpu-memory.limit":"2048"}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{env}]}}}}"#
+            ))
+        };
+        let r = Request::from_spec(&pod("trainer", "")).unwrap().unwrap();
+        assert_eq!((r.memory, r.from_nvidia), (Quantity::Bytes(2 << 30), true));
+        assert!(
+            r.memory_source
+                .contains("nvidia.com/container.trainer.gpu-memory.limit = \"2048\""),
+            "{}",
+            r.memory_source
+        );
+        // Another container of the pod: not its request.
+        assert!(!has_request(&pod("sidecar", "")));
+        assert_eq!(Request::from_spec(&pod("sidecar", "")), Ok(None));
+        // KAI's injected variables beside them, the same: no note; different: a note.
+        let r = Request::from_spec(&pod("trainer", r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#))
+            .unwrap()
+            .unwrap();
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        let r = Request::from_spec(&pod("trainer", r#","NVIDIA_GPU_MEMORY_LIMIT=9999""#))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.memory, Quantity::Bytes(2 << 30));
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        // The pod's vramgate.dev/memory disagreeing: refused.
+        let s = spec(
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","io.kubernetes.cri.container-type":"container","io.kubernetes.container.name":"trainer","nvidia.com/container.trainer.gpu-memory.limit":"2048"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+        );
+        assert!(matches!(
+            Request::from_spec(&s),
+            Err(RequestError::VocabulariesDisagree { .. })
+        ));
+        // A DRA claim's container: NVIDIA's word may not override the claim's amount.
+        let claim = spec(
+            r#"{"process":{"env":["VRAMGATE_DRA_DEVICE_x=uid-gpu-0:s","VRAMGATE_MEMORY=1073741824","VRAMGATE_GPUS=GPU-aaaa","NVIDIA_GPU_MEMORY_LIMIT=2048"]}}"#,
+        );
+        assert!(matches!(
+            Request::from_spec(&claim),
+            Err(RequestError::VocabulariesDisagree { .. })
+        ));
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/vramgate-runtime";
 pub const BACKUP_SUFFIX: &str = ".vramgate-backup";
 /// Annotations the CRI plugin copies from pods and containers into the OCI spec.
 pub const ANNOTATION_PATTERN: &str = "vramgate.dev/*";
+/// KAI's per-container memory annotations (`nvidia.com/container.<name>.gpu-memory.*`), which
+/// are a request ([`crate::request::nvidia_memory`]) and reach the spec only when allowed.
+pub const NVIDIA_ANNOTATION_PATTERN: &str = "nvidia.com/container.*";
 const PRESTART_JSON: &str = include_str!("../hooks/vramgate-prestart.json");
 const POSTSTOP_JSON: &str = include_str!("../hooks/vramgate-poststop.json");
 pub const PRESTART_FILE: &str = "vramgate-prestart.json";
@@ -387,7 +390,7 @@ pub fn containerd_drop_in(
     }
     let runtime = table_at(runtimes, RUNTIME_NAME);
     runtime.insert("runtime_type".into(), "io.containerd.runc.v2".into());
-    let allow = toml::Value::Array(vec![ANNOTATION_PATTERN.into()]);
+    let allow = toml::Value::Array(vec![ANNOTATION_PATTERN.into(), NVIDIA_ANNOTATION_PATTERN.into()]);
     runtime.insert("pod_annotations".into(), allow.clone());
     runtime.insert("container_annotations".into(), allow);
     let options = table_at(runtime, "options");
@@ -1072,6 +1075,7 @@ mod tests {
         assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
         assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
         assert_eq!(rt["pod_annotations"][0].as_str(), Some("vramgate.dev/*"));
+        assert_eq!(rt["pod_annotations"][1].as_str(), Some("nvidia.com/container.*"));
         // The host's CRI settings ride along, or containerd 1.x would drop them; so does the
         // built-in runc runtime, which the host's section does not name.
         assert_eq!(

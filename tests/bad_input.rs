@@ -98,6 +98,22 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
     ("memory-percent-over.json", "\"150%\" is not a share of the GPU"),
     ("memory-unknown-unit.json", "has unknown unit \"Pi\""),
     ("memory-zero.json", "\"0\" is zero"),
+    (
+        "nvidia-disagrees.json",
+        "VRAMGATE_MEMORY = \"1Gi\" and NVIDIA_GPU_MEMORY_LIMIT = \"2048\" ask for different amounts",
+    ),
+    (
+        "nvidia-kai-negative.json",
+        "nvidia.com/container.app.gpu-memory.limit = \"-1\": NVIDIA's memory amounts are whole MiB",
+    ),
+    (
+        "nvidia-limit-unit.json",
+        "NVIDIA_GPU_MEMORY_LIMIT = \"2GiB\": NVIDIA's memory amounts are whole MiB",
+    ),
+    (
+        "nvidia-request-over-limit.json",
+        "NVIDIA_GPU_MEMORY_REQUEST = \"4096\": is more than NVIDIA_GPU_MEMORY_LIMIT = \"1024\"",
+    ),
     ("policy-unknown.json", "vramgate.dev/policy = \"sometimes\""),
     ("timeout-malformed.json", "vramgate.dev/timeout = \"forever\""),
     (

@@ -60,16 +60,21 @@ impl Host {
     /// A bundle running `args` whose cgroup is `cgroup` (under /sys/fs/cgroup), with `env`;
     /// with the vramgate hooks in the spec unless the wrapper adds them.
     fn bundle(&self, id: &str, args: &[&str], memory: &str, env: &[&str], cgroup: &str, with_hooks: bool) -> PathBuf {
-        let bundle = self
-            .bed
-            .bundle(
-                id,
-                args,
-                &[("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")],
-                env,
-                with_hooks,
-            )
-            .unwrap();
+        let annotations = [("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")];
+        self.bundle_with(id, args, &annotations, env, cgroup, with_hooks)
+    }
+
+    /// [`Host::bundle`] with these annotations instead of vramgate's request.
+    fn bundle_with(
+        &self,
+        id: &str,
+        args: &[&str],
+        annotations: &[(&str, &str)],
+        env: &[&str],
+        cgroup: &str,
+        with_hooks: bool,
+    ) -> PathBuf {
+        let bundle = self.bed.bundle(id, args, annotations, env, with_hooks).unwrap();
         let path = bundle.join("config.json");
         let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         spec["linux"]["cgroupsPath"] = json!(cgroup);
@@ -259,7 +264,9 @@ fn the_wrapper_path_sets_it_on_a_systemd_shaped_cgroup_and_removes_the_toolkits_
         "w1",
         &["sh", "-c", "env; sleep 1"],
         "3Gi",
-        &["NVIDIA_GPU_MEMORY_LIMIT=999999", "NVIDIA_GPU_MEMORY_REQUEST=1"],
+        // The same amount in NVIDIA's words (a different one is refused: see
+        // `a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper`).
+        &["NVIDIA_GPU_MEMORY_LIMIT=3072", "NVIDIA_GPU_MEMORY_REQUEST=1"],
         &cgroup,
         false,
     );
@@ -288,6 +295,42 @@ fn the_wrapper_path_sets_it_on_a_systemd_shaped_cgroup_and_removes_the_toolkits_
     }
 }
 
+/// A container that asks only in NVIDIA's words is admitted on them through the wrapper, which
+/// then removes them (the toolkit's hook would set a second limit) and writes the amount as
+/// `vramgate.dev/memory` for the hook, which confirms and sets the driver limit from it.
+#[test]
+fn a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper() {
+    let host = Host::new("drv-nvvars", true, true, "");
+    let cgroup = format!("/system.slice/docker-vramgate-nv{}.scope", std::process::id());
+    let bundle = host.bundle_with(
+        "nv1",
+        &["sh", "-c", "env; sleep 1"],
+        &[("vramgate.dev/gpus", "0")],
+        &["NVIDIA_GPU_MEMORY_REQUEST=1024", "NVIDIA_GPU_MEMORY_LIMIT=2048"],
+        &cgroup,
+        false,
+    );
+    let out = host.runc(&["run", "--bundle", bundle.to_str().unwrap(), "nv1"]);
+    assert!(out.status.success(), "run: {}", stderr(&out));
+    let env = stdout(&out);
+    assert!(env.contains("PATH=/bin") && !env.contains("NVIDIA_GPU_MEMORY"), "{env}");
+    let calls = host.calls();
+    assert_eq!(
+        sets(&calls),
+        [format!("set {SIMULATED_GPU_UUID} /sys/fs/cgroup{cgroup} 0 {}", 2 * GIB)],
+        "the limit, 2048 MiB, reserved and set: {calls:?}"
+    );
+    assert!(host.reservation("nv1").is_none(), "released when the container ended");
+    let kinds: Vec<String> = host
+        .events()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_string())
+        .collect();
+    for kind in ["admit", "confirm", "enforce", "release"] {
+        assert!(kinds.contains(&kind.to_string()), "{kind} in {kinds:?}");
+    }
+}
+
 #[test]
 fn the_hook_alone_refuses_a_container_that_asks_the_toolkit_for_its_own_limit() {
     let host = Host::new("drv-conflict", false, true, "");
@@ -296,7 +339,7 @@ fn the_hook_alone_refuses_a_container_that_asks_the_toolkit_for_its_own_limit() 
         "t1",
         &["sleep", "30"],
         "1Gi",
-        &["NVIDIA_GPU_MEMORY_LIMIT=999999"],
+        &["NVIDIA_GPU_MEMORY_LIMIT=1024"],
         &cgroup,
         true,
     );

@@ -250,3 +250,20 @@ fn the_reference_names_every_annotation_and_variable_and_no_other() {
         "docs/src/reference.md and the source's constants differ"
     );
 }
+
+/// NVIDIA's request keys that vramgate reads are in the reference chapter's own section.
+#[test]
+fn the_reference_names_nvidias_request_keys() {
+    let documented = reference_names("## NVIDIA's request keys", 1);
+    for key in [
+        vramgate::request::NVIDIA_REQUEST_ENV,
+        vramgate::request::NVIDIA_LIMIT_ENV,
+    ] {
+        assert!(documented.contains(key), "{key} in {documented:?}");
+    }
+    let annotations = reference_names("## NVIDIA's request keys", 0);
+    assert!(
+        annotations.contains(vramgate::request::NVIDIA_ANNOTATION_PREFIX),
+        "{annotations:?}"
+    );
+}

@@ -71,6 +71,72 @@ fn admitted_while_running_and_released_after_exit() {
     assert!(reservations(&bed).is_empty());
 }
 
+/// The hook alone (no wrapper) admits a container on NVIDIA's variables, and on a pod's KAI
+/// annotations for that container (what containerd's CRI plugin copies into its spec), and
+/// refuses bad values with one line naming the variable.
+#[test]
+fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
+    let (_dir, bed) = runc_testbed("vg-nvvars", "");
+    let _cleanup = Cleanup(&bed);
+    let gpus = [("vramgate.dev/gpus", "0")];
+    let bundle = bed
+        .bundle("env", &["sleep", "30"], &gpus, &["NVIDIA_GPU_MEMORY_LIMIT=3072"], true)
+        .unwrap();
+    let mut child = bed
+        .runc_run(&bundle, "env")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("admitted on NVIDIA_GPU_MEMORY_LIMIT", || {
+        reservations(&bed).iter().any(|r| r.0 == "env")
+    });
+    assert_eq!(reservations(&bed), [("env".to_string(), 3 * GIB, true)]);
+    eventually("runc says the container runs", || {
+        bed.runc(&["state", "env"])
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
+    });
+    assert!(bed.runc(&["kill", "env", "KILL"]).status().unwrap().success());
+    child.wait().unwrap();
+    assert!(reservations(&bed).is_empty(), "released at poststop");
+
+    // A pod's container, named by the CRI annotations, with KAI's annotations for it: the
+    // limit (2 GiB) is reserved; `true` exits, and `runc run` returns once it is released.
+    let kai = [
+        ("io.kubernetes.cri.container-type", "container"),
+        ("io.kubernetes.cri.container-name", "trainer"),
+        ("nvidia.com/container.trainer.gpu-memory.request", "1024"),
+        ("nvidia.com/container.trainer.gpu-memory.limit", "2048"),
+        ("vramgate.dev/gpus", "0"),
+    ];
+    let out = run(&bed, "kai", &["true"], &kai);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    let admitted = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "admit" && e["container"] == "kai")
+        .unwrap_or_else(|| panic!("an admit event for kai in {events}"));
+    assert_eq!(admitted["gpus"][0]["bytes"], 2 * GIB, "{admitted}");
+
+    // Bad values: refused, one line naming the variable and its value, nothing reserved.
+    let bundle = bed
+        .bundle("bad", &["true"], &gpus, &["NVIDIA_GPU_MEMORY_LIMIT=2Gi"], true)
+        .unwrap();
+    let out = bed.runc_run(&bundle, "bad").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        // runc quotes the hook's line in its own, escaping the quotes.
+        stderr.contains("vramgate: container bad: NVIDIA_GPU_MEMORY_LIMIT = ")
+            && stderr.contains("2Gi")
+            && stderr.contains("NVIDIA's memory amounts are whole MiB"),
+        "{stderr}"
+    );
+    assert!(reservations(&bed).is_empty());
+}
+
 #[test]
 fn refused_when_it_does_not_fit_and_never_runs() {
     let (_dir, bed) = runc_testbed("vg-refuse", "");

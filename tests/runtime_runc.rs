@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,82 @@ fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
     assert!(reserved_ids(&bed).is_empty(), "vramgate's poststop ran: {stderr}");
     // ...first: runc reports the spec's hook as the second one, and it failed.
     assert!(stderr.contains("hook #1"), "{stderr}");
+}
+
+/// The reservations on GPU 0: (container id, bytes).
+fn reserved_bytes(bed: &Testbed) -> Vec<(String, u64)> {
+    let out = Command::new(CLI)
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    status["gpus"][0]["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["container_id"].as_str().unwrap().to_string(),
+                r["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A container that asks only in NVIDIA's words (the toolkit's variables, whole MiB) is
+/// admitted on the larger of request and limit, under `limit = "toolkit"`, where the wrapper
+/// replaces those variables with its own values before the hook confirms; one that also says
+/// a different amount in vramgate's words is refused with one line and reserves nothing.
+#[test]
+fn nvidias_variables_alone_are_a_request_through_the_wrapper() {
+    let (_dir, bed) = testbed("vg-rt-nvvars", "[enforce]\nlimit = \"toolkit\"\n");
+    let _cleanup = Cleanup(&bed);
+    let gpus = [("vramgate.dev/gpus", "0")];
+    let env = ["NVIDIA_GPU_MEMORY_REQUEST=512", "NVIDIA_GPU_MEMORY_LIMIT=1536"];
+    let bundle = bed.bundle("n1", &["sleep", "30"], &gpus, &env, false).unwrap();
+    let bundle = bundle.to_string_lossy().into_owned();
+    assert_ok(
+        wrapper(&bed, &["run", "--detach", "--bundle", &bundle, "n1"]),
+        "run --detach",
+    );
+    assert_eq!(
+        reserved_bytes(&bed),
+        [("n1".to_string(), 1536 << 20)],
+        "the limit, 1536 MiB, reserved and confirmed"
+    );
+    let spec: Value = serde_json::from_slice(&std::fs::read(Path::new(&bundle).join("config.json")).unwrap()).unwrap();
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        env.contains(&"NVIDIA_GPU_MEMORY_LIMIT=1536") && env.contains(&"NVIDIA_GPU_MEMORY_REQUEST=0"),
+        "the toolkit tier's own values: {env:?}"
+    );
+    assert_eq!(
+        spec["annotations"]["vramgate.dev/memory"],
+        json!((1536u64 << 20).to_string())
+    );
+    assert_ok(wrapper(&bed, &["kill", "n1", "KILL"]), "kill");
+    eventually("the container stops", || {
+        container_status(&bed, "n1").as_deref() == Some("stopped")
+    });
+    assert_ok(wrapper(&bed, &["delete", "n1"]), "delete");
+    assert!(reserved_ids(&bed).is_empty(), "released at poststop");
+
+    let env = ["VRAMGATE_MEMORY=1Gi", "NVIDIA_GPU_MEMORY_LIMIT=1536"];
+    let bundle = bed.bundle("n2", &["true"], &gpus, &env, false).unwrap();
+    let bundle = bundle.to_string_lossy().into_owned();
+    let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle, "n2"]);
+    assert!(!ok, "refused");
+    assert!(
+        stderr.contains("VRAMGATE_MEMORY = \"1Gi\" and NVIDIA_GPU_MEMORY_LIMIT = \"1536\" ask for different amounts"),
+        "{stderr}"
+    );
+    assert!(reserved_ids(&bed).is_empty(), "nothing reserved");
 }
 
 #[test]

@@ -13,14 +13,17 @@
 
 use super::{driver_limit::SOFT_LIMIT, PlacedShare, SpecEdits, Tier, MIB};
 
-pub const LIMIT_VAR: &str = "NVIDIA_GPU_MEMORY_LIMIT";
-pub const REQUEST_VAR: &str = "NVIDIA_GPU_MEMORY_REQUEST";
+pub const LIMIT_VAR: &str = crate::request::NVIDIA_LIMIT_ENV;
+pub const REQUEST_VAR: &str = crate::request::NVIDIA_REQUEST_ENV;
 
 /// The toolkit variables a container's own env sets (`None` when neither), named for a
-/// message. Under `limit = "driver"` vramgate sets the driver limit itself, and the toolkit's
-/// hook, finding them, would set a second one on the same cgroup after it: the wrapper
-/// removes them ([`super::spec_edits`]), the hook alone, which cannot edit the spec, refuses
-/// the container. Either variable counts: a later toolkit may need only one.
+/// message. They are a request ([`crate::request::nvidia_memory`]) and the container is
+/// admitted on them; but under `limit = "driver"` vramgate sets the driver limit itself, and
+/// the toolkit's hook, finding them, would set a second one on the same cgroup after it: the
+/// wrapper removes them once it has admitted the container ([`super::spec_edits`]; it writes
+/// the amount into the spec as `vramgate.dev/memory` for the hook), the hook alone, which
+/// cannot edit the spec, refuses the container. Either variable counts: a later toolkit may
+/// need only one.
 pub fn conflicting_request(existing_env: &[String]) -> Option<String> {
     let set: Vec<&str> = [REQUEST_VAR, LIMIT_VAR]
         .into_iter()

@@ -203,6 +203,11 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
     })?;
     // `vramgate.dev/gpus=all` is the one request that keeps every GPU in sight.
     let sees_all = request.gpus.selection == request::GpuSelection::All;
+    // NVIDIA's amounts are whole MiB, so always bytes: written as a byte count, exactly.
+    let pinned_memory = match request.memory {
+        crate::quantity::Quantity::Bytes(bytes) if request.from_nvidia => Some(bytes),
+        _ => None,
+    };
     let reserved = super::admit::admit_at_create(&container, bundle, request, config)?;
     // From here on, a failure gives back what was just reserved: nothing is left half-done.
     let undo = |e: RuntimeError| {
@@ -216,6 +221,15 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
     // and the metrics claim a limit no one set, and read usage from a driver figure that is
     // not there): whatever the spec carried under that key goes, and `enforce` writes it anew.
     let mut edited = remove_annotation(&mut spec, crate::hook::ENFORCEMENT_ANNOTATION);
+    // A request in NVIDIA's words is written in vramgate's for the hook that confirms it: the
+    // enforcement below may replace NVIDIA's variables with the reservation's (`toolkit`) or
+    // remove them (`driver`), and the hook must read the same amount this wrapper admitted.
+    if let (Some(bytes), Value::Object(root)) = (pinned_memory, &mut spec) {
+        if let Some(annotations) = object_at(root, "annotations") {
+            annotations.insert(request::MEMORY_ANNOTATION.to_string(), Value::String(bytes.to_string()));
+            edited = true;
+        }
+    }
     if let Some(reserved) = &reserved {
         // The container sees exactly the GPUs it reserved on: those vramgate chose, or those
         // it named, out of whatever else its engine gave it (`NVIDIA_VISIBLE_DEVICES=all`

@@ -140,7 +140,8 @@ impl World {
 fn request(bytes: u64, gpus: &str) -> Request {
     Request {
         memory: Quantity::Bytes(bytes),
-        memory_source: crate::request::MEMORY_ANNOTATION,
+        memory_source: crate::request::MEMORY_ANNOTATION.to_string(),
+        from_nvidia: false,
         policy: None,
         timeout: None,
         gpus: GpuSelector::parse_list(crate::request::GPUS_ANNOTATION, gpus).unwrap(),

@@ -466,7 +466,11 @@ impl Cri {
         assert_eq!(handler["runtimeType"], "io.containerd.runc.v2", "{runtimes}");
         assert_eq!(handler["options"]["BinaryName"], RUNTIME, "{handler}");
         for key in ["PodAnnotations", "ContainerAnnotations"] {
-            assert_eq!(handler[key], json!(["vramgate.dev/*"]), "{key}: {handler}");
+            assert_eq!(
+                handler[key],
+                json!(["vramgate.dev/*", "nvidia.com/container.*"]),
+                "{key}: {handler}"
+            );
         }
         assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
     }
