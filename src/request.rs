@@ -379,10 +379,15 @@ fn container_name(spec: &SpecView) -> Option<&str> {
 /// in [`crate::hook::ENFORCEMENT_ANNOTATION`], which it removes from any spec that brings it),
 /// so the hook that confirms must not read them back as the container's request.
 fn nvidia_env_written_by_vramgate(spec: &SpecView) -> bool {
+    // The wrapper writes the toolkit's variables only for a container it admitted on a request
+    // in vramgate's words (its own, or NVIDIA's pinned as `vramgate.dev/memory`). A container
+    // on the hook's path that brings the annotation itself but asks only in NVIDIA's words
+    // still has its variables read as its request: the annotation never takes a request away.
     spec.annotations
         .get(crate::hook::ENFORCEMENT_ANNOTATION)
         .map(String::as_str)
         == Some(crate::enforce::Tier::ToolkitLimit.as_str())
+        && annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV).is_some()
 }
 
 /// NVIDIA's request keys the spec sets for this container, `(key, value)`: KAI's annotations for
@@ -1162,6 +1167,13 @@ mod tests {
             r#"{"annotations":{"vramgate.dev/enforcement":"toolkit_limit","vramgate.dev/memory":"3221225472"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_GPU_MEMORY_REQUEST=0","NVIDIA_GPU_MEMORY_LIMIT=3071"]}}"#,
         );
         assert_eq!(memory(&written), Ok(Some((Quantity::Bytes(3 << 30), false))));
+        // A container that brings the annotation itself, asking only in NVIDIA's words (the
+        // hook's path: no wrapper wrote anything), is still a request: the annotation never
+        // takes one away.
+        let brought = spec(
+            r#"{"annotations":{"vramgate.dev/enforcement":"toolkit_limit"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_GPU_MEMORY_LIMIT=40960"]}}"#,
+        );
+        assert_eq!(memory(&brought), Ok(Some((Quantity::Bytes(40 << 30), true))));
     }
 
     #[test]
