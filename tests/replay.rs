@@ -327,3 +327,30 @@ fn a_timeout_in_seconds_like_arrival_and_duration() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }
+
+/// `vramgate replay --json | true`: the reader is gone before the first write, and the replay
+/// ends as a Unix tool does (SIGPIPE, quietly), never with a panic on the closed pipe.
+#[test]
+fn a_reader_that_hangs_up_ends_the_replay_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, FIFO).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(VRAMGATE)
+        .args(["--config", "/dev/null", "replay"])
+        .arg(&file)
+        .args(["--json", "--gpus", "1x10Gi"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(nix::sys::signal::Signal::SIGPIPE as i32),
+        "replay ended with {:?}: {err}",
+        out.status
+    );
+}

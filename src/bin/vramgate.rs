@@ -16,6 +16,9 @@ use vramgate::service::Service;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Exporter { .. } | Command::Watch) {
+        quiet_on_closed_stdout();
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -23,6 +26,18 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// A command that prints and ends (`status`, `replay --json`, `ledger show`...) piped into
+/// `head` ends as every Unix tool does when the reader goes: by SIGPIPE, quietly. Rust ignores
+/// SIGPIPE, so `println!` would panic on the closed pipe instead. The long-running commands
+/// (the exporter, `watch`) keep it ignored: a client that hangs up is an error to handle, not
+/// the end of the process.
+fn quiet_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: called first thing in main, before any thread starts; SIG_DFL installs no
+    // handler code.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
