@@ -232,7 +232,7 @@ fn a_ledger_rewritten_in_place_still_releases_at_stop() {
     assert!(synced(), "the old sync file is still there");
     assert_eq!(support::reservations(&bed), [("plain".to_string(), 4u64 << 30)]);
 
-    assert!(bed.runc(&["kill", "plain", "KILL"]).status().unwrap().success());
+    assert!(support::runc_kill_when_running(&bed, "plain"));
     plain.wait().unwrap();
     assert!(
         ids(&ledger(&bed), "reservations").is_empty(),

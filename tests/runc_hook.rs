@@ -54,14 +54,7 @@ fn admitted_while_running_and_released_after_exit() {
         .unwrap();
     assert!(pid > 1);
 
-    // The reservation shows at createRuntime, while `runc run` is still creating the
-    // container: kill it once runc says it runs, or the kill can race the create.
-    eventually("runc says the container runs", || {
-        bed.runc(&["state", "fits"])
-            .output()
-            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
-    });
-    assert!(bed.runc(&["kill", "fits", "KILL"]).status().unwrap().success());
+    assert!(support::runc_kill_when_running(&bed, "fits"));
     child.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "poststop released it");
 
@@ -97,7 +90,7 @@ fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
             .output()
             .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
     });
-    assert!(bed.runc(&["kill", "env", "KILL"]).status().unwrap().success());
+    assert!(support::runc_kill_when_running(&bed, "env"));
     child.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "released at poststop");
 
@@ -346,7 +339,7 @@ fn a_refused_namesake_in_another_runc_root_leaves_the_live_reservation() {
         "the live container keeps its reservation"
     );
 
-    assert!(bed.runc(&["kill", "twin", "KILL"]).status().unwrap().success());
+    assert!(support::runc_kill_when_running(&bed, "twin"));
     holder.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "its own stop releases it");
 }
@@ -364,7 +357,7 @@ fn a_spec_rewritten_after_create_is_still_released_at_stop() {
     spec["annotations"] = serde_json::json!({});
     std::fs::write(&config, serde_json::to_vec(&spec).unwrap()).unwrap();
 
-    assert!(bed.runc(&["kill", "rewritten", "KILL"]).status().unwrap().success());
+    assert!(support::runc_kill_when_running(&bed, "rewritten"));
     child.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "poststop released it from the ledger");
     let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();

@@ -234,6 +234,19 @@ impl HungConfig {
     }
 }
 
+/// `runc kill <id> KILL` once runc says the container runs. A reservation shows at
+/// createRuntime, while `runc run` is still creating the container, and a kill then can race
+/// the create (runc answers that the container is not running) on a loaded machine.
+#[allow(dead_code)]
+pub fn runc_kill_when_running(bed: &Testbed, id: &str) -> bool {
+    eventually(&format!("runc says {id} runs"), Duration::from_secs(20), || {
+        bed.runc(&["state", id])
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
+    });
+    bed.runc(&["kill", id, "KILL"]).status().is_ok_and(|s| s.success())
+}
+
 /// Polls `check` every 25 ms for at most `limit`; returns how long it took to hold, which the
 /// queue tests measure (hence the shorter period).
 pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
