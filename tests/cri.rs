@@ -330,6 +330,71 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
     assert_eq!(reservations(&cri.tb), []);
 }
 
+/// KAI's GPU fractioning writes NVIDIA's request vocabulary on the pod, per container:
+/// `nvidia.com/container.<name>.gpu-memory.request` and `.limit` (whole MiB). containerd copies
+/// the pod's annotations into each container's spec only where its runtime allows them
+/// (`vramgate setup containerd` allows `nvidia.com/container.*`), and names the container in
+/// `io.kubernetes.cri.container-name`. The named container reserves (the larger of request and
+/// limit, until vramgate keeps the two apart), the sidecar beside it on the same GPU does not;
+/// a pod whose vramgate amount disagrees with NVIDIA's is refused at StartContainer with the
+/// line that names both.
+#[test]
+fn kais_annotations_reserve_for_the_container_they_name() {
+    kais_annotations_reserve_for_the_container_they_name_on(Containerd::Debian);
+}
+
+#[test]
+fn kais_annotations_reserve_for_the_container_they_name_on_containerd_2() {
+    kais_annotations_reserve_for_the_container_they_name_on(Containerd::Two);
+}
+
+fn kais_annotations_reserve_for_the_container_they_name_on(containerd: Containerd) {
+    let cri = cri_host_on(containerd, "vramgate-cri-kai", STATIC_GPU);
+    let pods = run_all(
+        &cri,
+        vec![pod_config(
+            "kai",
+            &[
+                ("nvidia.com/container.trainer.gpu-memory.request", "1024"),
+                ("nvidia.com/container.trainer.gpu-memory.limit", "2048"),
+            ],
+        )],
+    );
+    let gpu = [("NVIDIA_VISIBLE_DEVICES", "0")];
+    let trainer = cri.create(&pods[0], container_config("trainer", RUN_UNTIL_STOPPED, &gpu));
+    let sidecar = cri.create(&pods[0], container_config("sidecar", RUN_UNTIL_STOPPED, &gpu));
+    cri.start_one(&trainer).unwrap();
+    cri.start_one(&sidecar)
+        .unwrap_or_else(|e| panic!("the sidecar, which KAI's annotations do not name, was refused: {e}"));
+    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 2048 << 20)]);
+
+    let disagree = run_all(
+        &cri,
+        vec![pod_config(
+            "kai-disagrees",
+            &[
+                ("vramgate.dev/memory", "1Gi"),
+                ("nvidia.com/container.app.gpu-memory.limit", "4096"),
+            ],
+        )],
+    );
+    let app = cri.create(&disagree[0], container_config("app", RUN_UNTIL_STOPPED, &gpu));
+    let err = cri
+        .start_one(&app)
+        .expect_err("a pod whose two vocabularies disagree started");
+    assert!(
+        err.message().contains("nvidia.com/container.app.gpu-memory.limit")
+            && err.message().contains("vramgate.dev/memory"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 2048 << 20)]);
+
+    cri.delete_pods(&pods);
+    cri.delete_pods(&disagree);
+    assert_eq!(reservations(&cri.tb), []);
+}
+
 /// kubelet puts a deadline on each CRI call (`--runtime-request-timeout`, 2 min by default).
 /// When a StartContainer whose admission is queued passes it, containerd gives up on the task:
 /// the runc shim SIGKILLs the waiting wrapper (vramgate-runtime admits at create, before `runc
