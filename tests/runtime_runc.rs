@@ -315,14 +315,16 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
     });
     // The guard runs with no capability at all (and so the drop below proves its work needs
     // none): it inherited the wrapper's full permitted set, meant for runc.
-    let guard_pid = {
+    // Started right after the ticket's commit, when the create is about to wait.
+    let guard_pid = || {
         let out = Command::new("ps").args(["-eo", "pid=,args="]).output().unwrap();
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .find(|l| l.contains("--vramgate-queue-guard w1 "))
             .and_then(|l| l.split_whitespace().next().map(str::to_string))
-            .expect("a waiting create has a queue guard")
     };
+    eventually("a waiting create has a queue guard", || guard_pid().is_some());
+    let guard_pid = guard_pid().unwrap();
     let field = |name: &str| {
         let status = std::fs::read_to_string(format!("/proc/{guard_pid}/status")).unwrap();
         status

@@ -9,7 +9,9 @@
 //! after the kill, which drops it ([`super::admit::drop_abandoned_wait`]); containerd 2.x runs
 //! nothing more, and on an idle GPU nothing else may touch the ledger for minutes.
 //!
-//! So before it waits, the wrapper starts this guard (`vramgate-runtime` again, with
+//! So once its create has queued (right after the ticket's commit, before the first sleep:
+//! [`crate::service::Service::admit_then`]; a create admitted at once starts no guard), the
+//! wrapper starts this guard (`vramgate-runtime` again, with
 //! [`GUARD_FLAG`]) with the read end of a pipe as its stdin. The wrapper keeps the write end,
 //! close-on-exec: it closes when the wrapper dies, however it dies, and when it `exec`s the
 //! next runtime. At that end of file the guard looks at the ledger once: a ticket of the

@@ -214,7 +214,15 @@ impl<'a> Service<'a> {
     /// Admits `req`, waiting in the queue under policy `wait`. Refusals are outcomes
     /// ([`Admission::Refused`]); errors are about the request's GPUs or vramgate's own state.
     pub fn admit(&self, req: &AdmitRequest) -> Result<Admission> {
+        self.admit_then(req, &mut || {})
+    }
+
+    /// [`Service::admit`], calling `on_queued` once, when the request first holds a ticket and
+    /// is about to wait: what `vramgate-runtime` starts its queue guard from, so that a create
+    /// admitted at once costs no extra process.
+    pub fn admit_then(&self, req: &AdmitRequest, on_queued: &mut dyn FnMut()) -> Result<Admission> {
         let mut progress = Progress::start(self.clock);
+        let mut queued = false;
         // The watcher exists before a ticket can be committed, so a release that lands between
         // the commit and the first sleep still wakes this waiter.
         let new_watcher = || wait::LedgerWatcher::new(self.dir.path(), req.pending.then_some(req.bundle).flatten());
@@ -223,6 +231,9 @@ impl<'a> Service<'a> {
             match self.attempt(req, &mut progress)? {
                 Step::Done(admission) => return Ok(admission),
                 Step::Wait => {
+                    if !std::mem::replace(&mut queued, true) {
+                        on_queued();
+                    }
                     let watcher = watcher.get_or_insert_with(new_watcher);
                     self.sleep_until_worth_trying(req, &progress, watcher);
                 }
