@@ -190,7 +190,11 @@ impl SpecView {
 
 /// Reads a whole file of at most `limit` bytes; `Ok(None)` when it is larger.
 pub fn read_limited(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
-    let file = std::fs::File::open(path)?;
+    read_open_limited(std::fs::File::open(path)?, limit)
+}
+
+/// [`read_limited`] of a file already open (one opened with other flags, say).
+pub fn read_open_limited(file: std::fs::File, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
     // Sized from the file's length: read_to_end on a `Take` would otherwise grow from 32
     // bytes, a read call per doubling (seven for a typical config.json).
     let hint = file.metadata().map_or(0, |m| m.len()).min(limit) as usize;

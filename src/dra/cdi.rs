@@ -224,7 +224,6 @@ fn regular_stamp(path: &Path) -> Option<Stamp> {
 /// for a writer, a device may never end. Such files are looked at (stat), never read, and
 /// the open does not wait (`O_NONBLOCK`), in case one was swapped in after the look.
 fn read_regular(path: &Path, limit: u64) -> Option<(Stamp, Vec<u8>)> {
-    use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let seen = regular_stamp(path)?;
     if seen.size > limit {
@@ -239,9 +238,8 @@ fn read_regular(path: &Path, limit: u64) -> Option<(Stamp, Vec<u8>)> {
     if !meta.is_file() {
         return None;
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize + 1);
-    file.take(limit + 1).read_to_end(&mut bytes).ok()?;
-    (bytes.len() as u64 <= limit).then(|| (Stamp::of(&meta), bytes))
+    let bytes = crate::spec::read_open_limited(file, limit).ok()??;
+    Some((Stamp::of(&meta), bytes))
 }
 
 /// The devices of one spec file. A device whose marker carries no secret (a spec written by a

@@ -294,20 +294,13 @@ pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut
     let gpus = config.inventory.static_gpus_or_simulated();
     // A job no GPU can ever hold is the workload's mistake, said before anything runs.
     let largest = gpus.iter().map(|g| g.total).max().unwrap_or(0);
-    for (job, request) in jobs.iter().zip(&asked) {
-        let on_largest = request.memory.bytes_on(largest);
-        if on_largest > largest {
-            return Err(ReplayError::Job {
-                id: job.id.clone(),
-                line: job.line,
-                reason: format!(
-                    "it asks {} and the largest GPU holds {}",
-                    crate::quantity::format_bytes(on_largest),
-                    crate::quantity::format_bytes(largest)
-                ),
-            });
-        }
-    }
+    first_job_over(jobs, &asked, largest, |asks| {
+        format!(
+            "it asks {} and the largest GPU holds {}",
+            crate::quantity::format_bytes(asks),
+            crate::quantity::format_bytes(largest)
+        )
+    })?;
     let requests = match setting.sharing {
         Sharing::Shared => asked.clone(),
         Sharing::Exclusive => {
@@ -529,26 +522,34 @@ fn whole_gpus(asked: &Request) -> Request {
     whole
 }
 
+/// The first job that asks more than a GPU of `total` bytes holds (a share is taken of that
+/// GPU), refused with `reason(what it asks)`: the workload's mistake, said before anything runs.
+fn first_job_over(jobs: &[Job], asked: &[Request], total: u64, reason: impl Fn(u64) -> String) -> Result<()> {
+    for (job, request) in jobs.iter().zip(asked) {
+        let asks = request.memory.bytes_on(total);
+        if asks > total {
+            return Err(ReplayError::Job {
+                id: job.id.clone(),
+                line: job.line,
+                reason: reason(asks),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The exclusive baseline hands out a GPU without looking at its size, as a device plugin
 /// does: on GPUs of several sizes a job that some of them cannot hold is not a fair baseline,
 /// so it is refused before anything runs.
 fn exclusive_check(jobs: &[Job], asked: &[Request], gpus: &[StaticGpu]) -> Result<()> {
     let smallest = gpus.iter().map(|g| g.total).min().unwrap_or(0);
-    for (job, request) in jobs.iter().zip(asked) {
-        let bytes = request.memory.bytes_on(smallest);
-        if bytes > smallest {
-            return Err(ReplayError::Job {
-                id: job.id.clone(),
-                line: job.line,
-                reason: format!(
-                    "sharing=exclusive hands out any whole GPU, and it asks {}, more than the smallest GPU ({}); replay the baseline on GPUs it fits",
-                    crate::quantity::format_bytes(bytes),
-                    crate::quantity::format_bytes(smallest)
-                ),
-            });
-        }
-    }
-    Ok(())
+    first_job_over(jobs, asked, smallest, |asks| {
+        format!(
+            "sharing=exclusive hands out any whole GPU, and it asks {}, more than the smallest GPU ({}); replay the baseline on GPUs it fits",
+            crate::quantity::format_bytes(asks),
+            crate::quantity::format_bytes(smallest)
+        )
+    })
 }
 
 /// The settings of one replay in a `--compare`: `base` with `key=value` applied, named.
