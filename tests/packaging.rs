@@ -166,6 +166,23 @@ fn newest(dir: &Path, prefix: &str, suffix: &str) -> PathBuf {
 }
 
 /// The hooks an engine reading hooks.d would add to a spec, taken from the installed files.
+/// A bundle running `args` with `annotations`, whose hooks are `hooks` (what the installed
+/// hooks.d entries give the engine), as an engine would hand it to runc.
+fn bundle_with_hooks(
+    testbed: &Testbed,
+    name: &str,
+    args: &[&str],
+    annotations: &[(&str, &str)],
+    hooks: &Value,
+) -> PathBuf {
+    let bundle = testbed.bundle(name, args, annotations, &[], false).unwrap();
+    let path = bundle.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    spec["hooks"] = hooks.clone();
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+    bundle
+}
+
 fn hooks_from_hooks_d() -> Value {
     let mut hooks = serde_json::Map::new();
     for entry in std::fs::read_dir(HOOKS_D).unwrap() {
@@ -452,20 +469,13 @@ fn packages_install_gate_a_container_and_purge_clean() {
     .unwrap();
     let hooks = hooks_from_hooks_d();
     let bundle_with = |name: &str, memory: &str, args: &[&str]| {
-        let bundle = testbed
-            .bundle(
-                name,
-                args,
-                &[("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")],
-                &[],
-                false,
-            )
-            .unwrap();
-        let path = bundle.join("config.json");
-        let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        spec["hooks"] = hooks.clone();
-        std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-        bundle
+        bundle_with_hooks(
+            &testbed,
+            name,
+            args,
+            &[("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")],
+            &hooks,
+        )
     };
     let admitted = bundle_with("admitted", "1Gi", &["sleep", "3"]);
     let refused = bundle_with("refused", "100Ti", &["true"]);
@@ -794,25 +804,18 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     .unwrap();
     let hooks = hooks_from_hooks_d();
     let bundle_with = |name: &str, memory: &str, args: &[&str]| {
-        let bundle = testbed
-            .bundle(
-                name,
-                args,
-                &[
-                    ("vramgate.dev/memory", memory),
-                    ("vramgate.dev/gpus", "0"),
-                    ("vramgate.dev/policy", "wait"),
-                    ("vramgate.dev/timeout", "5m"),
-                ],
-                &[],
-                false,
-            )
-            .unwrap();
-        let path = bundle.join("config.json");
-        let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        spec["hooks"] = hooks.clone();
-        std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
-        bundle
+        bundle_with_hooks(
+            &testbed,
+            name,
+            args,
+            &[
+                ("vramgate.dev/memory", memory),
+                ("vramgate.dev/gpus", "0"),
+                ("vramgate.dev/policy", "wait"),
+                ("vramgate.dev/timeout", "5m"),
+            ],
+            &hooks,
+        )
     };
     let filler = bundle_with("filler", "20Gi", &["sleep", "600"]);
     let old_waiter = bundle_with("old-waiter", "10Gi", &["true"]);
