@@ -85,12 +85,38 @@ fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
         reservations(&bed).iter().any(|r| r.0 == "env")
     });
     assert_eq!(reservations(&bed), [("env".to_string(), 3 * GIB, true)]);
-    eventually("runc says the container runs", || {
-        bed.runc(&["state", "env"])
-            .output()
-            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("\"running\""))
-    });
     assert!(support::runc_kill_when_running(&bed, "env"));
+    child.wait().unwrap();
+    assert!(reservations(&bed).is_empty(), "released at poststop");
+
+    // The same container bringing the annotation vramgate-runtime writes beside the toolkit's
+    // variables it set (`vramgate.dev/enforcement=toolkit_limit`), to have its own NVIDIA
+    // variables read as vramgate's and so ignored: with no request in vramgate's words beside
+    // them, they are still its request, and it is reserved as before.
+    let hides = [
+        ("vramgate.dev/gpus", "0"),
+        ("vramgate.dev/enforcement", "toolkit_limit"),
+    ];
+    let bundle = bed
+        .bundle(
+            "hides",
+            &["sleep", "30"],
+            &hides,
+            &["NVIDIA_GPU_MEMORY_LIMIT=3072"],
+            true,
+        )
+        .unwrap();
+    let mut child = bed
+        .runc_run(&bundle, "hides")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("admitted on NVIDIA_GPU_MEMORY_LIMIT despite the annotation", || {
+        reservations(&bed).iter().any(|r| r.0 == "hides")
+    });
+    assert_eq!(reservations(&bed), [("hides".to_string(), 3 * GIB, true)]);
+    assert!(support::runc_kill_when_running(&bed, "hides"));
     child.wait().unwrap();
     assert!(reservations(&bed).is_empty(), "released at poststop");
 
