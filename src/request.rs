@@ -20,10 +20,17 @@
 //! **NVIDIA's vocabulary.** `NVIDIA_GPU_MEMORY_REQUEST` / `NVIDIA_GPU_MEMORY_LIMIT` (whole MiB,
 //! what nvidia-container-toolkit's CDI hook `apply-cuda-memory-limits` reads) and, in a pod,
 //! KAI's annotations `nvidia.com/container.<container name>.gpu-memory.request` / `.limit` are
-//! a request too ([`nvidia_memory`]): a container that says only that is admitted as if it had
-//! set `VRAMGATE_MEMORY` to the larger of the two (until vramgate keeps a request and a limit
-//! apart, reserving the limit never over-commits). vramgate's own word comes first; where both
-//! are set they must name the same amount, or the container is refused with one line.
+//! a request too ([`nvidia_memory`]): a container that says only that is admitted on NVIDIA's
+//! request (its limit when it gives no request) with NVIDIA's limit (its request when it gives
+//! no limit). vramgate's own word comes first; where both are set they must name the same
+//! request and the same limit, or the container is refused with one line.
+//!
+//! **Request and limit.** `vramgate.dev/memory-limit` / `VRAMGATE_MEMORY_LIMIT` (same syntax
+//! and precedence as the request) is what the container may use at most; the request is what
+//! it is guaranteed. Admission and placement use the request, the enforcement tiers that can
+//! hold a container to two numbers apply the limit, and `[queue] limit_overcommit` bounds the
+//! sum of limits on a GPU (see [`crate::admission`]). No limit means limit = request; a limit
+//! below the request is refused.
 
 use std::time::Duration;
 
@@ -37,6 +44,9 @@ pub const POLICY_ANNOTATION: &str = "vramgate.dev/policy";
 pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
 pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
+/// What the container may use at most, when more than its request (see the module docs).
+pub const MEMORY_LIMIT_ANNOTATION: &str = "vramgate.dev/memory-limit";
+pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 /// What a prepared DRA claim's CDI edits set, one variable per claim device
 /// (`VRAMGATE_DRA_DEVICE_<device>=<device>:<secret>`, see [`crate::dra`]): a name of its own for each
 /// device, so that two devices given to one container leave two variables (CDI merges
@@ -113,12 +123,20 @@ pub enum RequestError {
         given_source: String,
         given_value: String,
     },
-    #[error("{vramgate} and {nvidia} ask for different amounts ({vramgate_amount} and {nvidia_amount}), and vramgate reserves one: set one of them, or give both the same amount (NVIDIA's in whole MiB)")]
+    #[error("{vramgate} and {nvidia} ask for different amounts ({vramgate_amount} and {nvidia_amount}), and vramgate keeps one request and one limit: set one of them, or give both the same amounts (NVIDIA's in whole MiB)")]
     VocabulariesDisagree {
         vramgate: String,
         vramgate_amount: String,
         nvidia: String,
         nvidia_amount: String,
+    },
+    #[error("{limit_source} = {limit_value:?} ({limit}) is less than the request {request_source} ({request}): a limit is what the container may use at most, so it must be at least its request; raise the limit or leave it out (no limit means limit = request)")]
+    LimitBelowRequest {
+        limit_source: String,
+        limit_value: String,
+        limit: String,
+        request_source: String,
+        request: String,
     },
     #[error("{source_name} = {value:?} asks for {count} GPUs, but only {found} can take it here ({candidates})")]
     TooFewGpus {
@@ -212,6 +230,15 @@ pub struct Request {
     /// runtime wrapper then writes it into the spec as `vramgate.dev/memory`, since its
     /// enforcement may replace or remove NVIDIA's variables before the hook reads the spec.
     pub from_nvidia: bool,
+    /// What the container may use at most, when it asked for more than its request (`None`:
+    /// limit = request). Never below `memory` where both are in the same unit; a percentage
+    /// beside bytes is compared on the GPU ([`Request::limit_on`]).
+    pub limit: Option<Quantity>,
+    /// Where the limit came from, as messages name it (empty without a limit).
+    pub limit_source: String,
+    /// True when the limit came from NVIDIA's vocabulary alone: the runtime wrapper pins it as
+    /// `vramgate.dev/memory-limit`, as it pins the request (see `from_nvidia`).
+    pub limit_from_nvidia: bool,
     pub policy: Option<Policy>,
     pub timeout: Option<Duration>,
     pub gpus: GpuSelector,
@@ -295,25 +322,88 @@ impl Request {
         let mut notes = Vec::new();
         let nvidia = nvidia_memory(spec, &mut notes)?;
         let own = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV);
-        let (memory, memory_source, memory_value) = match (own, nvidia) {
+        let own_limit = match annotation_or_env(spec, MEMORY_LIMIT_ANNOTATION, MEMORY_LIMIT_ENV) {
+            None => None,
+            Some((source, value)) => Some((
+                source,
+                value,
+                quantity::parse_quantity(value).map_err(|e| invalid(source, value, e.to_string()))?,
+            )),
+        };
+        let quoted = |source: &str, value: &str| format!("{source} = {:?}", value.chars().take(80).collect::<String>());
+        // (amount, where it came from, from NVIDIA alone) for the request and for the limit.
+        let (memory, memory_source, memory_value, limit) = match (own, nvidia) {
             (None, None) => return Ok(None),
-            (None, Some(n)) => (n.memory, n.described, None),
+            (None, Some(n)) => {
+                let limit = match own_limit {
+                    // vramgate's limit beside NVIDIA's pair: the same limit, or refused.
+                    Some((source, value, q)) if q != n.limit => {
+                        return Err(RequestError::VocabulariesDisagree {
+                            vramgate: quoted(source, value),
+                            vramgate_amount: format!("limit {q}"),
+                            nvidia: n.described,
+                            nvidia_amount: format!("limit {}", n.limit),
+                        })
+                    }
+                    Some((source, _, q)) => (q, source.to_string(), false),
+                    None => (n.limit, n.described.clone(), true),
+                };
+                (n.request, n.described, None, limit)
+            }
             (Some((source, value)), nvidia) => {
                 let memory = quantity::parse_quantity(value).map_err(|e| invalid(source, value, e.to_string()))?;
+                let limit = match own_limit {
+                    Some((limit_source, _, q)) => (q, limit_source.to_string(), false),
+                    None => (memory, source.to_string(), false),
+                };
                 if let Some(n) = nvidia {
                     // Comparable only in bytes: a share of the GPU beside NVIDIA's MiB is two
-                    // different requests until the GPU is known, so it is refused as one.
-                    if memory != n.memory {
+                    // different requests until the GPU is known, so it is refused as one. Both
+                    // spellings of the pair, each with its limit defaulted to its request.
+                    if memory != n.request || limit.0 != n.limit {
+                        let mut vramgate = quoted(source, value);
+                        if let Some((limit_source, limit_value, _)) = own_limit {
+                            vramgate += &format!(" with {}", quoted(limit_source, limit_value));
+                        }
+                        let pair = |r: Quantity, l: Quantity| {
+                            if r == l {
+                                r.to_string()
+                            } else {
+                                format!("request {r}, limit {l}")
+                            }
+                        };
                         return Err(RequestError::VocabulariesDisagree {
-                            vramgate: format!("{source} = {:?}", value.chars().take(80).collect::<String>()),
-                            vramgate_amount: memory.to_string(),
+                            vramgate,
+                            vramgate_amount: pair(memory, limit.0),
                             nvidia: n.described,
-                            nvidia_amount: n.memory.to_string(),
+                            nvidia_amount: pair(n.request, n.limit),
                         });
                     }
                 }
-                (memory, source.to_string(), Some(value))
+                (memory, source.to_string(), Some(value), limit)
             }
+        };
+        let (limit, limit_source, limit_from_nvidia) = limit;
+        let below = match (memory, limit) {
+            (Quantity::Bytes(r), Quantity::Bytes(l)) => l < r,
+            (Quantity::PartsPerMillion(r), Quantity::PartsPerMillion(l)) => l < r,
+            // A share of the GPU beside bytes: compared once the GPU is known (limit_on).
+            _ => false,
+        };
+        if below {
+            let limit_value = own_limit.map_or_else(|| limit.to_string(), |(_, v, _)| v.chars().take(80).collect());
+            return Err(RequestError::LimitBelowRequest {
+                limit_source,
+                limit_value,
+                limit: limit.to_string(),
+                request_source: memory_source,
+                request: memory.to_string(),
+            });
+        }
+        let (limit, limit_source) = if limit == memory {
+            (None, String::new())
+        } else {
+            (Some(limit), limit_source)
         };
         let from_nvidia = memory_value.is_none();
         let memory_value = memory_value.unwrap_or_default();
@@ -321,6 +411,14 @@ impl Request {
             if let Some(env_value) = spec.env(MEMORY_ENV) {
                 notes.push(format!(
                     "annotation {MEMORY_ANNOTATION}={memory_value:?} overrides env {MEMORY_ENV}={:?}",
+                    env_value.chars().take(80).collect::<String>()
+                ));
+            }
+        }
+        if limit_source == MEMORY_LIMIT_ANNOTATION {
+            if let Some(env_value) = spec.env(MEMORY_LIMIT_ENV) {
+                notes.push(format!(
+                    "annotation {MEMORY_LIMIT_ANNOTATION} overrides env {MEMORY_LIMIT_ENV}={:?}",
                     env_value.chars().take(80).collect::<String>()
                 ));
             }
@@ -348,6 +446,9 @@ impl Request {
             memory,
             memory_source,
             from_nvidia,
+            limit,
+            limit_source,
+            limit_from_nvidia: limit_from_nvidia && limit.is_some(),
             policy,
             timeout,
             gpus,
@@ -356,11 +457,36 @@ impl Request {
     }
 }
 
+impl Request {
+    /// The limit in bytes on a GPU of `total` bytes: the request's bytes when no limit was
+    /// asked. A limit below the request on this GPU (a percentage beside bytes, which only the
+    /// GPU's size can compare) is refused with the same line as one found in the spec.
+    pub fn limit_on(&self, total: u64) -> Result<u64, RequestError> {
+        let request = self.memory.bytes_on(total);
+        let Some(limit) = self.limit else {
+            return Ok(request);
+        };
+        let bytes = limit.bytes_on(total);
+        if bytes < request {
+            return Err(RequestError::LimitBelowRequest {
+                limit_source: self.limit_source.clone(),
+                limit_value: limit.to_string(),
+                limit: crate::quantity::format_bytes(bytes),
+                request_source: self.memory_source.clone(),
+                request: crate::quantity::format_bytes(request),
+            });
+        }
+        Ok(bytes)
+    }
+}
+
 /// NVIDIA's spelling of a container's request, read and checked ([`nvidia_memory`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvidiaMemory {
-    /// What vramgate reserves: the larger of the request and the limit, in bytes.
-    pub memory: Quantity,
+    /// The request in bytes: NVIDIA's request, or its limit when it gives no request.
+    pub request: Quantity,
+    /// The limit in bytes: NVIDIA's limit, or its request when it gives no limit.
+    pub limit: Quantity,
     /// The keys and values it came from, as messages show them
     /// (`NVIDIA_GPU_MEMORY_LIMIT = "2048"`).
     pub described: String,
@@ -433,10 +559,9 @@ fn parse_mib(key: &str, value: &str) -> Result<u64, RequestError> {
     }
 }
 
-/// The request NVIDIA's vocabulary makes for this container, `None` when it says nothing.
-/// Until vramgate keeps a request and a limit apart, it reserves the larger: the limit is what
-/// the container may use, so reserving it never over-commits the GPU. A request above the
-/// limit is refused, as the toolkit's hook refuses it. A note is added when KAI's annotations
+/// The request and limit NVIDIA's vocabulary makes for this container, `None` when it says
+/// nothing. Either alone stands for both (a lone limit is reserved whole, which never
+/// over-commits). A request above the limit is refused, as the toolkit's hook refuses it. A note is added when KAI's annotations
 /// override variables that say something else.
 pub fn nvidia_memory(spec: &SpecView, notes: &mut Vec<String>) -> Result<Option<NvidiaMemory>, RequestError> {
     let sources: Vec<(String, &str)> = nvidia_sources(spec).collect();
@@ -464,12 +589,9 @@ pub fn nvidia_memory(spec: &SpecView, notes: &mut Vec<String>) -> Result<Option<
             });
         }
     }
-    let mib = request
-        .iter()
-        .chain(limit.iter())
-        .map(|(_, _, mib)| *mib)
-        .max()
-        .unwrap_or(0);
+    let request_mib = request.or(limit).map_or(0, |(_, _, mib)| mib);
+    let limit_mib = limit.or(request).map_or(0, |(_, _, mib)| mib);
+    let mib = request_mib.max(limit_mib);
     let described = sources
         .iter()
         .map(|(key, value)| format!("{key} = {:?}", value.chars().take(40).collect::<String>()))
@@ -503,8 +625,12 @@ pub fn nvidia_memory(spec: &SpecView, notes: &mut Vec<String>) -> Result<Option<
             notes.push(format!("annotations {described} override env {}", env.join(", ")));
         }
     }
+    // A zero request beside a non-zero limit: the limit alone says anything, so it stands for
+    // both rather than admit a container that reserves nothing.
+    let request_mib = if request_mib == 0 { limit_mib } else { request_mib };
     Ok(Some(NvidiaMemory {
-        memory: Quantity::Bytes(mib << 20),
+        request: Quantity::Bytes(request_mib << 20),
+        limit: Quantity::Bytes(limit_mib << 20),
         described,
     }))
 }
@@ -1099,12 +1225,15 @@ mod tests {
             memory(&env(r#","NVIDIA_GPU_MEMORY_REQUEST=1024""#)),
             Ok(Some((Quantity::Bytes(1 << 30), true)))
         );
-        // Both: the larger, the limit, is reserved.
+        // Both: the request is reserved, the limit kept beside it.
+        let both = Request::from_spec(&env(
+            r#","NVIDIA_GPU_MEMORY_REQUEST=0512","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+        ))
+        .unwrap()
+        .unwrap();
         assert_eq!(
-            memory(&env(
-                r#","NVIDIA_GPU_MEMORY_REQUEST=0512","NVIDIA_GPU_MEMORY_LIMIT=3072""#
-            )),
-            Ok(Some((Quantity::Bytes(3 << 30), true)))
+            (both.memory, both.from_nvidia, both.limit, both.limit_from_nvidia),
+            (Quantity::Bytes(512 << 20), true, Some(Quantity::Bytes(3 << 30)), true)
         );
         // vramgate's word beside the same amount: one request, vramgate's.
         assert_eq!(
@@ -1177,6 +1306,100 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_beside_the_request() {
+        let with = |annotations: &str, env: &str| {
+            Request::from_spec(&spec(&format!(
+                r#"{{"annotations":{{{annotations}}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{env}]}}}}"#
+            )))
+        };
+        let r = with(r#""vramgate.dev/memory":"2Gi","vramgate.dev/memory-limit":"6Gi""#, "")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (r.memory, r.limit),
+            (Quantity::Bytes(2 << 30), Some(Quantity::Bytes(6 << 30)))
+        );
+        assert_eq!(r.limit_source, MEMORY_LIMIT_ANNOTATION);
+        assert_eq!(
+            (r.limit_on(8 << 30), r.from_nvidia, r.limit_from_nvidia),
+            (Ok(6 << 30), false, false)
+        );
+        // The env, and the annotation over it with a note.
+        let r = with("", r#","VRAMGATE_MEMORY=1Gi","VRAMGATE_MEMORY_LIMIT=50%""#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.limit, Some(Quantity::PartsPerMillion(500_000)));
+        assert_eq!(r.limit_on(8 << 30), Ok(4 << 30));
+        let err = r.limit_on(1 << 30).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "VRAMGATE_MEMORY_LIMIT = \"50%\" (512 MiB) is less than the request VRAMGATE_MEMORY (1024 MiB)"
+            ),
+            "{err}"
+        );
+        let r = with(
+            r#""vramgate.dev/memory-limit":"3Gi""#,
+            r#","VRAMGATE_MEMORY=1Gi","VRAMGATE_MEMORY_LIMIT=2Gi""#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.limit, Some(Quantity::Bytes(3 << 30)));
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+        // No limit, or one equal to the request: limit = request.
+        let r = with(
+            r#""vramgate.dev/memory":"2Gi","vramgate.dev/memory-limit":"2048Mi""#,
+            "",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((r.limit, r.limit_on(8 << 30)), (None, Ok(2 << 30)));
+        // Below the request: one line naming both.
+        let err = with(r#""vramgate.dev/memory":"6Gi","vramgate.dev/memory-limit":"2Gi""#, "").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "vramgate.dev/memory-limit = \"2Gi\" (2048 MiB) is less than the request vramgate.dev/memory (6144 MiB): a limit is what the container may use at most, so it must be at least its request; raise the limit or leave it out (no limit means limit = request)"
+        );
+        // A bad quantity names its key.
+        let err = with(r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"lots""#, "").unwrap_err();
+        assert!(
+            matches!(&err, RequestError::Invalid { source_name, .. } if source_name == MEMORY_LIMIT_ANNOTATION),
+            "{err}"
+        );
+        // vramgate's limit and NVIDIA's disagreeing: refused; agreeing: one request and limit.
+        let err = with(
+            r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"4Gi""#,
+            r#","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+        )
+        .unwrap_err();
+        assert!(matches!(err, RequestError::VocabulariesDisagree { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("(request 1024 MiB, limit 4096 MiB and request 1024 MiB, limit 2048 MiB)"),
+            "{err}"
+        );
+        let err = with("", r#","VRAMGATE_MEMORY_LIMIT=4Gi","NVIDIA_GPU_MEMORY_LIMIT=2048""#).unwrap_err();
+        assert!(matches!(err, RequestError::VocabulariesDisagree { .. }), "{err}");
+        let r = with(
+            r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"2Gi""#,
+            r#","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (r.memory, r.limit, r.from_nvidia),
+            (Quantity::Bytes(1 << 30), Some(Quantity::Bytes(2 << 30)), false)
+        );
+        // NVIDIA's request beside vramgate's limit: the limit is vramgate's.
+        let r = with(
+            "",
+            r#","VRAMGATE_MEMORY_LIMIT=2Gi","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((r.from_nvidia, r.limit_from_nvidia), (true, false));
+    }
+
+    #[test]
     fn kai_annotations_name_one_container_of_the_pod() {
         let pod = |name: &str, env: &str| {
             spec(&format!(
@@ -1184,7 +1407,10 @@ mod tests {
             ))
         };
         let r = Request::from_spec(&pod("trainer", "")).unwrap().unwrap();
-        assert_eq!((r.memory, r.from_nvidia), (Quantity::Bytes(2 << 30), true));
+        assert_eq!(
+            (r.memory, r.from_nvidia, r.limit),
+            (Quantity::Bytes(1 << 30), true, Some(Quantity::Bytes(2 << 30)))
+        );
         assert!(
             r.memory_source
                 .contains("nvidia.com/container.trainer.gpu-memory.limit = \"2048\""),
@@ -1202,7 +1428,10 @@ mod tests {
         let r = Request::from_spec(&pod("trainer", r#","NVIDIA_GPU_MEMORY_LIMIT=9999""#))
             .unwrap()
             .unwrap();
-        assert_eq!(r.memory, Quantity::Bytes(2 << 30));
+        assert_eq!(
+            (r.memory, r.limit),
+            (Quantity::Bytes(1 << 30), Some(Quantity::Bytes(2 << 30)))
+        );
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
         // The pod's vramgate.dev/memory disagreeing: refused.
         let s = spec(

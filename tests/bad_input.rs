@@ -91,6 +91,15 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
         "gpus-unknown-uuid.json",
         "names GPU \"GPU-does-not-exist\", which this host does not have",
     ),
+    (
+        "limit-below-request.json",
+        "vramgate.dev/memory-limit = \"2Gi\" (2048 MiB) is less than the request vramgate.dev/memory (6144 MiB)",
+    ),
+    ("limit-malformed.json", "vramgate.dev/memory-limit = \"plenty\""),
+    (
+        "limit-nvidia-disagrees.json",
+        "VRAMGATE_MEMORY = \"1Gi\" with VRAMGATE_MEMORY_LIMIT = \"4Gi\" and NVIDIA_GPU_MEMORY_REQUEST = \"1024\", NVIDIA_GPU_MEMORY_LIMIT = \"2048\" ask for different amounts (request 1024 MiB, limit 4096 MiB and request 1024 MiB, limit 2048 MiB)",
+    ),
     ("memory-absurd.json", "more than the GPU can ever hold"),
     ("memory-malformed.json", "vramgate.dev/memory = \"lots\""),
     ("memory-negative.json", "\"-4Gi\" is negative"),
