@@ -208,6 +208,7 @@ pub fn ledger(data: &[u8]) {
         .map(|g| GpuShare {
             uuid: g.uuid.clone(),
             bytes: 1 << 30,
+            limit: None,
         })
         .collect();
     let _ = admission::decide(
@@ -229,6 +230,7 @@ pub fn ledger(data: &[u8]) {
         let share = vec![GpuShare {
             uuid: gpu.uuid.clone(),
             bytes: 1 << 30,
+            limit: None,
         }];
         let ticket = ledger.queue.first().map(|t| t.ticket);
         let _ = admission::decide(

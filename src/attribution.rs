@@ -111,6 +111,7 @@ mod tests {
                 gpus: vec![GpuShare {
                     uuid: "G".into(),
                     bytes: 1 << 30,
+                    limit: None,
                 }],
                 init: ProcessIdentity { pid, start_time: 1 },
                 created_unix_ms: 0,

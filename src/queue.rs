@@ -36,6 +36,7 @@ mod tests {
         GpuShare {
             uuid: uuid.into(),
             bytes: 1,
+            limit: None,
         }
     }
 

@@ -33,6 +33,7 @@ fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
         gpus: vec![GpuShare {
             uuid: vramgate::config::SIMULATED_GPU_UUID.into(),
             bytes,
+            limit: None,
         }],
         init,
         created_unix_ms: 0,

@@ -90,7 +90,7 @@ fn fields_of_a_newer_vramgate_survive_admit_and_release() {
 #[test]
 fn a_newer_format_is_refused_by_hook_and_cli_and_left_alone() {
     let h = harness(GPUS);
-    let newer = br#"{"schema":2,"generation":5,"next_ticket":1,"reservations":[],"queue":[],"shares":"a new shape"}"#;
+    let newer = br#"{"schema":3,"generation":5,"next_ticket":1,"reservations":[],"queue":[],"shares":"a new shape"}"#;
     plant(&h, newer);
     let bundle = h.bundle("c", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
     let container = FakeContainer::start();
@@ -102,7 +102,7 @@ fn a_newer_format_is_refused_by_hook_and_cli_and_left_alone() {
     assert!(!out.status.success(), "status: {cli_line}");
     for line in [&hook_line, &cli_line] {
         assert!(
-            line.contains("was written by a newer vramgate (ledger format 2; this one reads up to 1)")
+            line.contains("was written by a newer vramgate (ledger format 3; this one reads up to 2)")
                 && line.contains("finish upgrading vramgate"),
             "{line}"
         );

@@ -219,6 +219,7 @@ fn recorded_queue_moment_admission_counts_allocation_once() {
     let small = vec![GpuShare {
         uuid: gpu.uuid.clone(),
         bytes: 1 << 30,
+        limit: None,
     }];
     let d = decide(&host.ledger, &host.snapshot, &a.allocated, &rules(), &small, None, 0);
     assert_eq!(d, Decision::Queued { ahead: 4 });
@@ -284,6 +285,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
         vec![GpuShare {
             uuid: uuid.into(),
             bytes,
+            limit: None,
         }]
     };
     let small_mig = "MIG-5c6a31e2-0001-5000-8000-000000000001";

@@ -99,6 +99,7 @@ mod tests {
             gpus: vec![GpuShare {
                 uuid: uuid.into(),
                 bytes,
+                limit: None,
             }],
             init: ProcessIdentity { pid: 1, start_time: 1 },
             created_unix_ms: 7,

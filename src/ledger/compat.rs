@@ -19,6 +19,19 @@
 //! upgrade (packaging/debian/postinst), and finding them here would take a scan of all of
 //! `/proc` on every write.
 //!
+//! **Limits** ([`GpuShare::limit`](super::GpuShare::limit), format 2) are refused by every
+//! release before them: ed7e56d's readers refuse the unknown field, the later ones refuse format
+//! 2 as newer. So while any ticket is held by a process running a replaced binary (a hook of
+//! such a release waiting out a package upgrade, whether or not its ticket has the boot
+//! stamp), a ledger with limits is written with each limit taken as the share's bytes: the
+//! limit is reserved whole, as the older release would have, which can over-reserve but never
+//! over-commit the GPU, and the file is format 1. The service decides such an admission on the
+//! limit from the start ([`limits_must_be_reserved`]), so a GPU that holds the request but not
+//! the limit is not filled past its memory by this rewrite. The limit itself is lost from that
+//! file: the reservation stays at its limit until it is released (its enforcement, set at
+//! start, keeps the limit it was given). The check costs one `/proc` read per ticket, and only
+//! on writes of a ledger with limits and on admissions that ask for one.
+//!
 //! The cost: nothing when every ticket carries the field (the common case, and an empty
 //! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only.
 
@@ -77,10 +90,24 @@ pub fn older_reader_waits(ledger: &Ledger, binaries: &dyn Binaries) -> bool {
         .any(|t| binaries.runs_replaced_binary(&t.waiter))
 }
 
+/// Whether a reader of a release without limits may read the next write: some ticket is held
+/// by a process running a replaced binary. Then a limit is reserved whole (see the module docs).
+pub fn limits_must_be_reserved(ledger: &Ledger, binaries: &dyn Binaries) -> bool {
+    ledger.queue.iter().any(|t| binaries.runs_replaced_binary(&t.waiter))
+}
+
+/// Whether the next write must leave out what an older reader refuses: the boot stamp
+/// ([`older_reader_waits`]), or limits ([`limits_must_be_reserved`], asked only of a ledger
+/// that has some).
+pub fn write_for_older_readers(ledger: &Ledger, binaries: &dyn Binaries) -> bool {
+    older_reader_waits(ledger, binaries) || (ledger.has_limits() && limits_must_be_reserved(ledger, binaries))
+}
+
 /// The ledger as the older format describes it, when it differs from `ledger`: every ticket
-/// without `enqueued_boot_ms`. `None` when there is nothing to leave out.
+/// without `enqueued_boot_ms`, and every limit taken as its share's bytes (format 1). `None`
+/// when there is nothing to leave out.
 pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
-    if ledger.queue.iter().all(|t| t.enqueued_boot_ms.is_none()) {
+    if ledger.queue.iter().all(|t| t.enqueued_boot_ms.is_none()) && !ledger.has_limits() {
         return None;
     }
     let mut older = ledger.clone();
@@ -88,6 +115,12 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         .queue
         .iter_mut()
         .for_each(|t: &mut Ticket| t.enqueued_boot_ms = None);
+    let shares = older.reservations.iter_mut().flat_map(|r| r.gpus.iter_mut());
+    for share in shares.chain(older.queue.iter_mut().flat_map(|t| t.gpus.iter_mut())) {
+        share.bytes = share.limit_bytes();
+        share.limit = None;
+    }
+    older.schema = super::model::FORMAT_WITHOUT_LIMITS;
     Some(older)
 }
 
@@ -192,6 +225,38 @@ mod tests {
         back.queue[1].enqueued_boot_ms = Some(20);
         assert_eq!(back, mixed, "nothing else differs");
         assert!(for_older_readers(&ledger(vec![ticket(7, None)])).is_none());
+    }
+
+    /// While a waiter of a release without limits may read the ledger, a limit is written as
+    /// the share's bytes (reserved whole: never over-committed) in format 1, which such a
+    /// release reads; a waiter of this release (the installed binary) changes nothing.
+    #[test]
+    fn limits_are_reserved_whole_while_a_release_without_them_waits() {
+        let mut with_limit = ledger(vec![ticket(7, Some(10))]);
+        let mut r = crate::ledger::Reservation::for_test("a", "GPU-a", 2 << 30);
+        r.gpus = vec![crate::ledger::GpuShare::new("GPU-a", 2 << 30, 6 << 30)];
+        with_limit.reservations.push(r);
+        assert!(
+            !older_reader_waits(&with_limit, &table(&[7])),
+            "its ticket has the boot stamp"
+        );
+        assert!(
+            write_for_older_readers(&with_limit, &table(&[7])),
+            "yet it cannot read a limit"
+        );
+        assert!(!write_for_older_readers(&with_limit, &table(&[])));
+        let mut no_limit = with_limit.clone();
+        no_limit.reservations.clear();
+        let binaries = table(&[7]);
+        assert!(!write_for_older_readers(&no_limit, &binaries));
+        let older = for_older_readers(&with_limit).expect("a limit to leave out");
+        let json = serde_json::to_string(&older).unwrap();
+        assert!(
+            json.contains(r#""gpus":[{"uuid":"GPU-a","bytes":6442450944}]"#),
+            "{json}"
+        );
+        assert!(json.starts_with(r#"{"schema":1,"#), "{json}");
+        assert_eq!(older.reserved_on("GPU-a"), 6 << 30, "the limit is reserved whole");
     }
 
     /// The `/proc` answer on real processes: this test's own binary is the one at its path; a

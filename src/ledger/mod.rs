@@ -21,10 +21,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::clock::now_unix_ms;
-pub use model::{Extra, GpuShare, Ledger, Reservation, Ticket, FORMAT, MAX_LEDGER_BYTES};
+pub use model::{Extra, GpuShare, Ledger, Reservation, Ticket, FORMAT, FORMAT_WITHOUT_LIMITS, MAX_LEDGER_BYTES};
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
 pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
+
+/// Whether an admission with a limit must reserve the limit whole, because a hook of a release
+/// without limits waits in the queue and will read the ledger (see `ledger/compat.rs`).
+pub fn limits_must_be_reserved(ledger: &Ledger) -> bool {
+    compat::limits_must_be_reserved(ledger, &compat::ProcBinaries)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {

@@ -36,8 +36,15 @@ use crate::procfs::ProcessIdentity;
 /// device plugin) are restarted by the package on upgrade instead. A field added from now on
 /// is either one that older readers may ignore (kept in `extra`), or a format bump.
 ///
+/// Format 2 adds [`GpuShare::limit`]: a share whose limit is above its bytes. A ledger with no
+/// such share is written as format 1, byte for byte what the releases before limits write and
+/// read; while one of their hooks waits in the queue, limits are not written at all (see
+/// `ledger/compat.rs`).
+///
 /// [`Counters`]: crate::counters::Counters
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
+/// The format of a ledger that holds no limit ([`Ledger::format_needed`]).
+pub const FORMAT_WITHOUT_LIMITS: u32 = 1;
 /// A ledger larger than this is refused as corrupt by every reader, and never written (see
 /// [`LedgerError::TooLarge`]); 10,000 reservations take about 3 MiB.
 pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
@@ -52,7 +59,29 @@ pub type Extra = serde_json::Map<String, serde_json::Value>;
 #[serde(deny_unknown_fields)]
 pub struct GpuShare {
     pub uuid: String,
+    /// The request: what admission and placement count, and what the container is guaranteed.
     pub bytes: u64,
+    /// What the container may use at most on this GPU, only where it is above `bytes` (absent:
+    /// the limit is `bytes`, so a ledger without limits is written as before them). Counted
+    /// against `[queue] limit_overcommit` (see [`crate::admission`]); format 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+impl GpuShare {
+    /// A share of `bytes` with `limit`, which is recorded only where it is above `bytes`.
+    pub fn new(uuid: impl Into<String>, bytes: u64, limit: u64) -> GpuShare {
+        GpuShare {
+            uuid: uuid.into(),
+            bytes,
+            limit: (limit > bytes).then_some(limit),
+        }
+    }
+
+    /// The limit in bytes: `bytes` when none above it was asked.
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit.unwrap_or(self.bytes).max(self.bytes)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +131,7 @@ impl Reservation {
             gpus: vec![GpuShare {
                 uuid: uuid.into(),
                 bytes,
+                limit: None,
             }],
             init: crate::procfs::ProcessIdentity { pid: 1, start_time: 1 },
             created_unix_ms: 1,
@@ -193,7 +223,7 @@ pub struct Ledger {
 impl Default for Ledger {
     fn default() -> Self {
         Ledger {
-            schema: FORMAT,
+            schema: FORMAT_WITHOUT_LIMITS,
             generation: 0,
             next_ticket: 1,
             reservations: Vec::new(),
@@ -264,6 +294,32 @@ impl Ledger {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// Sum of the limits on one GPU, saturating as [`Ledger::reserved_on`].
+    pub fn limits_on(&self, uuid: &str) -> u64 {
+        self.reservations
+            .iter()
+            .flat_map(|r| &r.gpus)
+            .filter(|s| s.uuid == uuid)
+            .fold(0u64, |sum, s| sum.saturating_add(s.limit_bytes()))
+    }
+
+    /// Whether any share, reserved or waiting, carries a limit above its bytes.
+    pub fn has_limits(&self) -> bool {
+        let shares = self.reservations.iter().flat_map(|r| &r.gpus);
+        shares
+            .chain(self.queue.iter().flat_map(|t| &t.gpus))
+            .any(|s| s.limit.is_some())
+    }
+
+    /// The oldest format that describes this ledger (see [`FORMAT`]): what a write records.
+    pub fn format_needed(&self) -> u32 {
+        if self.has_limits() {
+            FORMAT
+        } else {
+            FORMAT_WITHOUT_LIMITS
+        }
+    }
+
     /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
     /// `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
     pub fn reserved_on(&self, uuid: &str) -> u64 {
@@ -303,6 +359,22 @@ impl Ledger {
         }
         if let Some(r) = ledger.reservations.iter().find(|r| r.gpus.is_empty()) {
             return Err(corrupt(format!("reservation of {:?} names no GPU", r.container_id)));
+        }
+        // A limit below the request would count less against limit_overcommit than the
+        // request itself holds: only a damaged or hand-edited file says that.
+        let shares = ledger.reservations.iter().map(|r| (&r.container_id, &r.gpus));
+        let waiting = ledger.queue.iter().map(|t| (&t.container_id, &t.gpus));
+        if let Some((id, s)) = shares.chain(waiting).find_map(|(id, gpus)| {
+            gpus.iter()
+                .find(|s| s.limit.is_some_and(|l| l < s.bytes))
+                .map(|s| (id, s))
+        }) {
+            return Err(corrupt(format!(
+                "the share of {id:?} on {} has a limit ({}) below its bytes ({})",
+                s.uuid,
+                s.limit.unwrap_or_default(),
+                s.bytes
+            )));
         }
         // Counters at their limit could only come from a damaged or forged file; refusing it
         // here keeps every `+ 1` on them below overflow.
@@ -364,6 +436,7 @@ mod tests {
         let share = |bytes| GpuShare {
             uuid: "GPU-a".into(),
             bytes,
+            limit: None,
         };
         let reservation = |id: &str, bytes| Reservation {
             container_id: id.into(),
@@ -435,6 +508,39 @@ mod tests {
         );
     }
 
+    /// A limit is written only where it is above the request, so a ledger without limits is
+    /// the format-1 file it always was; one with a limit is format 2 and reads back whole.
+    #[test]
+    fn a_limit_is_written_only_above_the_request() {
+        let mut ledger = Ledger::default();
+        let mut r = Reservation::for_test("a", "GPU-a", 2 << 30);
+        r.gpus = vec![GpuShare::new("GPU-a", 2 << 30, 2 << 30)];
+        ledger.reservations.push(r.clone());
+        assert_eq!(ledger.format_needed(), 1);
+        let plain = serde_json::to_string(&ledger).unwrap();
+        assert!(
+            plain.contains(r#""gpus":[{"uuid":"GPU-a","bytes":2147483648}]"#),
+            "{plain}"
+        );
+        r.container_id = "b".into();
+        r.gpus = vec![GpuShare::new("GPU-a", 2 << 30, 6 << 30)];
+        ledger.reservations.push(r);
+        assert_eq!(ledger.format_needed(), 2);
+        assert_eq!(
+            (ledger.reserved_on("GPU-a"), ledger.limits_on("GPU-a")),
+            (4 << 30, 8 << 30)
+        );
+        ledger.schema = 2;
+        let bytes = serde_json::to_vec(&ledger).unwrap();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#"{"uuid":"GPU-a","bytes":2147483648,"limit":6442450944}"#));
+        assert_eq!(Ledger::parse(&bytes, Path::new("/l")).unwrap(), ledger);
+        let below = String::from_utf8_lossy(&bytes).replace("6442450944", "1");
+        let err = Ledger::parse(below.as_bytes(), Path::new("/l"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has a limit (1) below its bytes (2147483648)"), "{err}");
+    }
+
     #[test]
     fn salvages_the_generation_of_a_parsable_but_invalid_file() {
         assert_eq!(
@@ -484,12 +590,12 @@ mod tests {
     #[test]
     fn a_newer_format_is_refused_as_newer_and_format_zero_as_corrupt() {
         for newer in [
-            &br#"{"schema":2,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
-            br#"{"schema":2,"reservations":"a new shape"}"#,
+            &br#"{"schema":3,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
+            br#"{"schema":3,"reservations":"a new shape"}"#,
         ] {
             let err = Ledger::parse(newer, Path::new("/l")).unwrap_err().to_string();
             assert!(
-                err.starts_with("ledger /l was written by a newer vramgate (ledger format 2; this one reads up to 1)"),
+                err.starts_with("ledger /l was written by a newer vramgate (ledger format 3; this one reads up to 2)"),
                 "{err}"
             );
         }

@@ -147,6 +147,7 @@ mod tests {
             gpus: vec![GpuShare {
                 uuid: "GPU-a".into(),
                 bytes: 1,
+                limit: None,
             }],
             init: id(pid),
             created_unix_ms: 1,

@@ -310,9 +310,15 @@ impl StateDir {
     /// While a hook of an older release may still read it, the ledger is written in the format
     /// that one reads (see [`super::compat`]).
     pub(super) fn write(&self, ledger: &Ledger) -> Result<Vec<u8>> {
-        let older = super::compat::older_reader_waits(ledger, &super::compat::ProcBinaries)
+        let mut older = super::compat::write_for_older_readers(ledger, &super::compat::ProcBinaries)
             .then(|| super::compat::for_older_readers(ledger))
             .flatten();
+        // The oldest format that describes what is written (see FORMAT): a ledger read as
+        // format 2 whose limits have all left is format 1 again.
+        let format = older.as_ref().unwrap_or(ledger).format_needed();
+        if older.as_ref().unwrap_or(ledger).schema != format {
+            older.get_or_insert_with(|| ledger.clone()).schema = format;
+        }
         let bytes = serde_json::to_vec(older.as_ref().unwrap_or(ledger)).expect("the ledger serializes");
         if bytes.len() as u64 > MAX_LEDGER_BYTES {
             return Err(LedgerError::TooLarge {

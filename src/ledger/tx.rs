@@ -189,6 +189,7 @@ mod tests {
             gpus: vec![GpuShare {
                 uuid: "GPU-a".into(),
                 bytes,
+                limit: None,
             }],
             init: ProcessIdentity { pid: 1, start_time: 7 },
             created_unix_ms: 1,
@@ -280,7 +281,7 @@ mod tests {
         std::fs::write(state.ledger_path(), br#"{"schema":99}"#).unwrap();
         let err = state.read().unwrap_err().to_string();
         assert!(
-            err.contains("written by a newer vramgate (ledger format 99; this one reads up to 1)"),
+            err.contains("written by a newer vramgate (ledger format 99; this one reads up to 2)"),
             "{err}"
         );
         let aside = state.repair().unwrap().unwrap();
