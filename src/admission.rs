@@ -17,7 +17,16 @@
 //!    a request that fits may pass older tickets, but never one that has waited longer than
 //!    `backfill_bound`, so a large request cannot be starved by a stream of small ones.
 //!
-//! A request larger than `total(g) - headroom` can never fit and is refused at once, even
+//! 4. **Limits**: with `L` the container's limit on `g` (its request when it asked for no
+//!    more), `limits(g) + L <= total(g) - headroom + limit_overcommit(g)`, where `limits(g)` is
+//!    the sum of the limits of the reservations on `g` and `limit_overcommit` is `[queue]
+//!    limit_overcommit` of the GPU's memory. Rules 1 and 2 take the request, what the container
+//!    is guaranteed; this one bounds what the containers may use together. At the default, 0%,
+//!    a container needs room for its limit, as before limits were kept apart; without limits
+//!    it is rule 1 again.
+//!
+//! A request larger than `total(g) - headroom` can never fit, nor a limit larger than
+//! `total(g) - headroom + limit_overcommit(g)` and is refused at once, even
 //! under the `wait` policy. A request on several GPUs must pass on every one (all or nothing).
 //!
 //! **Placement** (`auto`, see [`crate::placement`]): the request lists candidate GPUs and a
@@ -47,6 +56,8 @@ pub struct Rules {
     pub backfill: bool,
     pub backfill_bound: Duration,
     pub strategy: Strategy,
+    /// `[queue] limit_overcommit`, in parts per million of a GPU's memory (rule 4).
+    pub limit_overcommit_ppm: u32,
 }
 
 impl Rules {
@@ -56,6 +67,7 @@ impl Rules {
             backfill: config.queue.backfill,
             backfill_bound: config.queue.backfill_bound,
             strategy: config.placement.strategy,
+            limit_overcommit_ppm: config.queue.limit_overcommit_ppm,
         }
     }
 
@@ -77,6 +89,10 @@ pub struct GpuAccount {
     /// How many reservations hold memory on this GPU (status lists them under `reservations`).
     #[serde(rename = "reservation_count")]
     pub reservations: usize,
+    /// The sum of the limits of those reservations (`reserved` where none asked for more).
+    pub limits: u64,
+    /// How far `limits` may pass `total - headroom` (`[queue] limit_overcommit`, rule 4).
+    pub limit_overcommit: u64,
 }
 
 impl GpuAccount {
@@ -85,6 +101,34 @@ impl GpuAccount {
         let by_capacity = self.total.saturating_sub(self.headroom).saturating_sub(self.reserved);
         let by_free = self.free.saturating_sub(self.unallocated).saturating_sub(self.headroom);
         by_capacity.min(by_free)
+    }
+
+    /// The largest limit a new reservation may have on this GPU now (rule 4).
+    pub fn limit_room(&self) -> u64 {
+        self.limit_capacity().saturating_sub(self.limits)
+    }
+
+    /// What the limits on this GPU may add up to (rule 4).
+    pub fn limit_capacity(&self) -> u64 {
+        self.total
+            .saturating_sub(self.headroom)
+            .saturating_add(self.limit_overcommit)
+    }
+
+    /// The numbers behind rule 4, for messages.
+    pub fn describe_limits(&self) -> String {
+        format!(
+            "GPU {} ({}) has room for limits up to {} in all ({} total, {} headroom, {} [queue] limit_overcommit), and the limits of its {} container{} add up to {}",
+            self.index,
+            self.uuid,
+            format_bytes(self.limit_capacity()),
+            format_bytes(self.total),
+            format_bytes(self.headroom),
+            format_bytes(self.limit_overcommit),
+            self.reservations,
+            if self.reservations == 1 { "" } else { "s" },
+            format_bytes(self.limits),
+        )
     }
 
     /// Memory in use that no reservation accounts for (what the driver says is used, less
@@ -113,11 +157,13 @@ impl GpuAccount {
 pub fn account(ledger: &Ledger, gpu: &GpuMemory, allocated: &Allocated, rules: &Rules) -> GpuAccount {
     let mut reserved = 0u64;
     let mut unallocated = 0u64;
+    let mut limits = 0u64;
     let mut reservations = 0;
     for r in &ledger.reservations {
         for share in r.gpus.iter().filter(|s| s.uuid == gpu.uuid) {
             reservations += 1;
             reserved = reserved.saturating_add(share.bytes);
+            limits = limits.saturating_add(share.limit_bytes());
             let taken = allocated
                 .get(&(r.container_id.clone(), gpu.uuid.clone()))
                 .copied()
@@ -134,7 +180,18 @@ pub fn account(ledger: &Ledger, gpu: &GpuMemory, allocated: &Allocated, rules: &
         unallocated,
         headroom: rules.headroom_on(gpu),
         reservations,
+        limits,
+        limit_overcommit: crate::quantity::Quantity::PartsPerMillion(rules.limit_overcommit_ppm).bytes_on(gpu.total),
     }
+}
+
+/// Which rule held a request back: the request against the memory (rules 1 and 2), or its
+/// limit against the other limits on the GPU (rule 4). Messages say which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Bound {
+    #[default]
+    Memory,
+    Limits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,17 +203,22 @@ pub enum Decision {
     },
     /// It can never fit: larger than the GPU less headroom (for a placement: than all but
     /// fewer than `count` candidates; `account` is then the largest one).
+    /// With `bound` = [`Bound::Limits`], `request` is the limit, larger than the GPU's room
+    /// for limits.
     Never {
         request: u64,
         account: GpuAccount,
         among: Option<Among>,
+        bound: Bound,
     },
     /// Not now: not enough memory on a GPU (for a placement: on enough candidates; `account`
-    /// is then the one with the most room).
+    /// is then the one with the most room), or, with `bound` = [`Bound::Limits`], not enough
+    /// room for its limit (`request` is then the limit).
     NoRoom {
         request: u64,
         account: GpuAccount,
         among: Option<Among>,
+        bound: Bound,
     },
     /// Not now: older waiters come first.
     Queued { ahead: usize },
@@ -207,6 +269,7 @@ pub fn decide(
                 request: share.bytes,
                 account,
                 among: None,
+                bound: Bound::Memory,
             };
         };
         let account = account(ledger, gpu, allocated, rules);
@@ -215,17 +278,35 @@ pub fn decide(
                 request: share.bytes,
                 account,
                 among: None,
+                bound: Bound::Memory,
             };
         }
-        accounts.push((share.bytes, account));
-    }
-    let ahead = tickets_ahead(ledger, rules, shares, ticket, now);
-    for (request, account) in accounts {
-        if request > account.available() {
-            return Decision::NoRoom {
-                request,
+        if share.limit_bytes() > account.limit_capacity() {
+            return Decision::Never {
+                request: share.limit_bytes(),
                 account,
                 among: None,
+                bound: Bound::Limits,
+            };
+        }
+        accounts.push((share, account));
+    }
+    let ahead = tickets_ahead(ledger, rules, shares, ticket, now);
+    for (share, account) in accounts {
+        if share.bytes > account.available() {
+            return Decision::NoRoom {
+                request: share.bytes,
+                account,
+                among: None,
+                bound: Bound::Memory,
+            };
+        }
+        if share.limit_bytes() > account.limit_room() {
+            return Decision::NoRoom {
+                request: share.limit_bytes(),
+                account,
+                among: None,
+                bound: Bound::Limits,
             };
         }
     }
@@ -266,60 +347,88 @@ fn decide_placement(
         count,
         candidates: candidates.len(),
     });
-    let accounts: Vec<(u64, GpuAccount)> = candidates
+    let accounts: Vec<(&GpuShare, GpuAccount)> = candidates
         .iter()
-        .filter_map(|share| {
-            Some((
-                share.bytes,
-                account(ledger, snapshot.by_uuid(&share.uuid)?, allocated, rules),
-            ))
-        })
+        .filter_map(|share| Some((share, account(ledger, snapshot.by_uuid(&share.uuid)?, allocated, rules))))
         .collect();
-    let largest = |list: &[&(u64, GpuAccount)], key: fn(&GpuAccount) -> u64| {
+    let largest = |list: &[&(&GpuShare, GpuAccount)], key: fn(&GpuAccount) -> u64, bound: Bound| {
         list.iter()
             .max_by_key(|(_, a)| (key(a), std::cmp::Reverse(a.index)))
-            .map(|(r, a)| (*r, a.clone()))
+            .map(|(s, a)| {
+                let asked = if bound == Bound::Limits {
+                    s.limit_bytes()
+                } else {
+                    s.bytes
+                };
+                (asked, a.clone())
+            })
     };
-    let all: Vec<&(u64, GpuAccount)> = accounts.iter().collect();
-    let could: Vec<&(u64, GpuAccount)> = accounts
+    let all: Vec<&(&GpuShare, GpuAccount)> = accounts.iter().collect();
+    let could_hold: Vec<&(&GpuShare, GpuAccount)> = accounts
         .iter()
-        .filter(|(bytes, a)| *bytes <= a.total.saturating_sub(a.headroom))
+        .filter(|(s, a)| s.bytes <= a.total.saturating_sub(a.headroom))
+        .collect();
+    let could: Vec<&(&GpuShare, GpuAccount)> = could_hold
+        .iter()
+        .copied()
+        .filter(|(s, a)| s.limit_bytes() <= a.limit_capacity())
         .collect();
     if could.len() < count as usize {
-        let Some((request, account)) = largest(&all, |a| a.total) else {
+        // Held back by the limit only when enough GPUs could ever hold the request.
+        let (list, key, bound): (&[&(&GpuShare, GpuAccount)], fn(&GpuAccount) -> u64, Bound) =
+            if could_hold.len() >= count as usize {
+                (&could_hold, GpuAccount::limit_capacity, Bound::Limits)
+            } else {
+                (&all, |a: &GpuAccount| a.total, Bound::Memory)
+            };
+        let Some((request, account)) = largest(list, key, bound) else {
             // No candidate left in the inventory at all.
             let request = candidates.first().map_or(0, |s| s.bytes);
             return Decision::Never {
                 request,
                 account: vanished(candidates.first().map_or("", |s| s.uuid.as_str())),
                 among,
+                bound: Bound::Memory,
             };
         };
         return Decision::Never {
             request,
             account,
             among,
+            bound,
         };
     }
     let ahead = tickets_ahead(ledger, rules, candidates, ticket, now);
-    let fitting: Vec<&(u64, GpuAccount)> = could
+    let with_memory: Vec<&(&GpuShare, GpuAccount)> = could
         .iter()
         .copied()
-        .filter(|(bytes, a)| *bytes <= a.available())
+        .filter(|(s, a)| s.bytes <= a.available())
+        .collect();
+    let fitting: Vec<&(&GpuShare, GpuAccount)> = with_memory
+        .iter()
+        .copied()
+        .filter(|(s, a)| s.limit_bytes() <= a.limit_room())
         .collect();
     if fitting.len() < count as usize {
-        let (request, account) = largest(&could, GpuAccount::available).expect("at least count >= 1 could fit");
+        let (list, key, bound): (&[&(&GpuShare, GpuAccount)], fn(&GpuAccount) -> u64, Bound) =
+            if with_memory.len() >= count as usize {
+                (&with_memory, GpuAccount::limit_room, Bound::Limits)
+            } else {
+                (&could, GpuAccount::available, Bound::Memory)
+            };
+        let (request, account) = largest(list, key, bound).expect("at least count >= 1 could fit");
         return Decision::NoRoom {
             request,
             account,
             among,
+            bound,
         };
     }
     if ahead > 0 {
         return Decision::Queued { ahead };
     }
-    let bytes = fitting[0].0;
-    let offered: Vec<Candidate> = fitting.iter().map(|(bytes, a)| Candidate::of(a, *bytes)).collect();
+    let bytes = fitting[0].0.bytes;
+    let offered: Vec<Candidate> = fitting.iter().map(|(s, a)| Candidate::of(a, s.bytes)).collect();
     let chosen = placement::choose(rules.strategy, &offered, count as usize).expect("enough fit");
     let shares = chosen
         .iter()
@@ -347,6 +456,8 @@ fn vanished(uuid: &str) -> GpuAccount {
         unallocated: 0,
         headroom: 0,
         reservations: 0,
+        limits: 0,
+        limit_overcommit: 0,
     }
 }
 
@@ -392,6 +503,7 @@ mod tests {
     fn rules() -> Rules {
         Rules {
             strategy: Strategy::BestFit,
+            limit_overcommit_ppm: 0,
             headroom: Quantity::Bytes(0),
             backfill: false,
             backfill_bound: Duration::from_secs(30),
@@ -421,6 +533,7 @@ mod tests {
         vec![GpuShare {
             uuid: "G".into(),
             bytes,
+            limit: None,
         }]
     }
 
@@ -650,10 +763,12 @@ mod tests {
             GpuShare {
                 uuid: "A".into(),
                 bytes: 2 << 30,
+                limit: None,
             },
             GpuShare {
                 uuid: "B".into(),
                 bytes: 2 << 30,
+                limit: None,
             },
         ];
         match decide_one(&Ledger::default(), &s, &Allocated::new(), &rules(), &both, None, 0) {
@@ -672,10 +787,76 @@ mod tests {
             &[GpuShare {
                 uuid: "gone".into(),
                 bytes: 1,
+                limit: None,
             }],
             None,
             0,
         );
         assert!(matches!(d, Decision::Never { .. }));
+    }
+
+    /// Rule 4: requests of 2 GiB with limits of 6 GiB on an 8 GiB card. The first fits; the
+    /// second has room for its request but not its limit at the default 0%, and fits at 50%
+    /// (limits may add up to 12 GiB). A limit past the card plus the bound never fits.
+    #[test]
+    fn the_sum_of_limits_is_bounded_by_limit_overcommit() {
+        const GI: u64 = 1 << 30;
+        let card = Snapshot {
+            gpus: vec![gpu("G", 8 * GI, 8 * GI)],
+            ..Default::default()
+        };
+        let asked = [GpuShare::new("G", 2 * GI, 6 * GI)];
+        let mut ledger = Ledger::default();
+        assert_eq!(
+            decide_one(&ledger, &card, &Allocated::new(), &rules(), &asked, None, 0),
+            admit(&asked)
+        );
+        ledger.reservations.push(Reservation {
+            gpus: asked.to_vec(),
+            ..Reservation::for_test("a", "G", 0)
+        });
+        match decide_one(&ledger, &card, &Allocated::new(), &rules(), &asked, None, 0) {
+            Decision::NoRoom {
+                request,
+                account,
+                bound: Bound::Limits,
+                ..
+            } => {
+                assert_eq!(
+                    (request, account.limits, account.limit_room()),
+                    (6 * GI, 6 * GI, 2 * GI)
+                );
+                assert!(
+                    account
+                        .describe_limits()
+                        .contains("room for limits up to 8192 MiB in all"),
+                    "{}",
+                    account.describe_limits()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let half = Rules {
+            limit_overcommit_ppm: 500_000,
+            ..rules()
+        };
+        assert_eq!(
+            decide_one(&ledger, &card, &Allocated::new(), &half, &asked, None, 0),
+            admit(&asked)
+        );
+        // The request itself is still rule 1's: 2 GiB reserved, 7 asked, does not fit.
+        let big = [GpuShare::new("G", 7 * GI, 7 * GI)];
+        assert!(matches!(
+            decide_one(&ledger, &card, &Allocated::new(), &half, &big, None, 0),
+            Decision::NoRoom {
+                bound: Bound::Memory,
+                ..
+            }
+        ));
+        let huge = [GpuShare::new("G", 2 * GI, 13 * GI)];
+        assert!(matches!(
+            decide_one(&Ledger::default(), &card, &Allocated::new(), &half, &huge, None, 0),
+            Decision::Never { request, bound: Bound::Limits, .. } if request == 13 * GI
+        ));
     }
 }

@@ -126,6 +126,10 @@ pub struct QueueConfig {
     pub backfill_bound: Duration,
     /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
     pub poll_interval: Duration,
+    /// How far the sum of the limits on a GPU may exceed its memory, in parts per million of
+    /// the GPU's memory (`"50%"` is 500,000; at most 100%). 0, the default, keeps today's
+    /// rule: a container whose limit is above its request needs room for its limit.
+    pub limit_overcommit_ppm: u32,
 }
 
 /// The `[inventory]` table.
@@ -285,6 +289,7 @@ impl Default for QueueConfig {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
+            limit_overcommit_ppm: 0,
         }
     }
 }
@@ -370,6 +375,7 @@ struct RawQueue {
     backfill: Option<bool>,
     backfill_bound: Option<String>,
     poll_interval: Option<String>,
+    limit_overcommit: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -525,6 +531,16 @@ impl QueueConfig {
                 return Err(keys.bad("queue.poll_interval", &v, "must be between 10ms and 60s"));
             }
             queue.poll_interval = interval;
+        }
+        if let Some(v) = raw.limit_overcommit {
+            const HOW: &str = "must be a percentage of the GPU's memory from \"0%\" to \"100%\" (how far the sum of limits on a GPU may exceed its memory)";
+            queue.limit_overcommit_ppm = match v.trim() {
+                "0" | "0%" => 0,
+                t => match quantity::parse_quantity(t) {
+                    Ok(Quantity::PartsPerMillion(ppm)) if t.ends_with('%') => ppm,
+                    _ => return Err(keys.bad("queue.limit_overcommit", &v, HOW)),
+                },
+            };
         }
         Ok(queue)
     }
@@ -789,10 +805,35 @@ minor = 5
         assert_eq!(c.wait_timeout, Duration::from_secs(90));
         assert_eq!(c.on_state_error, OnStateError::FailOpen);
         assert!(c.queue.backfill);
+        assert_eq!(c.queue.limit_overcommit_ppm, 0, "the default");
         assert_eq!(c.inventory.gpus.len(), 2);
         assert_eq!(c.inventory.gpus[0].used_outside, 1 << 30);
         assert_eq!(c.inventory.gpus[1].minor, 5);
         assert_eq!(c.runtime, RuntimeConfig::default());
+    }
+
+    #[test]
+    fn limit_overcommit_is_a_percentage_up_to_100() {
+        for (v, ppm) in [
+            ("0%", 0),
+            ("0", 0),
+            ("50%", 500_000),
+            ("12.5%", 125_000),
+            ("100%", 1_000_000),
+        ] {
+            let c = parse(&format!("[queue]\nlimit_overcommit = \"{v}\"")).unwrap();
+            assert_eq!(c.queue.limit_overcommit_ppm, ppm, "{v}");
+        }
+        for v in ["150%", "-5%", "50", "2Gi", "lots", ""] {
+            let err = parse(&format!("[queue]\nlimit_overcommit = \"{v}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("queue.limit_overcommit") && err.contains("from \"0%\" to \"100%\""),
+                "{v}: {err}"
+            );
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
     }
 
     #[test]

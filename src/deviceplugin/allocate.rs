@@ -187,6 +187,7 @@ mod tests {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
             strategy: Strategy::BestFit,
+            limit_overcommit_ppm: 0,
         }
     }
 

@@ -494,7 +494,15 @@ impl<'a> Service<'a> {
         let snapshot = self
             .inventory
             .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
-        let (shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
+        let (mut shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
+        // A hook of a release without limits waits and will read what this writes: the limit
+        // is decided on and reserved whole, as that release would (see ledger/compat.rs), so
+        // the rewrite that leaves limits out of the file cannot fill a GPU past its memory.
+        if shares.iter().any(|s| s.limit.is_some()) && crate::ledger::limits_must_be_reserved(ledger) {
+            for share in &mut shares {
+                *share = GpuShare::new(std::mem::take(&mut share.uuid), share.limit_bytes(), 0);
+            }
+        }
         let decide = |ledger: &Ledger| {
             let usage = self.cgroup_usage(ledger);
             let allocated =
@@ -574,6 +582,9 @@ impl<'a> Service<'a> {
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
+                if let Some(limit) = req.request.limit {
+                    detail += &format!(", limit {limit} from {}", req.request.limit_source);
+                }
                 if queued {
                     detail += &format!(", after waiting {}", format_duration(waited));
                 }
@@ -603,12 +614,14 @@ impl<'a> Service<'a> {
                 request,
                 account,
                 among,
+                bound,
             } => {
                 let refusal = Refusal::NeverFits {
                     container: id.to_string(),
                     request,
                     account,
                     among,
+                    bound,
                 };
                 return refuse(ledger, log, Kind::Refuse, refusal);
             }
@@ -616,10 +629,12 @@ impl<'a> Service<'a> {
                 request,
                 account,
                 among,
+                bound,
             } => Shortage::Memory {
                 request,
                 account,
                 among,
+                bound,
             },
             Decision::Queued { ahead } => Shortage::Queue { ahead },
         };
@@ -962,12 +977,10 @@ fn shares_for(
         .into_iter()
         .map(|uuid| {
             let total = snapshot.by_uuid(&uuid).map(|g| g.total).unwrap_or(0);
-            GpuShare {
-                bytes: request.memory.bytes_on(total),
-                uuid,
-            }
+            let limit = request.limit_on(total).map_err(request_error)?;
+            Ok(GpuShare::new(uuid, request.memory.bytes_on(total), limit))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     Ok((shares, choose))
 }
 

@@ -5,12 +5,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::admission::{Among, GpuAccount};
+use crate::admission::{Among, Bound, GpuAccount};
 use crate::inventory::GpuMemory;
 use crate::ledger::GpuShare;
 use crate::placement::Placement;
 use crate::quantity::{format_bytes, format_duration};
-use crate::request::{MEMORY_ANNOTATION, POLICY_ANNOTATION, TIMEOUT_ANNOTATION};
+use crate::request::{MEMORY_ANNOTATION, MEMORY_LIMIT_ANNOTATION, POLICY_ANNOTATION, TIMEOUT_ANNOTATION};
 
 /// How an admission ended when it did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,11 +38,13 @@ pub enum Admission {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shortage {
     /// Not enough memory on one of its GPUs (for a placement: on enough of its candidates;
-    /// `account` is the one with the most room).
+    /// `account` is the one with the most room); with `bound` = [`Bound::Limits`], not enough
+    /// room for its limit (`request` is then the limit: see [`crate::admission`], rule 4).
     Memory {
         request: u64,
         account: GpuAccount,
         among: Option<Among>,
+        bound: Bound,
     },
     /// Older waiters on its GPUs come first.
     Queue { ahead: usize },
@@ -55,6 +57,31 @@ impl fmt::Display for Shortage {
                 request,
                 account,
                 among: None,
+                bound: Bound::Limits,
+            } => write!(
+                f,
+                "its limit is {} and {}, which {} more would pass ([queue] limit_overcommit bounds the sum of limits)",
+                format_bytes(*request),
+                account.describe_limits(),
+                format_bytes(*request)
+            ),
+            Shortage::Memory {
+                request,
+                account,
+                among: Some(among),
+                bound: Bound::Limits,
+            } => write!(
+                f,
+                "its limit is {} on {} and the one with the most room for limits is {} ([queue] limit_overcommit bounds the sum of limits)",
+                format_bytes(*request),
+                among.describe(),
+                account.describe_limits()
+            ),
+            Shortage::Memory {
+                request,
+                account,
+                among: None,
+                ..
             } => {
                 write!(f, "it requests {} and {}", format_bytes(*request), account.describe())
             }
@@ -62,6 +89,7 @@ impl fmt::Display for Shortage {
                 request,
                 account,
                 among: Some(among),
+                ..
             } => write!(
                 f,
                 "it requests {} on {} and the one with the most room is {}",
@@ -109,11 +137,14 @@ impl fmt::Display for GoneProcess {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// Larger than the GPU less headroom: no wait can help.
+    /// With `bound` = [`Bound::Limits`], `request` is its limit, more than the GPU's room
+    /// for limits.
     NeverFits {
         container: String,
         request: u64,
         account: GpuAccount,
         among: Option<Among>,
+        bound: Bound,
     },
     /// Policy `reject` and no room now.
     NoRoom { container: String, shortage: Shortage },
@@ -156,7 +187,22 @@ impl fmt::Display for Refusal {
                 container,
                 request,
                 account,
+                among,
+                bound: Bound::Limits,
+            } => write!(
+                f,
+                "vramgate: refused container {container}: its limit is {}{}, more than the limits on {} may ever add up to: {}; lower the limit (annotation {MEMORY_LIMIT_ANNOTATION}) or raise [queue] limit_overcommit",
+                format_bytes(*request),
+                among.map(|a| format!(" on {}", a.describe())).unwrap_or_default(),
+                if among.is_some() { "the largest" } else { "the GPU" },
+                account.describe_limits(),
+            ),
+            Refusal::NeverFits {
+                container,
+                request,
+                account,
                 among: Some(among),
+                ..
             } => write!(
                 f,
                 "vramgate: refused container {container}: it requests {} on {}, more than enough of them can ever hold (the largest is {}); request less (annotation {MEMORY_ANNOTATION}) or run it on a host with larger GPUs",
@@ -169,6 +215,7 @@ impl fmt::Display for Refusal {
                 request,
                 account,
                 among: None,
+                ..
             } => write!(
                 f,
                 "vramgate: refused container {container}: it requests {} on GPU {}, more than the GPU can ever hold: {}; request less (annotation {MEMORY_ANNOTATION}) or run it on a larger GPU",

@@ -142,6 +142,9 @@ fn request(bytes: u64, gpus: &str) -> Request {
         memory: Quantity::Bytes(bytes),
         memory_source: crate::request::MEMORY_ANNOTATION.to_string(),
         from_nvidia: false,
+        limit: None,
+        limit_source: String::new(),
+        limit_from_nvidia: false,
         policy: None,
         timeout: None,
         gpus: GpuSelector::parse_list(crate::request::GPUS_ANNOTATION, gpus).unwrap(),
@@ -1206,5 +1209,115 @@ fn a_tier_from_the_spec_is_recorded_only_when_confirming_the_wrappers_admission(
     assert_eq!(
         ledger.reservation("wrapped").unwrap().enforcement,
         Some(Tier::DriverLimit)
+    );
+}
+
+/// `request` with a limit above it.
+fn request_with_limit(bytes: u64, limit: u64, gpus: &str) -> Request {
+    Request {
+        limit: Some(Quantity::Bytes(limit)),
+        limit_source: crate::request::MEMORY_LIMIT_ANNOTATION.to_string(),
+        ..request(bytes, gpus)
+    }
+}
+
+/// Request 2 GiB, limit 6 GiB, on an 8 GiB GPU: the first is admitted with both recorded; a
+/// second has room for its request but not its limit at the default bound, and its line says
+/// that the limits held it back; with `limit_overcommit = 50%` it is admitted. The admission
+/// event carries the limit.
+#[test]
+fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
+    let mut w = World::new(1, 8 * GI);
+    let r = request_with_limit(2 * GI, 6 * GI, "0");
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (first, log) = step(
+        &service,
+        &mut ledger,
+        &admit_req("a", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&first));
+    assert_eq!(
+        ledger.reservations[0].gpus,
+        vec![GpuShare::new("GPU-0", 2 * GI, 6 * GI)]
+    );
+    assert_eq!(ledger.format_needed(), 2);
+    assert_eq!(log[0].gpus[0].limit, Some(6 * GI));
+    assert!(
+        log[0].detail.contains("limit 6144 MiB from vramgate.dev/memory-limit"),
+        "{}",
+        log[0].detail
+    );
+    let second = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("b", 2, &r, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    let line = second.to_string();
+    assert!(
+        line.starts_with("vramgate: refused container b: its limit is 6144 MiB and GPU 0 (GPU-0) has room for limits up to 8192 MiB in all (8192 MiB total, 0 B headroom, 0 B [queue] limit_overcommit), and the limits of its 1 container add up to 6144 MiB"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+    drop(service);
+    w.config.queue.limit_overcommit_ppm = 500_000;
+    let service = w.service();
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("b", 2, &r, Policy::Reject),
+            &mut Progress::default()
+        )
+        .0
+    ));
+    assert_eq!(
+        (ledger.reserved_on("GPU-0"), ledger.limits_on("GPU-0")),
+        (4 * GI, 12 * GI)
+    );
+    // A third: its request fits (4 of 8 GiB reserved), its limit does not (12 of 12).
+    let third = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("c", 3, &r, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(
+        matches!(
+            &third,
+            Refusal::NoRoom {
+                shortage: Shortage::Memory {
+                    bound: crate::admission::Bound::Limits,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{third}"
+    );
+    // A limit beyond what the limits may ever add up to: refused at once, even under wait.
+    let huge = request_with_limit(GI, 13 * GI, "0");
+    let never = refusal(
+        step(
+            &service,
+            &mut Ledger::default(),
+            &admit_req("d", 4, &huge, Policy::Wait),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(
+        never
+            .to_string()
+            .contains("its limit is 13.0 GiB, more than the limits on the GPU may ever add up to"),
+        "{never}"
     );
 }
