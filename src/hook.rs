@@ -343,6 +343,7 @@ fn driver_limit(
             // The driver takes no MIG handle; a MIG device's memory is its own already.
             mig_index: s.uuid.starts_with("MIG-").then_some(0),
             bytes: s.bytes,
+            limit: s.limit_bytes(),
             total: 0,
         })
         .collect();

@@ -266,7 +266,7 @@ fn the_wrapper_path_sets_it_on_a_systemd_shaped_cgroup_and_removes_the_toolkits_
         "3Gi",
         // The same amount in NVIDIA's words (a different one is refused: see
         // `a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper`).
-        &["NVIDIA_GPU_MEMORY_LIMIT=3072", "NVIDIA_GPU_MEMORY_REQUEST=1"],
+        &["NVIDIA_GPU_MEMORY_LIMIT=3072", "NVIDIA_GPU_MEMORY_REQUEST=3072"],
         &cgroup,
         false,
     );
@@ -301,8 +301,10 @@ fn assert_event_kinds(host: &Host, kinds: &[&str]) {
 }
 
 /// A container that asks only in NVIDIA's words is admitted on them through the wrapper, which
-/// then removes them (the toolkit's hook would set a second limit) and writes the amount as
-/// `vramgate.dev/memory` for the hook, which confirms and sets the driver limit from it.
+/// then removes them (the toolkit's hook would set a second limit) and writes the request and
+/// the limit as `vramgate.dev/memory` and `vramgate.dev/memory-limit` for the hook, which
+/// confirms and sets the driver limit from them: soft = the request, hard = the limit. Status
+/// shows both.
 #[test]
 fn a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper() {
     let host = Host::new("drv-nvvars", true, true, "");
@@ -322,8 +324,22 @@ fn a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper
     let calls = host.calls();
     assert_eq!(
         sets(&calls),
-        [format!("set {SIMULATED_GPU_UUID} /sys/fs/cgroup{cgroup} 0 {}", 2 * GIB)],
-        "the limit, 2048 MiB, reserved and set: {calls:?}"
+        [format!(
+            "set {SIMULATED_GPU_UUID} /sys/fs/cgroup{cgroup} {} {}",
+            GIB,
+            2 * GIB
+        )],
+        "soft = the request, 1024 MiB; hard = the limit, 2048 MiB: {calls:?}"
+    );
+    let admitted = host
+        .events()
+        .into_iter()
+        .find(|e| e["event"] == "admit")
+        .expect("an admit event");
+    assert_eq!(
+        (&admitted["gpus"][0]["bytes"], &admitted["gpus"][0]["limit"]),
+        (&json!(GIB), &json!(2 * GIB)),
+        "the admission event carries the limit: {admitted}"
     );
     assert!(host.reservation("nv1").is_none(), "released when the container ended");
     assert_event_kinds(&host, &["admit", "confirm", "enforce", "release"]);

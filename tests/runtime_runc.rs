@@ -101,9 +101,10 @@ fn reserved_bytes(bed: &Testbed) -> Vec<(String, u64)> {
 }
 
 /// A container that asks only in NVIDIA's words (the toolkit's variables, whole MiB) is
-/// admitted on the larger of request and limit, under `limit = "toolkit"`, where the wrapper
-/// replaces those variables with its own values before the hook confirms; one that also says
-/// a different amount in vramgate's words is refused with one line and reserves nothing.
+/// admitted on its request with its limit beside it, under `limit = "toolkit"`, where the
+/// wrapper replaces those variables with its own values (the same request and limit) and pins
+/// both in vramgate's words before the hook confirms; one that also says a different amount in
+/// vramgate's words is refused with one line and reserves nothing.
 #[test]
 fn nvidias_variables_alone_are_a_request_through_the_wrapper() {
     let (_dir, bed) = testbed("vg-rt-nvvars", "[enforce]\nlimit = \"toolkit\"\n");
@@ -118,8 +119,14 @@ fn nvidias_variables_alone_are_a_request_through_the_wrapper() {
     );
     assert_eq!(
         reserved_bytes(&bed),
-        [("n1".to_string(), 1536 << 20)],
-        "the limit, 1536 MiB, reserved and confirmed"
+        [("n1".to_string(), 512 << 20)],
+        "the request, 512 MiB, reserved and confirmed"
+    );
+    let status = support::status(&bed.config_path);
+    assert_eq!(
+        status["gpus"][0]["reservations"][0]["limit"],
+        json!(1536u64 << 20),
+        "{status}"
     );
     let spec: Value = serde_json::from_slice(&std::fs::read(Path::new(&bundle).join("config.json")).unwrap()).unwrap();
     let env: Vec<&str> = spec["process"]["env"]
@@ -129,12 +136,15 @@ fn nvidias_variables_alone_are_a_request_through_the_wrapper() {
         .filter_map(Value::as_str)
         .collect();
     assert!(
-        env.contains(&"NVIDIA_GPU_MEMORY_LIMIT=1536") && env.contains(&"NVIDIA_GPU_MEMORY_REQUEST=0"),
+        env.contains(&"NVIDIA_GPU_MEMORY_LIMIT=1536") && env.contains(&"NVIDIA_GPU_MEMORY_REQUEST=512"),
         "the toolkit tier's own values: {env:?}"
     );
     assert_eq!(
-        spec["annotations"]["vramgate.dev/memory"],
-        json!((1536u64 << 20).to_string())
+        (
+            &spec["annotations"]["vramgate.dev/memory"],
+            &spec["annotations"]["vramgate.dev/memory-limit"]
+        ),
+        (&json!((512u64 << 20).to_string()), &json!((1536u64 << 20).to_string()))
     );
     assert_ok(wrapper(&bed, &["kill", "n1", "KILL"]), "kill");
     eventually("the container stops", || {

@@ -37,12 +37,17 @@
 //! `NVML_ERROR_OPERATING_SYSTEM` when "the cgroup path cannot be opened". When and by whom a
 //! limit is cleared is [`super::lifecycle`]'s.
 //!
-//! Soft and hard: hard = the reservation, soft = 0 ([`SOFT_LIMIT`]). The hard limit is what
-//! refuses an allocation beyond the reservation. The soft limit is a guarantee (`dmem.min`)
+//! Soft and hard: hard = the limit (the reservation where the container asked for no more),
+//! soft = 0 ([`SOFT_LIMIT`]) unless the container asked for a limit above its request, whose
+//! soft is then the request ([`PlacedShare::soft`]): the driver's guarantee is what lets a
+//! container that passes its request be held back before one that is within its own. The
+//! hard limit is what refuses an allocation beyond the limit. The soft limit is a guarantee (`dmem.min`)
 //! that the driver adds into every ancestor cgroup and takes back only when it is lowered
 //! through NVML; runc deletes a container's cgroup without that, so a soft limit per container
 //! would pile up in the ancestors of a long-running host (NVIDIA's page says so). vramgate's
-//! admission is the guarantee instead: reservations never sum past the card. The hard limit is
+//! admission is the guarantee instead: reservations never sum past the card. A container with
+//! a limit above its request takes that risk for the sake of its guarantee; the clear when it
+//! ends lowers its soft limit too. The hard limit is
 //! the cgroup path's, and would outlive the container on it: it is cleared when the container
 //! ends ([`super::lifecycle`]), soft and hard, so that holds whatever soft a later version sets.
 
@@ -320,7 +325,7 @@ pub fn apply_driver_limit_to(
     let nvml = Session::open(nvml_library)?;
     let mut applied = Vec::new();
     for share in whole {
-        if let Err(e) = nvml.set(&share.uuid, &name_space, cgroup, SOFT_LIMIT, share.bytes) {
+        if let Err(e) = nvml.set(&share.uuid, &name_space, cgroup, share.soft(), share.hard()) {
             // Clears every GPU set so far; `left` keeps those whose clear failed.
             let left: Vec<String> = applied
                 .iter()
@@ -339,8 +344,8 @@ pub fn apply_driver_limit_to(
         applied.push(AppliedLimit {
             uuid: share.uuid.clone(),
             cgroup: cgroup.to_path_buf(),
-            soft: SOFT_LIMIT,
-            hard: share.bytes,
+            soft: share.soft(),
+            hard: share.hard(),
         });
     }
     Ok(applied)
@@ -686,6 +691,7 @@ mod tests {
             index: 0,
             mig_index: Some(0),
             bytes: 1 << 30,
+            limit: 1 << 30,
             total: 10 << 30,
         };
         let applied = apply_driver_limit(
@@ -745,6 +751,7 @@ mod tests {
             index: 0,
             mig_index: None,
             bytes: gib << 30,
+            limit: gib << 30,
             total: 80 << 30,
         }
     }

@@ -85,6 +85,7 @@ mod tests {
             index: 0,
             mig_index: None,
             bytes,
+            limit: bytes,
             total,
         }
     }

@@ -76,10 +76,31 @@ pub struct PlacedShare {
     /// The GPU's host index (a MIG device's parent's).
     pub index: u32,
     pub mig_index: Option<u32>,
-    /// The reservation on this GPU.
+    /// The reservation on this GPU: the request.
     pub bytes: u64,
+    /// What the container may use at most on this GPU: `bytes` when it asked for no more
+    /// (0, where an older wrapper wrote none, reads as `bytes`: see [`PlacedShare::hard`]).
+    #[serde(default)]
+    pub limit: u64,
     /// The GPU's (or MIG device's) total memory.
     pub total: u64,
+}
+
+impl PlacedShare {
+    /// The most the container may use on this GPU: its limit, never below its request.
+    pub fn hard(&self) -> u64 {
+        self.limit.max(self.bytes)
+    }
+
+    /// The guarantee the driver limit and the toolkit's hook set: the request where a limit is
+    /// above it, else none ([`driver_limit::SOFT_LIMIT`], whose docs say why none is the rule).
+    pub fn soft(&self) -> u64 {
+        if self.hard() > self.bytes {
+            self.bytes
+        } else {
+            driver_limit::SOFT_LIMIT
+        }
+    }
 }
 
 /// What the wrapper adds to a container's spec.
@@ -246,6 +267,7 @@ mod tests {
             index,
             mig_index: None,
             bytes,
+            limit: bytes,
             total,
         }
     }

@@ -75,9 +75,9 @@ fn is_control_daemon(proc_root: &Path, pid: u32) -> bool {
     Path::new(OsStr::from_bytes(argv0)).file_name() == Some(OsStr::new(CONTROL_BINARY))
 }
 
-/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for the placed GPUs: each reservation in whole MiB,
-/// rounded down (whether MPS reads `M` as 2^20 or 10^6 bytes, the limit stays within the
-/// reservation). With [`MpsDeviceKey::Ordinal`], a GPU's key is its rank among the placed
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for the placed GPUs: each limit (the reservation where
+/// no larger limit was asked) in whole MiB, rounded down (whether MPS reads `M` as 2^20 or
+/// 10^6 bytes, the limit stays within what was allowed). With [`MpsDeviceKey::Ordinal`], a GPU's key is its rank among the placed
 /// GPUs in host order: the container sees exactly those GPUs, renumbered from 0, and CUDA
 /// enumerates identical GPUs in PCI order. A reservation under 1 MiB gets no entry (`0M`
 /// could read as "no limit").
@@ -87,13 +87,13 @@ pub fn pinned_limit(placed: &[PlacedShare], key: MpsDeviceKey) -> String {
     order
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.bytes >= MIB)
+        .filter(|(_, s)| s.hard() >= MIB)
         .map(|(ordinal, s)| {
             let device = match key {
                 MpsDeviceKey::Ordinal => ordinal.to_string(),
                 MpsDeviceKey::Uuid => s.uuid.clone(),
             };
-            format!("{device}={}M", s.bytes / MIB)
+            format!("{device}={}M", s.hard() / MIB)
         })
         .collect::<Vec<_>>()
         .join(",")
@@ -159,6 +159,7 @@ mod tests {
             index,
             mig_index: None,
             bytes,
+            limit: bytes,
             total: 80 << 30,
         }
     }
@@ -199,6 +200,14 @@ mod tests {
         // One GPU is ordinal 0 in any order.
         let edits = spec_edits(&mps(), &[], &two[..1], true);
         assert_eq!(get(&edits, DEVICE_ORDER_VAR), None);
+    }
+
+    /// MPS holds a client to one number: the limit, where one above the request was asked.
+    #[test]
+    fn pinned_limit_is_the_limit() {
+        let mut placed = share(0, 2 << 30);
+        placed.limit = 6 << 30;
+        assert_eq!(pinned_limit(&[placed], MpsDeviceKey::Ordinal), "0=6144M");
     }
 
     #[test]

@@ -44,12 +44,12 @@ pub fn edits(placed: &[PlacedShare], edits: &mut SpecEdits) -> Option<Tier> {
         ));
         return None;
     }
-    // One value for all GPUs: the smallest reservation, rounded down to whole MiB, so that
-    // no GPU's limit exceeds what was reserved on it.
-    let limit_mib = placed.iter().map(|s| s.bytes / MIB).min()?;
-    edits
-        .env
-        .push((REQUEST_VAR.to_string(), (SOFT_LIMIT / MIB).to_string()));
+    // One value for all GPUs: the smallest limit, rounded down to whole MiB, so that no GPU's
+    // limit exceeds what was allowed on it; the request likewise, none (0) where no limit is
+    // above it, as the driver tier sets it (PlacedShare::soft).
+    let limit_mib = placed.iter().map(|s| s.hard() / MIB).min()?;
+    let request_mib = placed.iter().map(|s| s.soft() / MIB).min().unwrap_or(SOFT_LIMIT / MIB);
+    edits.env.push((REQUEST_VAR.to_string(), request_mib.to_string()));
     edits.env.push((LIMIT_VAR.to_string(), limit_mib.to_string()));
     Some(Tier::ToolkitLimit)
 }
@@ -65,6 +65,7 @@ mod tests {
             index,
             mig_index: None,
             bytes,
+            limit: bytes,
             total: 80 << 30,
         }
     }
@@ -90,6 +91,17 @@ mod tests {
         assert_eq!(get(LIMIT_VAR), Some("4096"));
         assert_eq!(get(REQUEST_VAR), Some("0"));
         assert!(edits.mounts.is_empty());
+    }
+
+    /// A limit above the request: the toolkit's hook gets the request as its soft value and
+    /// the limit as its hard one, in whole MiB rounded down.
+    #[test]
+    fn a_limit_above_the_request_is_the_hard_value_and_the_request_the_soft() {
+        let mut placed = share(0, 2 << 30);
+        placed.limit = (6 << 30) + MIB - 1;
+        let edits = spec_edits(&toolkit(), &[], &[placed], false);
+        let get = |k: &str| edits.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!((get(REQUEST_VAR), get(LIMIT_VAR)), (Some("2048"), Some("6144")));
     }
 
     #[test]

@@ -188,6 +188,7 @@ impl Reserved {
                     index: gpu.index,
                     mig_index: gpu.mig_index,
                     bytes: share.bytes,
+                    limit: share.limit_bytes(),
                     total: gpu.total,
                 })
             })

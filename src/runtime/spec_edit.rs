@@ -208,6 +208,11 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         crate::quantity::Quantity::Bytes(bytes) if request.from_nvidia => Some(bytes),
         _ => None,
     };
+    // NVIDIA's limit likewise, so the hook reads the same limit as the request beside it.
+    let pinned_limit = match request.limit {
+        Some(crate::quantity::Quantity::Bytes(bytes)) if request.limit_from_nvidia => Some(bytes),
+        _ => None,
+    };
     let reserved = super::admit::admit_at_create(&container, bundle, request, config)?;
     // From here on, a failure gives back what was just reserved: nothing is left half-done.
     let undo = |e: RuntimeError| {
@@ -227,6 +232,15 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
     if let (Some(bytes), Value::Object(root)) = (pinned_memory, &mut spec) {
         if let Some(annotations) = object_at(root, "annotations") {
             annotations.insert(request::MEMORY_ANNOTATION.to_string(), Value::String(bytes.to_string()));
+            edited = true;
+        }
+    }
+    if let (Some(bytes), Value::Object(root)) = (pinned_limit, &mut spec) {
+        if let Some(annotations) = object_at(root, "annotations") {
+            annotations.insert(
+                request::MEMORY_LIMIT_ANNOTATION.to_string(),
+                Value::String(bytes.to_string()),
+            );
             edited = true;
         }
     }
