@@ -182,6 +182,25 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
             );
         }
     }
+    out.family(
+        "vramgate_container_limit_bytes",
+        "gauge",
+        "Memory a container may use at most on the GPU: its limit, or what it reserved where it asked for no more.",
+    );
+    for gpu in &report.gpus {
+        let index = gpu.account.index.to_string();
+        for r in &gpu.reservations {
+            out.sample_int(
+                "vramgate_container_limit_bytes",
+                &[
+                    ("container_id", &r.container_id),
+                    ("gpu", &index),
+                    ("gpu_uuid", &gpu.account.uuid),
+                ],
+                r.limit,
+            );
+        }
+    }
     // Only where NVML lists processes: on a host without it a 0 would claim knowledge.
     out.family(
         "vramgate_container_used_bytes",
@@ -207,7 +226,7 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
     out.family(
         "vramgate_container_over_reservation",
         "gauge",
-        "1 when a container's processes hold more than it reserved on the GPU, else 0 (hosts where NVML lists processes only).",
+        "1 when a container's processes hold more than its limit on the GPU (what it reserved where it asked for no more), else 0 (hosts where NVML lists processes only).",
     );
     for gpu in &report.gpus {
         let index = gpu.account.index.to_string();
@@ -361,6 +380,7 @@ mod tests {
         ReservationStatus {
             container_id: id.into(),
             bytes,
+            limit: bytes,
             used,
             over_reservation: used.is_some_and(|u| u > bytes),
             age_ms: 1_000,
@@ -378,6 +398,7 @@ mod tests {
             ticket: 1,
             container_id: id.into(),
             bytes: GI,
+            limit: GI,
             waited_ms,
             deadline_in_ms: 60_000,
             waiter_pid: 43,
@@ -397,6 +418,8 @@ mod tests {
             unallocated: reserved,
             headroom: 0,
             reservations: reservations.len(),
+            limits: reserved,
+            limit_overcommit: 0,
         };
         StatusReport {
             snapshot: Default::default(),

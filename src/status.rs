@@ -52,9 +52,14 @@ pub struct GpuStatus {
 #[derive(Debug, Serialize)]
 pub struct ReservationStatus {
     pub container_id: String,
+    /// The request: what is reserved for it and counted by admission.
     pub bytes: u64,
+    /// What it may use at most (`bytes` where it asked for no more).
+    pub limit: u64,
     /// What the container's processes hold now, where NVML can tell.
     pub used: Option<u64>,
+    /// `used` is above `limit` (the request where there is no limit above it): what the
+    /// container was allowed is passed, not merely its guarantee.
     pub over_reservation: bool,
     pub age_ms: u64,
     pub waited_ms: u64,
@@ -78,6 +83,8 @@ pub struct TicketStatus {
     pub ticket: u64,
     pub container_id: String,
     pub bytes: u64,
+    /// The limit it asks for beside its request (`bytes` where it asked for no more).
+    pub limit: u64,
     pub waited_ms: u64,
     pub deadline_in_ms: u64,
     pub waiter_pid: u32,
@@ -165,8 +172,9 @@ pub fn build_report(
                     Some(ReservationStatus {
                         container_id: r.container_id.clone(),
                         bytes: share.bytes,
+                        limit: share.limit_bytes(),
                         used,
-                        over_reservation: used.is_some_and(|u| u > share.bytes),
+                        over_reservation: used.is_some_and(|u| u > share.limit_bytes()),
                         age_ms: now.saturating_sub(r.created_unix_ms),
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,
@@ -179,6 +187,7 @@ pub fn build_report(
             let this_gpu = [GpuShare {
                 uuid: gpu.uuid.clone(),
                 bytes: 0,
+                limit: None,
             }];
             let queue = ledger
                 .queue
@@ -189,6 +198,7 @@ pub fn build_report(
                     ticket: t.ticket,
                     container_id: t.container_id.clone(),
                     bytes: share.bytes,
+                    limit: share.limit_bytes(),
                     waited_ms: now.saturating_sub(t.enqueued_unix_ms),
                     deadline_in_ms: t.deadline_unix_ms.saturating_sub(now),
                     waiter_pid: t.waiter.pid,
@@ -252,13 +262,22 @@ pub fn render(report: &StatusReport) -> String {
             format_bytes(gpu.used_outside),
             format_bytes(a.headroom),
         );
+        if a.limits != a.reserved || a.limit_overcommit > 0 {
+            let _ = writeln!(
+                out,
+                "  limits {} of at most {} ([queue] limit_overcommit {})",
+                format_bytes(a.limits),
+                format_bytes(a.limit_capacity()),
+                format_bytes(a.limit_overcommit),
+            );
+        }
         if gpu.reservations.is_empty() {
             let _ = writeln!(out, "  no reservations");
         } else {
             let _ = writeln!(
                 out,
-                "  {:<26} {:>11} {:>11} {:>8} {:>8} {:>13}  NOTE",
-                "CONTAINER", "RESERVED", "USED", "AGE", "PID", "ENFORCED BY"
+                "  {:<26} {:>11} {:>11} {:>11} {:>8} {:>8} {:>13}  NOTE",
+                "CONTAINER", "RESERVED", "LIMIT", "USED", "AGE", "PID", "ENFORCED BY"
             );
             for r in &gpu.reservations {
                 let used = r.used.map(format_bytes).unwrap_or_else(|| "-".into());
@@ -266,7 +285,9 @@ pub fn render(report: &StatusReport) -> String {
                 if r.alive == Some(false) {
                     note += "gone (reclaimed at the next transaction or `vramgate gc`) ";
                 }
-                if r.over_reservation {
+                if r.over_reservation && r.limit > r.bytes {
+                    note += "USING MORE THAN ITS LIMIT ";
+                } else if r.over_reservation {
                     note += "USING MORE THAN RESERVED ";
                 }
                 if r.pending {
@@ -280,9 +301,10 @@ pub fn render(report: &StatusReport) -> String {
                 }
                 let _ = writeln!(
                     out,
-                    "  {:<26} {:>11} {:>11} {:>8} {:>8} {:>13}  {}",
+                    "  {:<26} {:>11} {:>11} {:>11} {:>8} {:>8} {:>13}  {}",
                     short_id(&r.container_id),
                     format_bytes(r.bytes),
+                    format_bytes(r.limit),
                     used,
                     format_duration(std::time::Duration::from_secs(r.age_ms / 1000)),
                     r.pid,
@@ -295,16 +317,17 @@ pub fn render(report: &StatusReport) -> String {
             let _ = writeln!(out, "  queue:");
             let _ = writeln!(
                 out,
-                "  {:>4} {:<26} {:>11} {:>8} {:>10}",
-                "#", "CONTAINER", "REQUEST", "WAITED", "TIMEOUT IN"
+                "  {:>4} {:<26} {:>11} {:>11} {:>8} {:>10}",
+                "#", "CONTAINER", "REQUEST", "LIMIT", "WAITED", "TIMEOUT IN"
             );
             for t in &gpu.queue {
                 let _ = writeln!(
                     out,
-                    "  {:>4} {:<26} {:>11} {:>8} {:>10}{}",
+                    "  {:>4} {:<26} {:>11} {:>11} {:>8} {:>10}{}",
                     t.position,
                     short_id(&t.container_id),
                     format_bytes(t.bytes),
+                    format_bytes(t.limit),
                     format_duration(std::time::Duration::from_secs(t.waited_ms / 1000)),
                     format_duration(std::time::Duration::from_secs(t.deadline_in_ms / 1000)),
                     if t.alive == Some(false) { "  (waiter gone)" } else { "" }

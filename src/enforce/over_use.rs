@@ -1,6 +1,8 @@
 //! The reactive tier: `vramgate watch` measures what each reserved container holds on its
 //! GPUs, from the same service snapshot `vramgate status` and the metrics read, and acts on a
-//! container that holds more than its reservation plus `[enforce] over_use_margin`.
+//! container that holds more than its limit plus `[enforce] over_use_margin` (the limit is its
+//! reservation where it asked for no more; a container asked for a larger limit may use up to
+//! it, so only past it is it over).
 //!
 //! Why it exists beside the other tiers: each holds something narrower than a container.
 //! MPS's pinned limit is per CUDA client process (measured on an H100: one container under a
@@ -48,6 +50,8 @@ pub struct OverUse {
     pub uuid: String,
     pub gpu_index: u32,
     pub reserved: u64,
+    /// What it may use at most (`reserved` where it asked for no more): what `used` is judged by.
+    pub limit: u64,
     pub used: u64,
     pub margin: u64,
 }
@@ -60,6 +64,18 @@ impl OverUse {
     /// What the event says: "uses 7782 MiB on GPU 0 (GPU-…), reserved 4096 MiB, over by 3686 MiB
     /// (margin 0 B)".
     pub fn describe(&self) -> String {
+        if self.limit > self.reserved {
+            return format!(
+                "uses {} on GPU {} ({}), reserved {} with a limit of {}, over its limit by {} (margin {})",
+                format_bytes(self.used),
+                self.gpu_index,
+                self.uuid,
+                format_bytes(self.reserved),
+                format_bytes(self.limit),
+                format_bytes(self.used.saturating_sub(self.limit)),
+                format_bytes(self.margin)
+            );
+        }
         format!(
             "uses {} on GPU {} ({}), reserved {}, over by {} (margin {})",
             format_bytes(self.used),
@@ -72,16 +88,16 @@ impl OverUse {
     }
 }
 
-/// Every (container, GPU) of `report` whose measured use exceeds its reservation by more than
-/// `margin` (an amount, or a percentage of the reservation). Where nothing was measured
+/// Every (container, GPU) of `report` whose measured use exceeds its limit (its reservation
+/// where it asked for no more) by more than `margin` (an amount, or a percentage of the limit). Where nothing was measured
 /// (`used` unknown) nothing is judged.
 pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec<OverUse> {
     let mut found = Vec::new();
     for gpu in &report.gpus {
         for r in &gpu.reservations {
             let Some(used) = r.used else { continue };
-            let margin_bytes = margin.bytes_on(r.bytes);
-            if used <= r.bytes.saturating_add(margin_bytes) {
+            let margin_bytes = margin.bytes_on(r.limit);
+            if used <= r.limit.saturating_add(margin_bytes) {
                 continue;
             }
             let Some(reservation) = ledger.reservation(&r.container_id) else {
@@ -94,6 +110,7 @@ pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec
                 uuid: gpu.gpu.uuid.clone(),
                 gpu_index: gpu.gpu.index,
                 reserved: r.bytes,
+                limit: r.limit,
                 used,
                 margin: margin_bytes,
             });
@@ -158,10 +175,7 @@ impl Watch {
                 continue;
             }
             let processes = container_processes(&over.init, &report.snapshot.processes, &procfs::pid_namespace);
-            let share = [GpuShare {
-                uuid: over.uuid.clone(),
-                bytes: over.reserved,
-            }];
+            let share = [GpuShare::new(over.uuid.clone(), over.reserved, over.limit)];
             if new_episode {
                 let pids: Vec<String> = processes
                     .iter()

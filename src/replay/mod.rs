@@ -216,6 +216,9 @@ impl Liveness for AllAlive {
 fn request_of(job: &Job) -> Result<Request> {
     let mut annotations = serde_json::Map::new();
     annotations.insert(crate::request::MEMORY_ANNOTATION.into(), job.memory.clone().into());
+    if let Some(limit) = &job.limit {
+        annotations.insert(crate::request::MEMORY_LIMIT_ANNOTATION.into(), limit.clone().into());
+    }
     annotations.insert(crate::request::GPUS_ANNOTATION.into(), job.gpus.clone().into());
     if let Some(p) = &job.policy {
         annotations.insert(crate::request::POLICY_ANNOTATION.into(), p.clone().into());
@@ -519,6 +522,8 @@ fn settle(
 fn whole_gpus(asked: &Request) -> Request {
     let mut whole = asked.clone();
     whole.memory = crate::quantity::Quantity::PartsPerMillion(1_000_000);
+    // The whole GPU is the limit too.
+    whole.limit = None;
     whole
 }
 

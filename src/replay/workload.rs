@@ -2,12 +2,14 @@
 //!
 //! A job file has one JSON object per line: `arrival` (seconds from the start), `memory` (a
 //! vramgate quantity: `"6Gi"`, `"25%"`), `duration` (seconds), and optionally `gpus` (as the
-//! `vramgate.dev/gpus` key: `"0"`, `"0,1"`, `"auto"`, `"auto:2"`; default `auto`), `policy`
+//! `vramgate.dev/gpus` key: `"0"`, `"0,1"`, `"auto"`, `"auto:2"`; default `auto`), `limit` (as
+//! `vramgate.dev/memory-limit`: what the job may use beside what it reserves), `policy`
 //! (`wait` or `reject`), `timeout` (seconds, as `arrival` and `duration`, or `"90s"`) and `id`.
 //!
 //! An event log (`events.jsonl`) is turned into jobs container by container: arrival is its
 //! first request event (`admit`, `enqueue`, `refuse`), its size and GPUs are those of its
-//! admission (a placed admission asks `auto`, or `auto:N`; a pinned one the GPUs' indices, in
+//! admission, its limit beside it when one was logged (a placed admission asks `auto`, or
+//! `auto:N`; a pinned one the GPUs' indices, in
 //! the order the log first names them), its duration runs from admission to release (or
 //! reclaim: a stop the hook never saw), and its policy is `wait` when it ever queued.
 
@@ -36,6 +38,8 @@ pub struct Job {
     pub arrival_ms: u64,
     /// As a container would say it (`vramgate.dev/memory`).
     pub memory: String,
+    /// As a container would say it (`vramgate.dev/memory-limit`); `None`: limit = request.
+    pub limit: Option<String>,
     pub duration_ms: u64,
     /// As a container would say it (`vramgate.dev/gpus`).
     pub gpus: String,
@@ -71,6 +75,8 @@ struct JobLine {
     arrival: f64,
     memory: String,
     duration: f64,
+    #[serde(default)]
+    limit: Option<String>,
     #[serde(default)]
     gpus: Option<String>,
     #[serde(default)]
@@ -133,6 +139,7 @@ pub fn from_job_file(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError>
         jobs.push(Job {
             arrival_ms: seconds_to_ms(job.arrival, "arrival").map_err(of_job)?,
             memory: job.memory,
+            limit: job.limit,
             duration_ms: seconds_to_ms(job.duration, "duration").map_err(of_job)?,
             gpus: job.gpus.unwrap_or_else(|| "auto".into()),
             policy: job.policy,
@@ -182,6 +189,7 @@ struct Seen {
     admitted_ms: Option<u64>,
     ended_ms: Option<u64>,
     bytes: u64,
+    limit: Option<u64>,
     gpus: Option<String>,
     queued: bool,
 }
@@ -233,6 +241,7 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
                 }
                 if let Some(share) = e.gpus.first() {
                     s.bytes = share.bytes;
+                    s.limit = share.limit;
                 }
                 if e.event.starts_with("admit") {
                     s.admitted_ms.get_or_insert(e.time_unix_ms);
@@ -274,6 +283,7 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
             id: id.clone(),
             arrival_ms: first - start,
             memory: s.bytes.to_string(),
+            limit: s.limit.map(|l| l.to_string()),
             duration_ms: duration,
             gpus: s.gpus.clone().unwrap_or_else(|| "auto".into()),
             policy: s.queued.then(|| "wait".to_string()),
@@ -298,6 +308,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(jobs[0].id, "job-4");
+        assert_eq!(jobs[1].limit, None);
+        let limited = from_job_file(
+            "{\"arrival\":0,\"memory\":\"2Gi\",\"limit\":\"6Gi\",\"duration\":1}\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(limited[0].limit.as_deref(), Some("6Gi"));
         assert_eq!(
             (jobs[1].arrival_ms, jobs[1].duration_ms, jobs[1].gpus.as_str()),
             (1500, 10_000, "auto")
@@ -344,7 +361,7 @@ mod tests {
         let log = r#"{"time_unix_ms":1000,"event":"admit","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
 {"time_unix_ms":1500,"event":"enqueue","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
 {"time_unix_ms":4000,"event":"release","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
-{"time_unix_ms":4000,"event":"admit_after_wait","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
+{"time_unix_ms":4000,"event":"admit_after_wait","container":"b","gpus":[{"uuid":"GPU-x","bytes":7,"limit":9}]}
 {"time_unix_ms":9000,"event":"reclaim","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
 "#;
         let jobs = from_events(log, p).unwrap();
@@ -356,6 +373,7 @@ mod tests {
         assert_eq!((jobs[1].arrival_ms, jobs[1].duration_ms), (500, 5000));
         assert_eq!(jobs[1].policy.as_deref(), Some("wait"));
         assert_eq!(jobs[1].memory, "7");
+        assert_eq!((jobs[0].limit.as_deref(), jobs[1].limit.as_deref()), (None, Some("9")));
         let err = from_events(&log.replace("\"reclaim\"", "\"teleport\""), p)
             .unwrap_err()
             .to_string();
