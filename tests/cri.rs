@@ -334,8 +334,8 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
 /// `nvidia.com/container.<name>.gpu-memory.request` and `.limit` (whole MiB). containerd copies
 /// the pod's annotations into each container's spec only where its runtime allows them
 /// (`vramgate setup containerd` allows `nvidia.com/container.*`), and names the container in
-/// `io.kubernetes.cri.container-name`. The named container reserves (the larger of request and
-/// limit, until vramgate keeps the two apart), the sidecar beside it on the same GPU does not;
+/// `io.kubernetes.cri.container-name`. The named container reserves its request (its limit
+/// kept beside it), the sidecar beside it on the same GPU does not;
 /// a pod whose vramgate amount disagrees with NVIDIA's is refused at StartContainer with the
 /// line that names both.
 #[test]
@@ -366,7 +366,7 @@ fn kais_annotations_reserve_for_the_container_they_name_on(containerd: Container
     cri.start_one(&trainer).unwrap();
     cri.start_one(&sidecar)
         .unwrap_or_else(|e| panic!("the sidecar, which KAI's annotations do not name, was refused: {e}"));
-    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 2048 << 20)]);
+    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 1024 << 20)]);
 
     let disagree = run_all(
         &cri,
@@ -388,7 +388,7 @@ fn kais_annotations_reserve_for_the_container_they_name_on(containerd: Container
         "{}",
         err.message()
     );
-    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 2048 << 20)]);
+    assert_eq!(reservations(&cri.tb), [(trainer.clone(), 1024 << 20)]);
 
     cri.delete_pods(&pods);
     cri.delete_pods(&disagree);

@@ -345,6 +345,45 @@ fn a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper
     assert_event_kinds(&host, &["admit", "confirm", "enforce", "release"]);
 }
 
+/// The hook alone, on `vramgate.dev/memory: 1Gi` with `vramgate.dev/memory-limit: 4Gi`: the
+/// stub NVML is asked for soft = the request, hard = the limit; status shows both, and the
+/// over-use flag compares what the driver counts for the cgroup with the limit: 3 GiB (past
+/// the request, within the limit) is not over, 5 GiB is.
+#[test]
+fn the_hook_alone_sets_soft_to_the_request_and_hard_to_the_limit_and_judges_use_by_the_limit() {
+    let host = Host::new("drv-limit", false, true, "");
+    let cgroup = format!("/vramgate-drv/{}/l1", std::process::id());
+    let asks = [
+        ("vramgate.dev/memory", "1Gi"),
+        ("vramgate.dev/memory-limit", "4Gi"),
+        ("vramgate.dev/gpus", "0"),
+    ];
+    let bundle = host.bundle_with("l1", &["sleep", "30"], &asks, &[], &cgroup, true);
+    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "l1"]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    let dir = format!("/sys/fs/cgroup{cgroup}");
+    let calls = host.calls();
+    assert_eq!(
+        sets(&calls),
+        [format!("set {SIMULATED_GPU_UUID} {dir} {} {}", GIB, 4 * GIB)],
+        "{calls:?}"
+    );
+    let usage = PathBuf::from(format!("{}.usage", host.log.display()));
+    for (used, over) in [(3 * GIB, false), (5 * GIB, true)] {
+        std::fs::write(&usage, format!("{SIMULATED_GPU_UUID} {dir} {used}\n")).unwrap();
+        let status = host.status();
+        let r = &status["gpus"][0]["reservations"][0];
+        assert_eq!(
+            (&r["bytes"], &r["limit"], &r["used"], &r["over_reservation"]),
+            (&json!(GIB), &json!(4 * GIB), &json!(used), &json!(over)),
+            "{status}"
+        );
+    }
+    let out = host.runc(&["delete", "--force", "l1"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+    assert!(host.reservation("l1").is_none(), "released at poststop");
+}
+
 #[test]
 fn the_hook_alone_refuses_a_container_that_asks_the_toolkit_for_its_own_limit() {
     let host = Host::new("drv-conflict", false, true, "");

@@ -121,7 +121,8 @@ fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
     assert!(reservations(&bed).is_empty(), "released at poststop");
 
     // A pod's container, named by the CRI annotations, with KAI's annotations for it: the
-    // limit (2 GiB) is reserved; `true` exits, and `runc run` returns once it is released.
+    // request (1 GiB) is reserved with the limit (2 GiB) beside it; `true` exits, and `runc
+    // run` returns once it is released.
     let kai = [
         ("io.kubernetes.cri.container-type", "container"),
         ("io.kubernetes.cri.container-name", "trainer"),
@@ -137,7 +138,11 @@ fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|e| e["event"] == "admit" && e["container"] == "kai")
         .unwrap_or_else(|| panic!("an admit event for kai in {events}"));
-    assert_eq!(admitted["gpus"][0]["bytes"], 2 * GIB, "{admitted}");
+    assert_eq!(
+        (&admitted["gpus"][0]["bytes"], &admitted["gpus"][0]["limit"]),
+        (&serde_json::json!(GIB), &serde_json::json!(2 * GIB)),
+        "{admitted}"
+    );
 
     // Bad values: refused, one line naming the variable and its value, nothing reserved.
     let bundle = bed
@@ -393,4 +398,80 @@ fn a_spec_rewritten_after_create_is_still_released_at_stop() {
             .any(|l| l.contains("\"release\"") && l.contains("\"rewritten\"")),
         "a release, not a reclaim: {events}"
     );
+}
+
+/// A request of 2 GiB with a limit of 6 GiB (`vramgate.dev/memory-limit`) on an 8 GiB GPU,
+/// through the built hook and real runc: the first container is admitted, and `status --json`
+/// shows its request and limit side by side. A second such container has room for its request
+/// (4 of 8 GiB) but not for its limit (12 GiB of limits on 8 GiB) at the default
+/// `[queue] limit_overcommit = "0%"`: refused with a line that says the limits held it back.
+/// With `limit_overcommit = "50%"` (limits may add up to 12 GiB) the second is admitted.
+#[test]
+fn a_limit_above_the_request_is_bounded_by_limit_overcommit() {
+    let asks = [
+        ("vramgate.dev/memory", "2Gi"),
+        ("vramgate.dev/memory-limit", "6Gi"),
+        ("vramgate.dev/gpus", "0"),
+        ("vramgate.dev/policy", "reject"),
+    ];
+    for overcommit in ["", "50%"] {
+        let queue = if overcommit.is_empty() {
+            String::new()
+        } else {
+            format!("[queue]\nlimit_overcommit = {overcommit:?}\n")
+        };
+        let (_dir, bed) = runc_testbed(
+            "vg-limit",
+            &format!("{queue}[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-limit\"\ntotal = \"8Gi\"\n"),
+        );
+        let _cleanup = Cleanup(&bed);
+        let mut first = spawn(&bed, "first", &["sleep", "30"], &asks);
+        eventually("the first is admitted", || {
+            reservations(&bed).iter().any(|r| r.0 == "first")
+        });
+        let gpu = status(&bed.config_path)["gpus"][0].clone();
+        let held = &gpu["reservations"][0];
+        assert_eq!(
+            (&held["bytes"], &held["limit"]),
+            (&serde_json::json!(2 * GIB), &serde_json::json!(6 * GIB)),
+            "request and limit side by side: {gpu}"
+        );
+        assert_eq!(
+            (&gpu["reserved"], &gpu["limits"]),
+            (&serde_json::json!(2 * GIB), &serde_json::json!(6 * GIB)),
+            "{gpu}"
+        );
+
+        let mut second = spawn(&bed, "second", &["sleep", "30"], &asks);
+        if overcommit.is_empty() {
+            let out = second.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "refused: {stderr}");
+            assert!(
+                stderr.contains("vramgate: refused container second: its limit is 6144 MiB and GPU 0 (GPU-limit) has room for limits up to 8192 MiB in all")
+                    && stderr.contains("[queue] limit_overcommit"),
+                "the line says the limits held it back: {stderr}"
+            );
+            assert_eq!(reservations(&bed).len(), 1, "nothing reserved for the refused one");
+        } else {
+            eventually("the second is admitted", || {
+                reservations(&bed).iter().any(|r| r.0 == "second")
+            });
+            let gpu = status(&bed.config_path)["gpus"][0].clone();
+            assert_eq!(
+                (&gpu["reserved"], &gpu["limits"], &gpu["limit_overcommit"]),
+                (
+                    &serde_json::json!(4 * GIB),
+                    &serde_json::json!(12 * GIB),
+                    &serde_json::json!(4 * GIB)
+                ),
+                "{gpu}"
+            );
+            assert!(support::runc_kill_when_running(&bed, "second"));
+            second.wait().unwrap();
+        }
+        assert!(support::runc_kill_when_running(&bed, "first"));
+        first.wait().unwrap();
+        assert!(reservations(&bed).is_empty(), "both released at poststop");
+    }
 }
