@@ -200,6 +200,7 @@ pub fn ledger(data: &[u8]) {
         backfill: true,
         backfill_bound: std::time::Duration::from_secs(30),
         strategy: vramgate::placement::Strategy::BestFit,
+        limit_overcommit_ppm: 0,
     };
     // A placement over every GPU, as the runtime wrapper makes for `auto`.
     let every: Vec<GpuShare> = snap

@@ -1206,8 +1206,9 @@ mod tests {
         assert!(matches!(Request::from_spec(&own), Err(RequestError::NoGpu { .. })));
     }
 
-    /// NVIDIA's variables and KAI's annotations are a request: the larger of request and limit,
-    /// parsed as strictly as the toolkit's hook, and refused where vramgate's word disagrees.
+    /// NVIDIA's variables and KAI's annotations are a request: the request with the limit beside
+    /// it (either alone stands for both), parsed as strictly as the toolkit's hook, and refused
+    /// where vramgate's word disagrees.
     #[test]
     fn nvidia_vocabulary_is_a_request() {
         let env = |vars: &str| {

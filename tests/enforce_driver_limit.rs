@@ -65,6 +65,7 @@ fn share(uuid: &str, index: u32, mig_index: Option<u32>, gib: u64) -> PlacedShar
         index,
         mig_index,
         bytes: gib << 30,
+        limit: gib << 30,
         total: 141 << 30,
     }
 }

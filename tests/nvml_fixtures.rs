@@ -31,6 +31,7 @@ fn rules() -> Rules {
         backfill: false,
         backfill_bound: Duration::from_secs(30),
         strategy: vramgate::placement::Strategy::BestFit,
+        limit_overcommit_ppm: 0,
     }
 }
 

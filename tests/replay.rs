@@ -354,3 +354,39 @@ fn a_reader_that_hangs_up_ends_the_replay_quietly() {
         out.status
     );
 }
+
+/// Two jobs of 2 GiB with a limit of 6 GiB (a job file's `limit`) on an 8 GiB GPU: at the
+/// default `[queue] limit_overcommit = "0%"` the second waits for the first's limit to leave
+/// (makespan 20 s, though both requests fit at once); with `"50%"` in the config, limits may
+/// add up to 12 GiB and both run at once (10 s).
+#[test]
+fn a_job_files_limit_is_bounded_by_limit_overcommit() {
+    let jobs = r#"{"id":"a","arrival":0,"memory":"2Gi","limit":"6Gi","duration":10,"gpus":"0"}
+{"id":"b","arrival":0,"memory":"2Gi","limit":"6Gi","duration":10,"gpus":"0","policy":"wait","timeout":"1h"}
+"#;
+    let strict = &replay(jobs, &["--gpus", "1x8Gi"])[0];
+    assert_eq!(
+        (strict["makespan_s"].clone(), strict["admitted"].clone()),
+        (20.0.into(), 2.into()),
+        "{strict}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (file, config) = (dir.path().join("jobs.jsonl"), dir.path().join("config.toml"));
+    std::fs::write(&file, jobs).unwrap();
+    std::fs::write(&config, "[queue]\nlimit_overcommit = \"50%\"\n").unwrap();
+    let out = Command::new(VRAMGATE)
+        .arg("--config")
+        .arg(&config)
+        .arg("replay")
+        .arg(&file)
+        .args(["--json", "--gpus", "1x8Gi"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let loose = &serde_json::from_str::<Vec<Value>>(&stdout(&out)).unwrap()[0];
+    assert_eq!(
+        (loose["makespan_s"].clone(), loose["admitted"].clone()),
+        (10.0.into(), 2.into()),
+        "{loose}"
+    );
+}
