@@ -199,6 +199,10 @@ pub struct EnforceConfig {
     /// The host directory the MPS daemon uses as /dev/shm; clients must share it.
     pub mps_shm_directory: PathBuf,
     pub mps_device_key: MpsDeviceKey,
+    /// Where the node's CDI specs are (`[enforce] cdi_spec_dirs`): under `limit = "toolkit"`
+    /// the wrapper looks in them for the toolkit's apply-cuda-memory-limits hook, and doctor
+    /// says which of them carries it.
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// Add `TF_FORCE_GPU_ALLOW_GROWTH=true` unless the container sets it.
     pub tensorflow_allow_growth: bool,
     /// Add `XLA_PYTHON_CLIENT_PREALLOCATE=false` unless the container sets it.
@@ -273,6 +277,7 @@ impl Default for EnforceConfig {
             mps_log_directory: PathBuf::from("/tmp/nvidia-log"),
             mps_shm_directory: PathBuf::from("/dev/shm"),
             mps_device_key: MpsDeviceKey::Uuid,
+            cdi_spec_dirs: crate::dra::cdi::STATIC_DIRS.iter().map(PathBuf::from).collect(),
             tensorflow_allow_growth: true,
             jax_disable_preallocation: true,
             jax_memory_fraction: true,
@@ -352,6 +357,7 @@ struct RawEnforce {
     mps_log_directory: Option<PathBuf>,
     mps_shm_directory: Option<PathBuf>,
     mps_device_key: Option<String>,
+    cdi_spec_dirs: Option<Vec<PathBuf>>,
     // Switches are read as any TOML value so that `= "yes"` gets vramgate's error, which
     // names the key, rather than toml's, which does not.
     tensorflow_allow_growth: Option<toml::Value>,
@@ -703,6 +709,24 @@ impl EnforceConfig {
                 _ => return Err(keys.bad("enforce.mps_device_key", &v, "must be \"ordinal\" or \"uuid\"")),
             };
         }
+        if let Some(dirs) = raw.cdi_spec_dirs {
+            let named = format!("{dirs:?}");
+            if dirs.is_empty() {
+                return Err(keys.bad(
+                    "enforce.cdi_spec_dirs",
+                    &named,
+                    "must name at least one directory (the toolkit writes its spec to /etc/cdi or /var/run/cdi)",
+                ));
+            }
+            if let Some(bad) = dirs.iter().find(|d| !d.is_absolute()) {
+                return Err(keys.bad(
+                    "enforce.cdi_spec_dirs",
+                    &bad.display().to_string(),
+                    "must be absolute paths",
+                ));
+            }
+            enforce.cdi_spec_dirs = dirs;
+        }
         let switch = |key: &str, value: Option<toml::Value>, default: bool| match value {
             None => Ok(default),
             Some(toml::Value::Boolean(b)) => Ok(b),
@@ -885,6 +909,12 @@ minor = 5
         assert_eq!(c.enforce.mps_log_directory, PathBuf::from("/tmp/nvidia-log"));
         assert_eq!(c.enforce.mps_device_key, MpsDeviceKey::Uuid);
         assert!(!c.enforce.jax_memory_fraction && c.enforce.tensorflow_allow_growth);
+        assert_eq!(
+            c.enforce.cdi_spec_dirs,
+            [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+        );
+        let c = parse("[enforce]\ncdi_spec_dirs = [\"/opt/cdi\"]").unwrap();
+        assert_eq!(c.enforce.cdi_spec_dirs, [PathBuf::from("/opt/cdi")]);
         for name in ["none", "driver", "toolkit", "mps"] {
             assert_eq!(LimitMechanism::parse(name).unwrap().as_str(), name);
         }
@@ -919,6 +949,8 @@ minor = 5
                 "enforce.mps_pipe_directory",
             ),
             ("[enforce]\nmps_device_key = \"index\"", "enforce.mps_device_key"),
+            ("[enforce]\ncdi_spec_dirs = []", "enforce.cdi_spec_dirs"),
+            ("[enforce]\ncdi_spec_dirs = [\"etc/cdi\"]", "enforce.cdi_spec_dirs"),
             (
                 "[enforce]\ntensorflow_allow_growth = \"yes\"",
                 "tensorflow_allow_growth",

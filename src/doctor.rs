@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::config::{Backend, Config, LimitMechanism};
 use crate::enforce::driver_limit::{self, Availability, DRIVER_NEEDED, SET_LIMITS_SYMBOL};
-use crate::enforce::{guardrails, mps};
+use crate::enforce::{guardrails, mps, toolkit};
 use crate::inventory::{self, Inventory, NvmlInventory};
 use crate::ledger::StateDir;
 use crate::quantity::format_bytes;
@@ -345,7 +345,7 @@ fn check_enforcement(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
         )),
         LimitMechanism::Toolkit => checks.push(ok(
             "enforce",
-            format!("{limit}: vramgate writes NVIDIA_GPU_MEMORY_LIMIT and NVIDIA_GPU_MEMORY_REQUEST; only nvidia-container-toolkit's CDI hook apply-cuda-memory-limits applies them (GPUs injected by CDI), which vramgate cannot check"),
+            format!("{limit}: vramgate writes NVIDIA_GPU_MEMORY_LIMIT and NVIDIA_GPU_MEMORY_REQUEST; only nvidia-container-toolkit's CDI hook apply-cuda-memory-limits applies them, to GPUs injected from a spec that carries it (the limit-by line says whether one does)"),
         )),
         LimitMechanism::Mps => {
             let pipe = &enforce.mps_pipe_directory;
@@ -367,6 +367,7 @@ fn check_enforcement(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
             }
         }
     }
+    check_limit_by(config, paths, checks);
     // What the driver limit would need, when it is not the limit in use (that line is above).
     if !matches!(enforce.limit, LimitMechanism::Driver | LimitMechanism::Toolkit) {
         checks.push(info(
@@ -405,6 +406,61 @@ fn check_enforcement(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
                 set.join(", ")
             ),
         )
+    });
+}
+
+/// One line: what applies a container's memory limit on this host (vramgate's driver call, the
+/// toolkit's CDI hook and the spec it was found in, the MPS server, or nothing), so that two
+/// mechanisms on one cgroup, or none where one was meant, show.
+fn check_limit_by(config: &Config, paths: &Paths, checks: &mut Vec<Check>) {
+    let enforce = &config.enforce;
+    let file = paths.config.display();
+    let dirs: Vec<PathBuf> = enforce
+        .cdi_spec_dirs
+        .iter()
+        .map(|d| paths.at(&d.to_string_lossy()))
+        .collect();
+    let hook = toolkit::hook_on_node(&dirs);
+    let hook_in = |path: &Path| {
+        format!(
+            "nvidia-container-toolkit's {} hook, found in {}",
+            toolkit::HOOK_COMMAND,
+            path.display()
+        )
+    };
+    const AREA: &str = "limit-by";
+    checks.push(match (enforce.limit, &hook) {
+        (LimitMechanism::None, None) => info(AREA, "nothing: [enforce] limit = \"none\""),
+        (LimitMechanism::None, Some(path)) => info(
+            AREA,
+            format!("nothing of vramgate's ([enforce] limit = \"none\"); {} applies the NVIDIA_GPU_MEMORY_* variables a container sets itself", hook_in(path)),
+        ),
+        (LimitMechanism::Driver, None) => ok(AREA, "vramgate's hook: nvmlDeviceSetMemoryLimits_v1 on each container's cgroup"),
+        (LimitMechanism::Driver, Some(path)) => ok(
+            AREA,
+            format!("vramgate's hook: nvmlDeviceSetMemoryLimits_v1 on each container's cgroup; {} sets none: vramgate's wrapper removes the NVIDIA_GPU_MEMORY_* variables it would read, and vramgate's hook alone refuses a container that sets them", hook_in(path)),
+        ),
+        (LimitMechanism::Toolkit, Some(path)) => ok(
+            AREA,
+            format!("{}; vramgate writes the values and makes no NVML call of its own", hook_in(path)),
+        ),
+        (LimitMechanism::Toolkit, None) => problem(
+            AREA,
+            format!(
+                "nothing: [enforce] limit = \"toolkit\", but no CDI spec in {} carries nvidia-container-toolkit's {} hook, so containers start without a limit (tier guardrails or none)",
+                toolkit::dirs_named(&dirs),
+                toolkit::HOOK_COMMAND
+            ),
+            format!("install an nvidia-container-toolkit that has the hook and regenerate its spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml), name the spec's directory in [enforce] cdi_spec_dirs, or set [enforce] limit = \"driver\" or \"mps\" in {file}"),
+        ),
+        (LimitMechanism::Mps, _) => {
+            let pipe = &enforce.mps_pipe_directory;
+            if mps::mps_control_running(&paths.at(&pipe.to_string_lossy()), &paths.at("/proc")) {
+                ok(AREA, format!("the MPS server, from each container's {}", mps::PINNED_LIMIT_VAR))
+            } else {
+                info(AREA, "nothing: no MPS control daemon runs (see the enforce line)")
+            }
+        }
     });
 }
 

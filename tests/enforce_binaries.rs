@@ -37,6 +37,11 @@ impl Host {
 
     /// [`Host::new`] with `[[inventory.gpus]]` tables (`gpus`) instead of the simulated GPU.
     fn with_gpus(name: &str, wrapper: bool, with_limits: bool, extra: &str, gpus: &str) -> Host {
+        Host::with_enforce(name, wrapper, with_limits, extra, gpus, "limit = \"driver\"")
+    }
+
+    /// [`Host::with_gpus`] with this `[enforce]` table's body instead of `limit = "driver"`.
+    fn with_enforce(name: &str, wrapper: bool, with_limits: bool, extra: &str, gpus: &str, enforce: &str) -> Host {
         support::require("runc");
         let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
         let (lib, log) = nvml_stub(dir.path(), with_limits);
@@ -48,7 +53,7 @@ impl Host {
         let config = Testbed::default_config(
             dir.path(),
             &format!(
-                "{extra}\n{runtime}[inventory]\nbackend = \"static\"\nnvml_library = {:?}\n{gpus}\n[enforce]\nlimit = \"driver\"\n",
+                "{extra}\n{runtime}[inventory]\nbackend = \"static\"\nnvml_library = {:?}\n{gpus}\n[enforce]\n{enforce}\n",
                 lib.display().to_string()
             ),
         );
@@ -697,4 +702,316 @@ fn on_gpus(bundle: &Path, gpus: &str) {
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     spec["annotations"]["vramgate.dev/gpus"] = json!(gpus);
     std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+}
+
+// The hand-off to nvidia-container-toolkit's `apply-cuda-memory-limits` CDI hook. The node's
+// CDI spec is in NVIDIA's generator shape (`nvidia-ctk cdi generate`: the hook in each GPU's
+// edits) and names `tests/support/nvidia-cdi-hook`, a strict stand-in that records the limit
+// it would set; the spec's hook goes into the bundle as an engine's CDI injection puts it.
+
+/// `nvidia-ctk cdi generate`'s output for the simulated GPU, with `hook` as the hook's path:
+/// YAML, the hook in the device's edits beside its device node. `with_hook: false` is a
+/// toolkit without it (the same spec, its other hooks only).
+fn generated_cdi_spec(hook: &Path, with_hook: bool) -> String {
+    let memory_hook = format!(
+        "    - hookName: createContainer\n      path: {}\n      args:\n      - nvidia-cdi-hook\n      - apply-cuda-memory-limits\n      - --driver-root\n      - /\n      - --gpu-id\n      - {SIMULATED_GPU_UUID}\n      env:\n      - NVIDIA_CTK_DEBUG=false\n",
+        hook.display()
+    );
+    format!(
+        "---\ncdiVersion: 0.5.0\ncontainerEdits:\n  env:\n  - NVIDIA_VISIBLE_DEVICES=void\ndevices:\n- containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n    hooks:\n    - hookName: createContainer\n      path: {}\n      args:\n      - nvidia-cdi-hook\n      - update-ldcache\n{}  name: \"0\"\n- containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n  name: {SIMULATED_GPU_UUID}\nkind: nvidia.com/gpu\n",
+        hook.display(),
+        if with_hook { memory_hook } else { String::new() },
+    )
+}
+
+/// The node's toolkit files under `dir`: a CDI directory with the generated spec in it, and
+/// the stand-in hook it names.
+struct ToolkitNode {
+    _dir: tempfile::TempDir,
+    cdi: PathBuf,
+    spec: PathBuf,
+    /// What the stand-in recorded.
+    log: PathBuf,
+}
+
+impl ToolkitNode {
+    fn new(with_hook: bool) -> ToolkitNode {
+        let dir = tempfile::Builder::new().prefix("tk-node").tempdir().unwrap();
+        let (cdi, spec, log) = toolkit_files(dir.path(), with_hook);
+        ToolkitNode {
+            _dir: dir,
+            cdi,
+            spec,
+            log,
+        }
+    }
+
+    /// The `[enforce]` table's body for `limit` on this node.
+    fn enforce(&self, limit: &str) -> String {
+        format!(
+            "limit = \"{limit}\"\ncdi_spec_dirs = [{:?}]",
+            self.cdi.display().to_string()
+        )
+    }
+
+    fn lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn toolkit_files(dir: &Path, with_hook: bool) -> (PathBuf, PathBuf, PathBuf) {
+    let bin = dir.join("usr-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let hook = bin.join("nvidia-cdi-hook");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/nvidia-cdi-hook"),
+        &hook,
+    )
+    .unwrap();
+    let cdi = dir.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let spec = cdi.join("nvidia.yaml");
+    std::fs::write(&spec, generated_cdi_spec(&hook, with_hook)).unwrap();
+    (cdi, spec, bin.join("nvidia-cdi-hook.log"))
+}
+
+/// What an engine's CDI injection (`nvidia.com/gpu=0`) puts into the bundle: the spec's
+/// top-level and device `0` edits' env and hooks. (Its device node is left out: there is no
+/// /dev/nvidia0 here, and the hooks are what these tests are about.)
+fn inject_cdi_device(bundle: &Path, spec_file: &Path) {
+    let cdi: Value = serde_saphyr::from_str(&std::fs::read_to_string(spec_file).unwrap()).unwrap();
+    let path = bundle.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let device = cdi["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "0")
+        .unwrap();
+    for edits in [&cdi["containerEdits"], &device["containerEdits"]] {
+        for env in edits["env"].as_array().into_iter().flatten() {
+            spec["process"]["env"].as_array_mut().unwrap().push(env.clone());
+        }
+        for hook in edits["hooks"].as_array().into_iter().flatten() {
+            let stage = hook["hookName"].as_str().unwrap();
+            let mut entry = hook.clone();
+            entry.as_object_mut().unwrap().remove("hookName");
+            if spec["hooks"].is_null() {
+                spec["hooks"] = json!({});
+            }
+            let mut list = spec["hooks"][stage].as_array().cloned().unwrap_or_default();
+            list.push(entry);
+            spec["hooks"][stage] = Value::Array(list);
+        }
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+}
+
+/// `vramgate doctor`'s line for `area`, run as the binary with the host's config.
+fn doctor_line(host: &Host, area: &str) -> String {
+    let (key, value) = host.bed.env();
+    let out = Command::new(support::VRAMGATE)
+        .arg("doctor")
+        .env(key, value)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    text.lines()
+        .find(|l| l.contains(&format!(" {area} ")))
+        .unwrap_or_else(|| panic!("no {area} line in:\n{text}"))
+        .to_string()
+}
+
+/// The value of `name` in the bundle's config.json env, as runc was given it.
+fn spec_env(bundle: &Path, name: &str) -> Option<String> {
+    let spec: Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e.as_str()?.strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+}
+
+#[test]
+fn the_toolkit_limit_hands_vramgates_values_to_the_cdi_hook_over_the_containers_own() {
+    let node = ToolkitNode::new(true);
+    let host = Host::with_enforce("tk-hook", true, true, "", "", &node.enforce("toolkit"));
+    let cgroup = format!("/vramgate-drv/{}/tk1", std::process::id());
+    // The container asks the toolkit for a limit of its own, in the spelling its hook reads
+    // first.
+    let bundle = host.bundle(
+        "tk1",
+        &["sleep", "30"],
+        "2Gi",
+        &["NVIDIA_GPU_MEMORY_REQUESTS=0", "NVIDIA_GPU_MEMORY_LIMITS=999999"],
+        &cgroup,
+        false,
+    );
+    inject_cdi_device(&bundle, &node.spec);
+    let runc_log = host.bed.dir.join("runc-tk1.log");
+    let out = host.runc(&[
+        "--log",
+        runc_log.to_str().unwrap(),
+        "create",
+        "--bundle",
+        bundle.to_str().unwrap(),
+        "tk1",
+    ]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+
+    let lines = node.lines();
+    let sets: Vec<&String> = lines.iter().filter(|l| l.starts_with("set ")).collect();
+    let request = spec_env(&bundle, "NVIDIA_GPU_MEMORY_REQUEST").expect("vramgate wrote the request");
+    assert_eq!(
+        sets,
+        [&format!("set {SIMULATED_GPU_UUID} {cgroup} {request} 2048")],
+        "the toolkit's hook got vramgate's request and limit (2Gi = 2048 MiB), not the container's: {lines:?}"
+    );
+    assert!(request.parse::<u64>().unwrap() <= 2048, "{request}");
+    assert_eq!(spec_env(&bundle, "NVIDIA_GPU_MEMORY_LIMITS"), None);
+    assert_eq!(spec_env(&bundle, "NVIDIA_GPU_MEMORY_REQUESTS"), None);
+    let (bytes, tier, _) = host.reservation("tk1").expect("reserved");
+    assert_eq!((bytes, tier), (2 * GIB, json!("toolkit_limit")));
+    assert!(
+        sets_of(&host).is_empty(),
+        "vramgate made no NVML call of its own: {:?}",
+        host.calls()
+    );
+    let note = std::fs::read_to_string(&runc_log).unwrap_or_default();
+    assert!(
+        note.contains("removed NVIDIA_GPU_MEMORY_REQUESTS and NVIDIA_GPU_MEMORY_LIMITS"),
+        "{note}"
+    );
+    let line = doctor_line(&host, "limit-by");
+    assert!(
+        line.contains(&format!(
+            "apply-cuda-memory-limits hook, found in {}",
+            node.spec.display()
+        )),
+        "{line}"
+    );
+    let out = host.runc(&["delete", "--force", "tk1"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+}
+
+/// The stub's set calls (what vramgate's own driver call did).
+fn sets_of(host: &Host) -> Vec<String> {
+    sets(&host.calls()).into_iter().map(str::to_string).collect()
+}
+
+#[test]
+fn the_toolkit_limit_without_the_hook_in_the_nodes_cdi_spec_records_no_limit_and_doctor_warns() {
+    let node = ToolkitNode::new(false);
+    let host = Host::with_enforce("tk-none", true, true, "", "", &node.enforce("toolkit"));
+    let cgroup = format!("/vramgate-drv/{}/tk2", std::process::id());
+    let bundle = host.bundle("tk2", &["sleep", "30"], "2Gi", &[], &cgroup, false);
+    inject_cdi_device(&bundle, &node.spec);
+    let runc_log = host.bed.dir.join("runc-tk2.log");
+    let out = host.runc(&[
+        "--log",
+        runc_log.to_str().unwrap(),
+        "create",
+        "--bundle",
+        bundle.to_str().unwrap(),
+        "tk2",
+    ]);
+    assert!(out.status.success(), "the container still starts: {}", stderr(&out));
+
+    let (bytes, tier, _) = host.reservation("tk2").expect("reserved");
+    assert_eq!(
+        (bytes, tier),
+        (2 * GIB, json!("guardrails")),
+        "no limit is claimed where nothing applies one"
+    );
+    let log = std::fs::read_to_string(&runc_log).unwrap_or_default();
+    let notes: Vec<&str> = log.lines().filter(|l| l.contains("no toolkit memory limit")).collect();
+    assert_eq!(notes.len(), 1, "{log}");
+    assert!(
+        notes[0].contains(&format!("no CDI spec in {} carries", node.cdi.display()))
+            && notes[0].contains("apply-cuda-memory-limits"),
+        "{log}"
+    );
+    assert!(
+        node.lines().is_empty(),
+        "a toolkit without the hook runs none: {:?}",
+        node.lines()
+    );
+    assert!(sets_of(&host).is_empty(), "{:?}", host.calls());
+    let line = doctor_line(&host, "limit-by");
+    assert!(
+        line.starts_with("PROBLEM")
+            && line.contains(&format!("no CDI spec in {} carries", node.cdi.display()))
+            && line.contains("; fix: "),
+        "{line}"
+    );
+    let out = host.runc(&["delete", "--force", "tk2"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+}
+
+#[test]
+fn the_driver_limit_with_the_toolkits_hook_on_the_node_sets_one_limit() {
+    let node = ToolkitNode::new(true);
+    let host = Host::with_enforce("tk-drv", true, true, "", "", &node.enforce("driver"));
+    let cgroup = format!("/vramgate-drv/{}/tk3", std::process::id());
+    // The container asks the toolkit's hook for its own limit, in the spelling it reads first.
+    let bundle = host.bundle(
+        "tk3",
+        &["sh", "-c", "env; sleep 1"],
+        "3Gi",
+        &["NVIDIA_GPU_MEMORY_REQUESTS=0", "NVIDIA_GPU_MEMORY_LIMITS=999999"],
+        &cgroup,
+        false,
+    );
+    inject_cdi_device(&bundle, &node.spec);
+    let out = host.runc(&["run", "--bundle", bundle.to_str().unwrap(), "tk3"]);
+    assert!(out.status.success(), "run: {}", stderr(&out));
+    assert!(!stdout(&out).contains("NVIDIA_GPU_MEMORY"), "{}", stdout(&out));
+    assert_eq!(
+        sets_of(&host),
+        [format!("set {SIMULATED_GPU_UUID} /sys/fs/cgroup{cgroup} 0 {}", 3 * GIB)],
+        "vramgate's driver call"
+    );
+    assert_eq!(
+        node.lines(),
+        [format!("ran apply-cuda-memory-limits {SIMULATED_GPU_UUID}")],
+        "the toolkit's hook ran and found nothing to set: one limit on the cgroup"
+    );
+    let line = doctor_line(&host, "limit-by");
+    assert!(
+        line.contains("vramgate's hook: nvmlDeviceSetMemoryLimits_v1")
+            && line.contains(&format!("found in {} sets none", node.spec.display())),
+        "{line}"
+    );
+
+    // The hook alone (podman's and CRI-O's hooks.d) cannot remove them: it refuses the
+    // container before the toolkit's hook runs.
+    let alone = Host::with_enforce("tk-drv-alone", false, true, "", "", &node.enforce("driver"));
+    let cgroup = format!("/vramgate-drv/{}/tk4", std::process::id());
+    let bundle = alone.bundle(
+        "tk4",
+        &["true"],
+        "3Gi",
+        &["NVIDIA_GPU_MEMORY_REQUESTS=0", "NVIDIA_GPU_MEMORY_LIMITS=999999"],
+        &cgroup,
+        true,
+    );
+    inject_cdi_device(&bundle, &node.spec);
+    let out = alone.runc(&["run", "--bundle", bundle.to_str().unwrap(), "tk4"]);
+    assert!(!out.status.success(), "refused");
+    assert!(
+        stderr(&out).contains("NVIDIA_GPU_MEMORY_REQUESTS and NVIDIA_GPU_MEMORY_LIMITS"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(sets_of(&alone).is_empty(), "{:?}", alone.calls());
+    assert_eq!(
+        node.lines().len(),
+        1,
+        "the toolkit's hook never ran: {:?}",
+        node.lines()
+    );
 }

@@ -280,8 +280,43 @@ pub const STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// The largest spec file read for NVIDIA's devices: the toolkit's spec lists each GPU's files,
 /// tens of KiB.
-#[cfg(feature = "dra")]
 const NVIDIA_SPEC_LIMIT: u64 = 4 << 20;
+
+/// The spec files in `dirs` as a CDI runtime would read them (`*.yaml`, `*.yml`, `*.json`),
+/// sorted within each directory, each once; a directory that cannot be listed has none.
+pub fn spec_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut all: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        let mut files: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|f| f.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "json"))
+            .collect();
+        files.sort();
+        for file in files {
+            if !all.contains(&file) {
+                all.push(file);
+            }
+        }
+    }
+    all
+}
+
+/// One spec file of the node, parsed (YAML or JSON); `None` when it is not a regular file,
+/// larger than [`NVIDIA_SPEC_LIMIT`] or does not parse. Read with [`read_regular`]'s care: a
+/// FIFO or device node under a spec's name is never opened for a wait.
+pub fn read_node_spec(path: &Path) -> Option<serde_json::Value> {
+    let (_, bytes) = read_regular(path, NVIDIA_SPEC_LIMIT)?;
+    parse_spec(&bytes)
+}
+
+/// A spec file's bytes as JSON values; `None` when they do not parse. JSON is YAML: one
+/// parser for both forms.
+fn parse_spec(bytes: &[u8]) -> Option<serde_json::Value> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    serde_saphyr::from_str::<serde_json::Value>(text).ok()
+}
 
 /// NVIDIA's device names in the spec files of the node, as last read: each file is read and
 /// parsed again only when its [`Stamp`] changed, so a prepare costs a `stat` per file, not a
@@ -313,29 +348,20 @@ impl NvidiaSpecs {
         let mut by_index = None;
         let mut by_uuid = None;
         let mut scanned = std::collections::HashMap::new();
-        for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(dir) else { continue };
-            let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-            files.sort();
-            for file in files {
-                let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
-                if !(yaml || file.extension().is_some_and(|e| e == "json")) || scanned.contains_key(&file) {
-                    continue;
-                }
-                let Some(names) = self.names(&file) else { continue };
-                if by_uuid.is_none() {
-                    for name in &names {
-                        if *name == gpu.uuid {
-                            by_uuid = Some(format!("{NVIDIA_KIND}={name}"));
-                            break;
-                        }
-                        if *name == index_name && by_index.is_none() {
-                            by_index = Some(format!("{NVIDIA_KIND}={name}"));
-                        }
+        for file in spec_files(dirs) {
+            let Some(names) = self.names(&file) else { continue };
+            if by_uuid.is_none() {
+                for name in &names {
+                    if *name == gpu.uuid {
+                        by_uuid = Some(format!("{NVIDIA_KIND}={name}"));
+                        break;
+                    }
+                    if *name == index_name && by_index.is_none() {
+                        by_index = Some(format!("{NVIDIA_KIND}={name}"));
                     }
                 }
-                scanned.insert(file.clone(), self.files[&file].clone());
             }
+            scanned.insert(file.clone(), self.files[&file].clone());
         }
         // Files gone since are forgotten; the whole scan is kept, so the next prepare (of
         // another GPU) finds every file already parsed.
@@ -370,11 +396,7 @@ impl NvidiaSpecs {
 /// not parse.
 #[cfg(feature = "dra")]
 fn nvidia_names(bytes: &[u8]) -> Vec<String> {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return Vec::new();
-    };
-    // JSON is YAML: one parser for both forms.
-    let Ok(spec) = serde_saphyr::from_str::<serde_json::Value>(text) else {
+    let Some(spec) = parse_spec(bytes) else {
         return Vec::new();
     };
     if spec["kind"] != NVIDIA_KIND {

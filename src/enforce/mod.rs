@@ -15,6 +15,16 @@
 //! The wrapper calls [`spec_edits`] (pure) and [`apply_spec_edits`] (the JSON tree) at
 //! `create`, once the container is placed; the hook sets the driver limit at createRuntime when
 //! the limit is `driver`, and the limit is cleared when the container ends ([`lifecycle`]).
+//!
+//! One limit per cgroup, whatever the node's toolkit has. Under `toolkit`, vramgate makes no
+//! NVML call: NVIDIA's `apply-cuda-memory-limits` CDI hook applies the values the wrapper
+//! writes, and the tier is [`Tier::ToolkitLimit`] only where a CDI spec of the node carries that
+//! hook ([`toolkit::hook_on_node`]; otherwise the container starts with the guardrails and a
+//! note). Under `driver`, vramgate keeps its own call even where the node's spec carries the
+//! hook, and takes the hook's variables away (the wrapper removes them, the hook alone refuses
+//! a container that sets them): vramgate's call is the one whose outcome it sees, records and
+//! clears when the container ends, which the toolkit's hook does not; handing the limit to the
+//! toolkit is what `toolkit` is for. `vramgate doctor` says which applies on the host.
 
 pub mod apply;
 pub mod driver_limit;
@@ -214,7 +224,8 @@ pub(crate) fn env_has(existing_env: &[String], name: &str) -> bool {
 /// mounts (vramgate's values win over the container's: a container must not raise its own
 /// limit by presetting the variable), then the guardrails (the container's own values win:
 /// they are advice, and the program may know better). Pure: `mps_running` is
-/// [`mps_control_running`]'s answer, asked by the caller.
+/// [`mps_control_running`]'s answer and `toolkit_hook` [`toolkit::hook_on_node`]'s, asked by
+/// the caller (each only under its own limit).
 ///
 /// A container placed nowhere (`placed` empty) reserved nothing and gets nothing.
 pub fn spec_edits(
@@ -222,6 +233,7 @@ pub fn spec_edits(
     existing_env: &[String],
     placed: &[PlacedShare],
     mps_running: bool,
+    toolkit_hook: bool,
 ) -> SpecEdits {
     let mut edits = SpecEdits {
         env: Vec::new(),
@@ -236,16 +248,18 @@ pub fn spec_edits(
     let hard = match config.limit {
         LimitMechanism::None => None,
         LimitMechanism::Driver => {
-            // The hook sets the limit at createRuntime; NVIDIA's hook must not set a second.
+            // The hook sets the limit at createRuntime; NVIDIA's hook must not set a second,
+            // whether or not the node's CDI spec carries it (see the module docs: vramgate's
+            // own call is the one it can see succeed, record and clear).
             if let Some(set) = toolkit::conflicting_request(existing_env) {
-                edits.unset = vec![toolkit::REQUEST_VAR.to_string(), toolkit::LIMIT_VAR.to_string()];
+                edits.unset = toolkit::ALL_VARS.iter().map(|v| v.to_string()).collect();
                 edits.notes.push(format!(
                     "vramgate: removed {set} from the container's env: under [enforce] limit = \"driver\" vramgate sets the driver limit from the reservation, and nvidia-container-toolkit's hook would set a second one"
                 ));
             }
             None
         }
-        LimitMechanism::Toolkit => toolkit::edits(placed, &mut edits),
+        LimitMechanism::Toolkit => toolkit::edits(config, existing_env, placed, toolkit_hook, &mut edits),
         LimitMechanism::Mps => mps::edits(config, placed, mps_running, &mut edits),
     };
     let guarded = guardrails::edits(config, existing_env, placed, &mut edits.env);
@@ -280,7 +294,7 @@ mod tests {
 
     #[test]
     fn defaults_give_guardrails_only() {
-        let edits = spec_edits(&EnforceConfig::default(), &[], &[share(0, 4 << 30, H200)], false);
+        let edits = spec_edits(&EnforceConfig::default(), &[], &[share(0, 4 << 30, H200)], false, false);
         assert_eq!(edits.tier, Tier::Guardrails);
         assert_eq!(
             env_of(&edits),
@@ -300,7 +314,7 @@ mod tests {
             limit: LimitMechanism::Mps,
             ..EnforceConfig::default()
         };
-        let edits = spec_edits(&config, &[], &[], true);
+        let edits = spec_edits(&config, &[], &[], true, false);
         assert_eq!(edits.tier, Tier::None);
         assert!(edits.env.is_empty() && edits.mounts.is_empty());
     }
@@ -313,7 +327,7 @@ mod tests {
             jax_memory_fraction: false,
             ..EnforceConfig::default()
         };
-        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false);
+        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false, false);
         assert_eq!(edits.tier, Tier::None);
         assert!(edits.env.is_empty());
     }
@@ -324,7 +338,7 @@ mod tests {
             limit: LimitMechanism::Driver,
             ..EnforceConfig::default()
         };
-        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false);
+        let edits = spec_edits(&config, &[], &[share(0, 1 << 30, H200)], false, false);
         // The hook sets the limit and reports DriverLimit; the spec carries the guardrails.
         assert_eq!(edits.tier, Tier::Guardrails);
         assert!(edits.env.iter().all(|(k, _)| !k.starts_with("NVIDIA_GPU_MEMORY")));
@@ -337,16 +351,25 @@ mod tests {
             ..EnforceConfig::default()
         };
         let existing = ["NVIDIA_GPU_MEMORY_LIMIT=999999".to_string(), "PATH=/bin".to_string()];
-        let edits = spec_edits(&config, &existing, &[share(0, 1 << 30, H200)], false);
-        assert_eq!(edits.unset, ["NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT"]);
+        let edits = spec_edits(&config, &existing, &[share(0, 1 << 30, H200)], false, false);
+        // Both spellings: the toolkit's hook reads the plural one first.
+        assert_eq!(
+            edits.unset,
+            [
+                "NVIDIA_GPU_MEMORY_REQUEST",
+                "NVIDIA_GPU_MEMORY_LIMIT",
+                "NVIDIA_GPU_MEMORY_REQUESTS",
+                "NVIDIA_GPU_MEMORY_LIMITS"
+            ]
+        );
         assert!(
             edits.notes[0].contains("removed NVIDIA_GPU_MEMORY_LIMIT"),
             "{:?}",
             edits.notes
         );
-        let clean = spec_edits(&config, &existing[1..], &[share(0, 1 << 30, H200)], false);
+        let clean = spec_edits(&config, &existing[1..], &[share(0, 1 << 30, H200)], false, false);
         assert!(clean.unset.is_empty() && clean.notes.is_empty());
-        let mut spec = serde_json::json!({"process": {"env": ["NVIDIA_GPU_MEMORY_LIMIT=999999", "PATH=/bin", "NVIDIA_GPU_MEMORY_REQUEST=1"]}});
+        let mut spec = serde_json::json!({"process": {"env": ["NVIDIA_GPU_MEMORY_LIMIT=999999", "PATH=/bin", "NVIDIA_GPU_MEMORY_REQUEST=1", "NVIDIA_GPU_MEMORY_LIMITS=9"]}});
         assert!(apply_spec_edits(&mut spec, &edits).unwrap());
         let env: Vec<&str> = spec["process"]["env"]
             .as_array()

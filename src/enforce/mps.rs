@@ -181,7 +181,7 @@ mod tests {
         };
         let two = [share(3, 6 << 30), share(1, 4 << 30)];
         let get = |edits: &SpecEdits, k: &str| edits.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        let edits = spec_edits(&uuid, &[], &two, true);
+        let edits = spec_edits(&uuid, &[], &two, true, false);
         assert_eq!(
             get(&edits, PINNED_LIMIT_VAR).as_deref(),
             Some("GPU-1aaa=4096M,GPU-3aaa=6144M")
@@ -194,11 +194,11 @@ mod tests {
         // Ordinals with two GPUs: CUDA must count them as the limit does; the container's own
         // order is replaced (vramgate's hard-limit values win).
         let existing = ["CUDA_DEVICE_ORDER=FASTEST_FIRST".to_string()];
-        let edits = spec_edits(&mps(), &existing, &two, true);
+        let edits = spec_edits(&mps(), &existing, &two, true, false);
         assert_eq!(get(&edits, PINNED_LIMIT_VAR).as_deref(), Some("0=4096M,1=6144M"));
         assert_eq!(get(&edits, DEVICE_ORDER_VAR).as_deref(), Some("PCI_BUS_ID"));
         // One GPU is ordinal 0 in any order.
-        let edits = spec_edits(&mps(), &[], &two[..1], true);
+        let edits = spec_edits(&mps(), &[], &two[..1], true, false);
         assert_eq!(get(&edits, DEVICE_ORDER_VAR), None);
     }
 
@@ -231,7 +231,7 @@ mod tests {
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=100G".to_string(),
             "CUDA_MPS_PIPE_DIRECTORY=/elsewhere".to_string(),
         ];
-        let edits = spec_edits(&mps(), &existing, &[share(0, 4 << 30)], true);
+        let edits = spec_edits(&mps(), &existing, &[share(0, 4 << 30)], true, false);
         assert_eq!(edits.tier, Tier::MpsLimit);
         let get = |k: &str| edits.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get(PINNED_LIMIT_VAR), Some("0=4096M"));
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn no_daemon_no_mps_edits_and_a_note() {
-        let edits = spec_edits(&mps(), &[], &[share(0, 4 << 30)], false);
+        let edits = spec_edits(&mps(), &[], &[share(0, 4 << 30)], false, false);
         assert_eq!(edits.tier, Tier::Guardrails);
         assert!(edits.mounts.is_empty());
         assert!(edits.env.iter().all(|(k, _)| !k.starts_with("CUDA_MPS")));

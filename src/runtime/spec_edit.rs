@@ -293,7 +293,10 @@ fn enforce(
     }
     let mps_running = config.enforce.limit == crate::config::LimitMechanism::Mps
         && enforce::mps_control_running(&config.enforce.mps_pipe_directory, Path::new("/proc"));
-    let edits = enforce::spec_edits(&config.enforce, env, &placed, mps_running);
+    // Read only under its own limit: a node on another tier pays no YAML parse per create.
+    let toolkit_hook = config.enforce.limit == crate::config::LimitMechanism::Toolkit
+        && enforce::toolkit::hook_on_node(&config.enforce.cdi_spec_dirs).is_some();
+    let edits = enforce::spec_edits(&config.enforce, env, &placed, mps_running, toolkit_hook);
     for note in &edits.notes {
         super::warn(inv, &format!("vramgate: {note}"));
     }
