@@ -236,6 +236,21 @@ pub fn spec_edits(
     edits
 }
 
+/// The tier a container placed on `placed` gets on this host, as the node applies it: what
+/// [`spec_edits`] gives it, except that under `limit = "driver"` the hook sets the driver limit
+/// at createRuntime on a whole GPU (never on a MIG device: [`driver_limit::whole_gpus`]). For
+/// callers that report the tier before the container exists (the DRA driver's claim status);
+/// the wrapper and the hook keep deciding it where they apply it, with the same functions.
+pub fn planned_tier(config: &EnforceConfig, placed: &[PlacedShare]) -> Tier {
+    if config.limit == LimitMechanism::Driver && !driver_limit::whole_gpus(placed).is_empty() {
+        return Tier::DriverLimit;
+    }
+    // The wrapper's own question, asked the same way (spec_edit.rs).
+    let mps_running = config.limit == LimitMechanism::Mps
+        && mps_control_running(&config.mps_pipe_directory, std::path::Path::new("/proc"));
+    spec_edits(config, &[], placed, mps_running).tier
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +269,32 @@ mod tests {
 
     fn env_of(edits: &SpecEdits) -> Vec<String> {
         edits.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    #[test]
+    fn the_planned_tier_is_the_wrappers_or_the_hooks_driver_limit() {
+        let placed = [share(0, 4 << 30, H200)];
+        assert_eq!(planned_tier(&EnforceConfig::default(), &placed), Tier::Guardrails);
+        let driver = EnforceConfig {
+            limit: LimitMechanism::Driver,
+            ..EnforceConfig::default()
+        };
+        assert_eq!(planned_tier(&driver, &placed), Tier::DriverLimit);
+        let mig = [PlacedShare {
+            mig_index: Some(1),
+            ..share(0, 1 << 30, H200)
+        }];
+        assert_eq!(
+            planned_tier(&driver, &mig),
+            Tier::Guardrails,
+            "the hook sets none on a MIG device"
+        );
+        let toolkit = EnforceConfig {
+            limit: LimitMechanism::Toolkit,
+            ..EnforceConfig::default()
+        };
+        assert_eq!(planned_tier(&toolkit, &placed), Tier::ToolkitLimit);
+        assert_eq!(planned_tier(&driver, &[]), Tier::None);
     }
 
     #[test]
