@@ -37,6 +37,9 @@ pub const POLICY_ANNOTATION: &str = "vramgate.dev/policy";
 pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
 pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
+/// The limit beside the request (issue 32): written by the DRA driver for a claim whose
+/// opaque configuration asks one; the hook and the wrapper read it (helper A's branch).
+pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 /// What a prepared DRA claim's CDI edits set, one variable per claim device
 /// (`VRAMGATE_DRA_DEVICE_<device>=<device>:<secret>`, see [`crate::dra`]): a name of its own for each
 /// device, so that two devices given to one container leave two variables (CDI merges
