@@ -1081,3 +1081,79 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     drop(driver);
     drop(dir);
 }
+
+/// Issue 32, item 4: the claim's status is what the node reports, not what kubelet waits for.
+/// A status update that conflicts with another writer (409) is read again and retried at
+/// once; one the API server fails (a 500, as a timed-out etcd gives) fails no prepare: the
+/// prepare stands, the failure is logged, and the write is tried again later.
+#[test]
+fn a_status_write_that_fails_fails_no_prepare_and_is_tried_again() {
+    let (dir, tb) = runc_testbed("vramgate-dra-status-retry", GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let busy = rt.block_on(api.create_claim("default", "busy", "2Gi"));
+    rt.block_on(api.allocate("default", "busy", NODE, &[("gpu-0", "2Gi")]));
+    let failing = rt.block_on(api.create_claim("default", "failing", "2Gi"));
+    rt.block_on(api.allocate("default", "failing", NODE, &[("gpu-1", "2Gi")]));
+    rt.block_on(api.refuse("PUT", "/resourceclaims/busy/status", 409, 1));
+    rt.block_on(api.refuse("PUT", "/resourceclaims/failing/status", 500, 1));
+
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "busy", &busy), claim("default", "failing", &failing)],
+    ));
+    for uid in [&busy, &failing] {
+        assert_eq!(answer.claims[uid].error, "");
+        assert_eq!(answer.claims[uid].devices.len(), 1);
+    }
+    assert_eq!(
+        rt.block_on(api.device_status("default", "busy")).len(),
+        1,
+        "the conflict was retried within the prepare"
+    );
+    assert!(
+        driver
+            .log_text()
+            .contains("vramgate-dra: status of claim default/failing"),
+        "{}",
+        driver.log_text()
+    );
+    let started = Instant::now();
+    wait_until(
+        "the failed status write to be tried again",
+        Duration::from_secs(15),
+        || {
+            let status = rt.block_on(api.device_status("default", "failing"));
+            (status.len() == 1, status)
+        },
+    );
+    eprintln!(
+        "status written {} ms after the failed try",
+        started.elapsed().as_millis()
+    );
+    let rejected: Vec<(u64, String)> = rt
+        .block_on(api.rejected())
+        .iter()
+        .map(|r| (r["code"].as_u64().unwrap(), r["path"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            (
+                409,
+                "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/busy/status".to_string()
+            ),
+            (
+                500,
+                "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/failing/status".to_string()
+            ),
+        ],
+        "only the refusals the test asked for"
+    );
+    drop(driver);
+    drop(dir);
+}

@@ -41,8 +41,10 @@ the Status kube-apiserver answers, with the policy's message.
 Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC,
 protobuf, label selectors (ignored), other kinds and other API versions.
 
-Test-only endpoints: GET /_writes (every accepted write, with its time) and GET /_rejected
-(every refused write, with the reason).
+Test-only endpoints: GET /_writes (every accepted write, with its time), GET /_rejected
+(every refused write, with the reason), and POST /_refuse with {"method", "suffix", "code",
+"count"}: the next `count` writes of that method whose path ends with `suffix` are answered
+with `code` (409: a Conflict, else an InternalError), as a busy or failing API server answers.
 
 Works with Debian 12's python3-jsonschema (4.10) and with current releases (4.26).
 
@@ -469,6 +471,7 @@ class Store:
         self.claims = {}
         self.writes = []
         self.rejected = []
+        self.refusals = []
 
     def stamp(self, obj, old=None):
         """Sets the server-owned metadata, as the object will have it if it is accepted."""
@@ -660,6 +663,15 @@ class Handler(BaseHTTPRequestHandler):
     def route(self, method, path, query, store):
         if path == "/_writes" and method == "GET":
             return 200, store.writes, None
+        if path == "/_refuse" and method == "POST":
+            store.refusals.append(self.body())
+            return 200, {}, None
+        for refusal in store.refusals:
+            if refusal["count"] > 0 and refusal["method"] == method and path.endswith(refusal["suffix"]):
+                refusal["count"] -= 1
+                if refusal["code"] == 409:
+                    raise Refused(409, "Conflict", f"injected by the test: {CONFLICT}")
+                raise Refused(refusal["code"], "InternalError", "injected by the test: etcdserver: request timed out")
         if path == "/_rejected" and method == "GET":
             return 200, store.rejected, None
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)

@@ -158,6 +158,17 @@ impl ApiServer {
         self.get_json("/_rejected").await.as_array().unwrap().clone()
     }
 
+    /// The next `count` writes of `method` whose path ends with `suffix` are answered with
+    /// `code` (409: a Conflict; else an InternalError), as a busy or failing API server does.
+    pub async fn refuse(&self, method: &str, suffix: &str, code: u16, count: u32) {
+        let body = json!({"method": method, "suffix": suffix, "code": code, "count": count});
+        let request = http::Request::post("/_refuse")
+            .header("Content-Type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        self.client().await.request_text(request).await.unwrap();
+    }
+
     /// The node's slice of this driver, if there is one.
     pub async fn slice(&self, node: &str) -> Option<ResourceSlice> {
         let api: Api<ResourceSlice> = Api::all(self.client().await);
