@@ -1075,6 +1075,10 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     // The container goes: its reservation with it, and nothing is measured for the claim.
     let out = runc_v2(&tb, &["delete", "--force", "claimed"]);
     assert!(out.status.success(), "delete: {}", stderr(&out));
+    // runc removed the container's own cgroup; its parents are this test's.
+    let parent = cgroup_v2_root().join(format!("vramgate-dra-used/{}", std::process::id()));
+    let _ = std::fs::remove_dir(&parent);
+    let _ = std::fs::remove_dir(parent.parent().unwrap());
     wait_used(None);
     assert_eq!(data()["limit"], serde_json::json!(8u64 << 30));
     assert_nothing_rejected(&rt, &api);
