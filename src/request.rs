@@ -46,6 +46,9 @@ pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
 /// What the container may use at most, when more than its request (see the module docs).
 pub const MEMORY_LIMIT_ANNOTATION: &str = "vramgate.dev/memory-limit";
+/// The limit in the environment; also what the DRA driver writes for every claim device (the
+/// claim's configured limit, else its request), so that a claim's container cannot bring one
+/// of its own.
 pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 /// What a prepared DRA claim's CDI edits set, one variable per claim device
 /// (`VRAMGATE_DRA_DEVICE_<device>=<device>:<secret>`, see [`crate::dra`]): a name of its own for each
@@ -305,7 +308,7 @@ impl Request {
         if let Some(device) = claim_devices.first() {
             // The claim's env says what the scheduler counted; an annotation (the pod's,
             // copied into each container) would reserve something else.
-            for annotation in [MEMORY_ANNOTATION, GPUS_ANNOTATION] {
+            for annotation in [MEMORY_ANNOTATION, MEMORY_LIMIT_ANNOTATION, GPUS_ANNOTATION] {
                 if spec.annotations.contains_key(annotation) {
                     return Err(RequestError::ClaimAndAnnotation {
                         device: device.chars().take(100).collect(),

@@ -800,3 +800,366 @@ fn the_stand_in_api_server_passes_its_selftest() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
 }
+
+/// This driver's opaque configuration in a claim, for its request `gpu`.
+fn limit_config(parameters: serde_json::Value) -> serde_json::Value {
+    serde_json::json!([{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}])
+}
+
+fn gpu_memory_config(limit: &str) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryConfig", "limit": limit})
+}
+
+/// Issue 32, item 4. A claim may carry a limit in this driver's opaque configuration: a valid
+/// one goes into the CDI edits beside the request, one the driver cannot read fails that
+/// claim's prepare with one line and leaves no CDI spec. After a prepare the claim's
+/// `status.devices[]` says, per device, the tier configured on the node, the request and the
+/// limit, written through the status subresource and validated by the stand-in as
+/// kube-apiserver validates it; unprepare leaves it.
+#[test]
+fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_prepare() {
+    let (dir, tb) = runc_testbed(
+        "vramgate-dra-status",
+        &format!("{GPUS}[enforce]\nlimit = \"toolkit\"\n"),
+    );
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let _driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&_driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    let claims: [(&str, &str, serde_json::Value); 6] = [
+        ("limited", "gpu-1", limit_config(gpu_memory_config("8Gi"))),
+        ("plain", "gpu-0", serde_json::json!([])),
+        (
+            "misspelt",
+            "gpu-0",
+            limit_config(
+                serde_json::json!({"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryConfig", "limt": "8Gi"}),
+            ),
+        ),
+        (
+            "otherkind",
+            "gpu-0",
+            limit_config(serde_json::json!({"apiVersion": "vramgate.dev/v1", "kind": "GpuConfig", "limit": "8Gi"})),
+        ),
+        ("badquantity", "gpu-0", limit_config(gpu_memory_config("8 gigs"))),
+        ("below", "gpu-1", limit_config(gpu_memory_config("4Gi"))),
+    ];
+    let mut uids = std::collections::HashMap::new();
+    for (name, device, config) in claims {
+        let uid = rt.block_on(api.create_claim_with("default", name, "6Gi", config));
+        rt.block_on(api.allocate("default", name, NODE, &[(device, "6Gi")]));
+        uids.insert(name, uid);
+    }
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        uids.iter().map(|(name, uid)| claim("default", name, uid)).collect(),
+    ));
+
+    // A bad configuration fails its claim alone, in one line saying what to fix; nothing is
+    // written for it, neither a CDI spec nor a status.
+    let expect = [
+        (
+            "misspelt",
+            "claim default/misspelt: the parameters of driver gpu-memory.vramgate.dev in config[0] of its allocation: unknown field `limt`, expected one of `apiVersion`, `kind`, `limit`",
+        ),
+        (
+            "otherkind",
+            r#"claim default/otherkind: the parameters of driver gpu-memory.vramgate.dev in config[0] of its allocation: apiVersion "vramgate.dev/v1" kind "GpuConfig": this driver reads apiVersion "vramgate.dev/v1" kind "GpuMemoryConfig""#,
+        ),
+        (
+            "badquantity",
+            r#"claim default/badquantity: the parameters of driver gpu-memory.vramgate.dev in config[0] of its allocation: limit "8 gigs": "#,
+        ),
+        (
+            "below",
+            r#"claim default/below: limit 4Gi (config[0] of its allocation) is below the 6Gi the claim consumed on device "gpu-1"; a limit is at least the request"#,
+        ),
+    ];
+    for (name, says) in expect {
+        let got = &answer.claims[&uids[name]];
+        assert!(
+            got.error.starts_with(says),
+            "claim {name}: {:?} should say {says:?}",
+            got.error
+        );
+        assert_eq!(got.error.lines().count(), 1, "{:?}", got.error);
+        assert!(got.devices.is_empty());
+        assert!(
+            !cdi_dir
+                .join(format!("vramgate.dev-gpu-memory_{}.json", uids[name]))
+                .exists(),
+            "no CDI spec for {name}"
+        );
+        assert_eq!(
+            rt.block_on(api.device_status("default", name)),
+            Vec::<serde_json::Value>::new()
+        );
+    }
+
+    // The limit goes into the CDI edits, in bytes, beside the request; none where none was asked.
+    let env = |name: &str| -> Vec<String> {
+        let path = cdi_dir.join(format!("vramgate.dev-gpu-memory_{}.json", uids[name]));
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        spec["devices"][0]["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_string())
+            .collect()
+    };
+    for name in ["limited", "plain"] {
+        assert_eq!(answer.claims[&uids[name]].error, "", "{name}");
+    }
+    let limited = env("limited");
+    assert!(
+        limited.contains(&"VRAMGATE_MEMORY=6442450944".to_string()),
+        "{limited:?}"
+    );
+    assert!(
+        limited.contains(&"VRAMGATE_MEMORY_LIMIT=8589934592".to_string()),
+        "{limited:?}"
+    );
+    // Without a configured limit the request is written as the limit: a container that sets
+    // its own VRAMGATE_MEMORY_LIMIT gets no more than the scheduler counted.
+    let plain = env("plain");
+    assert!(
+        plain.contains(&"VRAMGATE_MEMORY_LIMIT=6442450944".to_string()),
+        "{plain:?}"
+    );
+
+    // The status: one entry per device, the allocation's key, and what the node applies.
+    let status = |device: &str, limit: u64| {
+        serde_json::json!([{"driver": DRIVER, "pool": NODE, "device": device,
+            "shareID": "9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f00",
+            "data": {"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryStatus",
+                "tier": "toolkit_limit", "request": 6u64 << 30, "limit": limit}}])
+        .as_array()
+        .unwrap()
+        .clone()
+    };
+    assert_eq!(
+        rt.block_on(api.device_status("default", "limited")),
+        status("gpu-1", 8 << 30)
+    );
+    assert_eq!(
+        rt.block_on(api.device_status("default", "plain")),
+        status("gpu-0", 6 << 30),
+        "no limit asked: the limit is the request"
+    );
+
+    // Unprepared: the status stays with the allocation, as upstream drivers leave it.
+    let answer = rt.block_on(kubelet::unprepare(
+        &registered.endpoint,
+        vec![claim("default", "limited", &uids["limited"])],
+    ));
+    assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");
+    assert_eq!(
+        rt.block_on(api.device_status("default", "limited")),
+        status("gpu-1", 8 << 30)
+    );
+    assert_nothing_rejected(&rt, &api);
+    drop(dir);
+}
+
+/// `runc ARGS` against the testbed's root with cgroup v2 at /sys/fs/cgroup ([`in_cgroup_v2`]),
+/// where the hook sets the driver limit on the container's cgroup. Output goes to files: a
+/// created container keeps the stdio it inherited, and a pipe would never reach its end.
+fn runc_v2(tb: &vramgate::testbed::Testbed, args: &[&str]) -> std::process::Output {
+    let mut all: Vec<&std::ffi::OsStr> = vec![std::ffi::OsStr::new("--root"), tb.runc_root.as_os_str()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    let (key, value) = tb.env();
+    let out = tempfile::NamedTempFile::new_in(&tb.dir).unwrap();
+    let err = tempfile::NamedTempFile::new_in(&tb.dir).unwrap();
+    let status = in_cgroup_v2(&tb.runc, &all)
+        .env(key, value)
+        .env("PATH", path_with_sbin())
+        .stdin(std::process::Stdio::null())
+        .stdout(out.reopen().unwrap())
+        .stderr(err.reopen().unwrap())
+        .status()
+        .unwrap();
+    std::process::Output {
+        status,
+        stdout: std::fs::read(out.path()).unwrap(),
+        stderr: std::fs::read(err.path()).unwrap(),
+    }
+}
+
+/// Issue 32, item 4: `used` in a claim's status is what its containers hold on the GPU, from
+/// the same service snapshot the slice is computed from, and it is rewritten when that
+/// changes. On the driver limit's tier the driver's per-cgroup figure is the measurement
+/// (the NVML stub plays the driver; no process list needed): the claim's container, started
+/// from the claim's CDI edits, shows its figure, then the new one, then none once it is gone.
+#[test]
+fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
+    require("runc");
+    let stub_dir = tempfile::tempdir().unwrap();
+    let (lib, log) = nvml_stub(stub_dir.path(), true);
+    let usage = std::path::PathBuf::from(format!("{}.usage", log.display()));
+    let gpus = GPUS.replacen(
+        "backend = \"static\"\n",
+        &format!("backend = \"static\"\nnvml_library = {:?}\n", lib.display().to_string()),
+        1,
+    );
+    let (dir, tb) = runc_testbed("vramgate-dra-used", &format!("{gpus}[enforce]\nlimit = \"driver\"\n"));
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start_in_cgroup_v2(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    let uid = rt.block_on(api.create_claim_with("default", "trainer", "6Gi", limit_config(gpu_memory_config("8Gi"))));
+    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "trainer", &uid)],
+    ));
+    assert_eq!(answer.claims[&uid].error, "");
+    let data = || -> serde_json::Value {
+        let status = rt.block_on(api.device_status("default", "trainer"));
+        status.first().map(|d| d["data"].clone()).unwrap_or_default()
+    };
+    let prepared = data();
+    assert_eq!(
+        (&prepared["tier"], &prepared["request"], &prepared["limit"]),
+        (
+            &serde_json::json!("driver_limit"),
+            &serde_json::json!(6u64 << 30),
+            &serde_json::json!(8u64 << 30)
+        ),
+        "{prepared}"
+    );
+    assert!(
+        prepared.get("used").is_none(),
+        "nothing runs yet, nothing measured: {prepared}"
+    );
+
+    // The claim's container, as the runtime makes it from the claim's CDI edits.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"))).unwrap())
+            .unwrap();
+    let env: Vec<String> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_string())
+        .collect();
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    let cgroup = format!("/vramgate-dra-used/{}/claimed", std::process::id());
+    let config_json = bundle.join("config.json");
+    let mut oci: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_json).unwrap()).unwrap();
+    oci["linux"]["cgroupsPath"] = serde_json::json!(cgroup);
+    std::fs::write(&config_json, serde_json::to_vec_pretty(&oci).unwrap()).unwrap();
+    let out = runc_v2(&tb, &["create", "--bundle", bundle.to_str().unwrap(), "claimed"]);
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    let cgroup_dir = format!("/sys/fs/cgroup{cgroup}");
+
+    let wait_used = |want: Option<u64>| {
+        wait_until(
+            "the claim's status to say what its container uses",
+            Duration::from_secs(10),
+            || {
+                let data = data();
+                (data.get("used").and_then(|u| u.as_u64()) == want, data)
+            },
+        );
+    };
+    std::fs::write(&usage, format!("GPU-one {cgroup_dir} {}\n", 3u64 << 30)).unwrap();
+    wait_used(Some(3 << 30));
+    std::fs::write(&usage, format!("GPU-one {cgroup_dir} {}\n", 5u64 << 30)).unwrap();
+    wait_used(Some(5 << 30));
+
+    // The container goes: its reservation with it, and nothing is measured for the claim.
+    let out = runc_v2(&tb, &["delete", "--force", "claimed"]);
+    assert!(out.status.success(), "delete: {}", stderr(&out));
+    // runc removed the container's own cgroup; its parents are this test's.
+    let parent = cgroup_v2_root().join(format!("vramgate-dra-used/{}", std::process::id()));
+    let _ = std::fs::remove_dir(&parent);
+    let _ = std::fs::remove_dir(parent.parent().unwrap());
+    wait_used(None);
+    assert_eq!(data()["limit"], serde_json::json!(8u64 << 30));
+    assert_nothing_rejected(&rt, &api);
+    drop(driver);
+    drop(dir);
+}
+
+/// Issue 32, item 4: the claim's status is what the node reports, not what kubelet waits for.
+/// A status update that conflicts with another writer (409) is read again and retried at
+/// once; one the API server fails (a 500, as a timed-out etcd gives) fails no prepare: the
+/// prepare stands, the failure is logged, and the write is tried again later.
+#[test]
+fn a_status_write_that_fails_fails_no_prepare_and_is_tried_again() {
+    let (dir, tb) = runc_testbed("vramgate-dra-status-retry", GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let busy = rt.block_on(api.create_claim("default", "busy", "2Gi"));
+    rt.block_on(api.allocate("default", "busy", NODE, &[("gpu-0", "2Gi")]));
+    let failing = rt.block_on(api.create_claim("default", "failing", "2Gi"));
+    rt.block_on(api.allocate("default", "failing", NODE, &[("gpu-1", "2Gi")]));
+    rt.block_on(api.refuse("PUT", "/resourceclaims/busy/status", 409, 1));
+    rt.block_on(api.refuse("PUT", "/resourceclaims/failing/status", 500, 1));
+
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "busy", &busy), claim("default", "failing", &failing)],
+    ));
+    for uid in [&busy, &failing] {
+        assert_eq!(answer.claims[uid].error, "");
+        assert_eq!(answer.claims[uid].devices.len(), 1);
+    }
+    assert_eq!(
+        rt.block_on(api.device_status("default", "busy")).len(),
+        1,
+        "the conflict was retried within the prepare"
+    );
+    assert!(
+        driver
+            .log_text()
+            .contains("vramgate-dra: status of claim default/failing"),
+        "{}",
+        driver.log_text()
+    );
+    let started = Instant::now();
+    wait_until(
+        "the failed status write to be tried again",
+        Duration::from_secs(15),
+        || {
+            let status = rt.block_on(api.device_status("default", "failing"));
+            (status.len() == 1, status)
+        },
+    );
+    eprintln!(
+        "status written {} ms after the failed try",
+        started.elapsed().as_millis()
+    );
+    let rejected: Vec<(u64, String)> = rt
+        .block_on(api.rejected())
+        .iter()
+        .map(|r| (r["code"].as_u64().unwrap(), r["path"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        rejected,
+        [
+            (
+                409,
+                "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/busy/status".to_string()
+            ),
+            (
+                500,
+                "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/failing/status".to_string()
+            ),
+        ],
+        "only the refusals the test asked for"
+    );
+    drop(driver);
+    drop(dir);
+}

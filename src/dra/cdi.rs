@@ -82,6 +82,8 @@ pub struct ClaimDevice {
     /// The device's name in the slice (`gpu-0`).
     pub device: String,
     pub bytes: u64,
+    /// The limit the claim's configuration asks ([`super::claim::Share::limit`]).
+    pub limit: Option<u64>,
     pub uuid: String,
     pub device_nodes: Vec<PathBuf>,
 }
@@ -122,18 +124,28 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpe
     let spec = json!({
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
-        "devices": devices.iter().zip(&names).zip(&markers).map(|((d, name), marker)| json!({
+        "devices": devices.iter().zip(&names).zip(&markers).map(|((d, name), marker)| {
+            let mut env = vec![
+                format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
+                format!("{}={}", crate::request::GPUS_ENV, d.uuid),
+                format!("{}={marker}", super::claim_device_env(name)),
+            ];
+            // Always, the request where the claim asked no limit: the claim's value comes after
+            // the container's own env and so wins, and a container cannot give itself a limit
+            // the scheduler never counted.
+            env.push(format!(
+                "{}={}",
+                crate::request::MEMORY_LIMIT_ENV,
+                d.limit.unwrap_or(d.bytes)
+            ));
+            json!({
             "name": name,
             "containerEdits": {
-                "env": [
-                    format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
-                    format!("{}={}", crate::request::GPUS_ENV, d.uuid),
-                    format!("{}={marker}", super::claim_device_env(name)),
-                ],
+                "env": env,
                 "deviceNodes": d.device_nodes.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
                 "hooks": hook.entries(),
             },
-        })).collect::<Vec<_>>(),
+        })}).collect::<Vec<_>>(),
     });
     let write = |source| CdiError::Write {
         path: path.clone(),
@@ -518,12 +530,50 @@ mod tests {
         assert_eq!(read_regular(&dir.path().join("e-huge.json"), NVIDIA_SPEC_LIMIT), None);
     }
 
+    /// A claim whose configuration asks a limit: its device's edits carry it beside the
+    /// request, in bytes; one without carries the request as its limit.
+    #[test]
+    fn a_limit_the_claim_asked_is_in_its_devices_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = HookSpec {
+            path: PathBuf::from("/usr/bin/vramgate-hook"),
+            config: PathBuf::from("/etc/vramgate/config.toml"),
+            timeout_secs: 3660,
+        };
+        let device = |limit| ClaimDevice {
+            device: "gpu-0".into(),
+            bytes: 6 << 30,
+            limit,
+            uuid: "GPU-zero".into(),
+            device_nodes: Vec::new(),
+        };
+        let env = |uid: &str, limit| {
+            write_spec(dir.path(), uid, &[device(limit)], &hook).unwrap();
+            let spec: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(spec_path(dir.path(), uid).unwrap()).unwrap()).unwrap();
+            spec["devices"][0]["containerEdits"]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        let limited = env("0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10", Some(8 << 30));
+        assert_eq!(limited[0], "VRAMGATE_MEMORY=6442450944");
+        assert_eq!(limited[3], "VRAMGATE_MEMORY_LIMIT=8589934592");
+        // Without one the limit is the request, written all the same: the container's own
+        // VRAMGATE_MEMORY_LIMIT comes before it in the spec and so loses.
+        let plain = env("1c6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10", None);
+        assert_eq!(plain[3], "VRAMGATE_MEMORY_LIMIT=6442450944");
+    }
+
     #[test]
     fn a_claims_spec_is_written_rewritten_and_removed() {
         let dir = tempfile::tempdir().unwrap();
         let device = ClaimDevice {
             device: "gpu-1".into(),
             bytes: 6 << 30,
+            limit: None,
             uuid: "GPU-one".into(),
             device_nodes: vec![PathBuf::from("/dev/nvidia1")],
         };

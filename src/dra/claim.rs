@@ -1,10 +1,16 @@
 //! A `resource.k8s.io/v1` ResourceClaim as the scheduler leaves it, reduced to what this node
 //! must do: for each allocation result of this driver, the GPU device and the memory the claim
-//! consumed there.
+//! consumed there, and the limit its opaque configuration asks for ([`CONFIG_KIND`]).
 
 use serde::Deserialize;
 
 use super::{DRIVER, MEMORY_CAPACITY};
+
+/// The `apiVersion` and `kind` of this driver's opaque configuration (`parameters` of a
+/// claim's `spec.devices.config[].opaque` naming this driver):
+/// `{"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryConfig", "limit": "8Gi"}`.
+pub const CONFIG_API_VERSION: &str = "vramgate.dev/v1";
+pub const CONFIG_KIND: &str = "GpuMemoryConfig";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ClaimError {
@@ -38,6 +44,24 @@ pub enum ClaimError {
         value: String,
         reason: String,
     },
+    #[error(
+        "claim {namespace}/{name}: the parameters of driver {DRIVER} in config[{index}] of its allocation: {reason}"
+    )]
+    Config {
+        namespace: String,
+        name: String,
+        index: usize,
+        reason: String,
+    },
+    #[error("claim {namespace}/{name}: limit {limit} (config[{index}] of its allocation) is below the {consumed} the claim consumed on device {device:?}; a limit is at least the request, or leave it out (limit = request)")]
+    LimitBelowRequest {
+        namespace: String,
+        name: String,
+        index: usize,
+        device: String,
+        limit: String,
+        consumed: String,
+    },
 }
 
 /// One allocation result of this driver: memory on one device of one pool.
@@ -50,6 +74,9 @@ pub struct Share {
     /// what the node reserves, never the request itself.
     pub bytes: u64,
     pub share_id: Option<String>,
+    /// What the claim's opaque configuration asks the container may reach (at least
+    /// `bytes`); `None`: no limit asked, the limit is the request.
+    pub limit: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +110,72 @@ struct Allocation {
 struct Devices {
     #[serde(default)]
     results: Vec<AllocationResult>,
+    /// The class's and the claim's configuration, as the scheduler copied it, in order: a later
+    /// entry wins over an earlier one (the claim's over the class's).
+    #[serde(default)]
+    config: Vec<AllocationConfig>,
+}
+
+#[derive(Deserialize)]
+struct AllocationConfig {
+    /// The requests it applies to; none: all of them.
+    #[serde(default)]
+    requests: Vec<String>,
+    #[serde(default)]
+    opaque: Option<Opaque>,
+}
+
+#[derive(Deserialize)]
+struct Opaque {
+    driver: String,
+    #[serde(default)]
+    parameters: serde_json::Value,
+}
+
+/// This driver's parameters. Unknown fields are refused: a misspelt `limit` must not pass
+/// as no limit.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct GpuMemoryConfig {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    #[serde(default)]
+    limit: Option<String>,
+}
+
+impl AllocationConfig {
+    fn applies_to(&self, request: &str) -> bool {
+        // A subrequest's result names `<request>/<subrequest>`; config may name either.
+        let parent = request.split_once('/').map_or(request, |(p, _)| p);
+        self.requests.is_empty() || self.requests.iter().any(|r| r == request || r == parent)
+    }
+}
+
+/// The limit in this driver's `parameters`, in bytes and as written (`None`: none asked), or why they are
+/// not this driver's configuration.
+fn limit_of(parameters: &serde_json::Value) -> Result<Option<(u64, String)>, String> {
+    let object = parameters
+        .as_object()
+        .ok_or_else(|| format!("must be a JSON object {{\"apiVersion\": \"{CONFIG_API_VERSION}\", \"kind\": \"{CONFIG_KIND}\", \"limit\": \"8Gi\"}}"))?;
+    let field = |key: &str| object.get(key).and_then(|v| v.as_str()).unwrap_or("");
+    if field("apiVersion") != CONFIG_API_VERSION || field("kind") != CONFIG_KIND {
+        return Err(format!(
+            "apiVersion {} kind {}: this driver reads apiVersion {CONFIG_API_VERSION:?} kind {CONFIG_KIND:?}",
+            object.get("apiVersion").cloned().unwrap_or(serde_json::Value::Null),
+            object.get("kind").cloned().unwrap_or(serde_json::Value::Null),
+        ));
+    }
+    let config: GpuMemoryConfig =
+        serde_json::from_value(parameters.clone()).map_err(|e| crate::one_line(&e.to_string()))?;
+    config
+        .limit
+        .map(|limit| match parse_quantity(&limit) {
+            Ok(bytes) => Ok((bytes, limit)),
+            Err(reason) => Err(format!("limit {limit:?}: {reason}")),
+        })
+        .transpose()
 }
 
 #[derive(Deserialize)]
@@ -114,16 +207,30 @@ pub fn shares(json: &[u8], namespace: &str, name: &str, uid: &str) -> Result<Vec
             found: claim.metadata.uid,
         });
     }
-    let results = claim
+    let devices = claim
         .status
         .and_then(|s| s.allocation)
         .ok_or_else(|| ClaimError::NotAllocated {
             namespace: namespace.to_string(),
             name: name.to_string(),
         })?
-        .devices
-        .map(|d| d.results)
-        .unwrap_or_default();
+        .devices;
+    let (results, config) = devices.map(|d| (d.results, d.config)).unwrap_or_default();
+    // Every entry of this driver is checked, whether or not a result of it is here: a
+    // mistake is said at the first prepare, not when a request it names appears.
+    let mut limits = Vec::new();
+    for (index, entry) in config.iter().enumerate() {
+        let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == DRIVER) else {
+            continue;
+        };
+        let limit = limit_of(&opaque.parameters).map_err(|reason| ClaimError::Config {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            index,
+            reason,
+        })?;
+        limits.push((index, entry, limit));
+    }
     results
         .into_iter()
         .filter(|r| r.driver == DRIVER)
@@ -144,12 +251,32 @@ pub fn shares(json: &[u8], namespace: &str, name: &str, uid: &str) -> Result<Vec
                 value: value.clone(),
                 reason,
             })?;
+            // The last entry that applies and says a limit wins.
+            let asked = limits
+                .iter()
+                .rev()
+                .find(|(_, entry, limit)| limit.is_some() && entry.applies_to(&r.request));
+            let limit = match asked {
+                Some((index, _, Some((limit, text)))) if *limit < bytes => {
+                    return Err(ClaimError::LimitBelowRequest {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        index: *index,
+                        device: r.device.clone(),
+                        limit: text.clone(),
+                        consumed: value.clone(),
+                    })
+                }
+                Some((_, _, Some((limit, _)))) => Some(*limit),
+                _ => None,
+            };
             Ok(Share {
                 request: r.request,
                 pool: r.pool,
                 device: r.device,
                 bytes,
                 share_id: r.share_id,
+                limit,
             })
         })
         .collect()
@@ -192,8 +319,82 @@ mod tests {
                 device: "gpu-1".into(),
                 bytes: 6 << 30,
                 share_id: Some("9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f60".into()),
+                limit: None,
             }]
         );
+    }
+
+    /// The claim with `config` as the scheduler copies it into the allocation.
+    fn configured(config: &str) -> String {
+        CLAIM.replace(r#""results":["#, &format!(r#""config":{config},"results":["#))
+    }
+
+    #[test]
+    fn a_limit_in_this_drivers_parameters_applies_to_the_requests_it_names() {
+        let ours = |requests: &str, limit: &str| {
+            format!(
+                r#"{{"source":"FromClaim","requests":{requests},"opaque":{{"driver":"gpu-memory.vramgate.dev","parameters":{{"apiVersion":"vramgate.dev/v1","kind":"GpuMemoryConfig","limit":"{limit}"}}}}}}"#
+            )
+        };
+        let other = r#"{"source":"FromClass","opaque":{"driver":"nic.example.com","parameters":{"anything":1}}}"#;
+        let limit =
+            |config: String| shares(configured(&config).as_bytes(), "default", "trainer-gpu", UID).map(|s| s[0].limit);
+        assert_eq!(limit(format!("[{other}]")), Ok(None));
+        assert_eq!(
+            limit(format!(r#"[{other},{}]"#, ours("[\"gpu\"]", "8Gi"))),
+            Ok(Some(8 << 30))
+        );
+        assert_eq!(limit(format!("[{}]", ours("[]", "6.5Gi"))), Ok(Some(6656 << 20)));
+        assert_eq!(limit(format!("[{}]", ours("[\"other\"]", "8Gi"))), Ok(None));
+        // The claim's entry comes after the class's, and wins.
+        assert_eq!(
+            limit(format!("[{},{}]", ours("[]", "10Gi"), ours("[\"gpu\"]", "7Gi"))),
+            Ok(Some(7 << 30))
+        );
+        // Exactly the request is a limit too.
+        assert_eq!(limit(format!("[{}]", ours("[]", "6Gi"))), Ok(Some(6 << 30)));
+    }
+
+    #[test]
+    fn parameters_this_driver_cannot_read_fail_the_claim_in_one_line() {
+        let with = |parameters: &str| {
+            let config = format!(
+                r#"[{{"source":"FromClaim","opaque":{{"driver":"gpu-memory.vramgate.dev","parameters":{parameters}}}}}]"#
+            );
+            shares(configured(&config).as_bytes(), "default", "trainer-gpu", UID)
+                .unwrap_err()
+                .to_string()
+        };
+        let cases = [
+            (
+                r#"{"apiVersion":"vramgate.dev/v2","kind":"GpuMemoryConfig","limit":"8Gi"}"#,
+                r#"apiVersion "vramgate.dev/v2" kind "GpuMemoryConfig": this driver reads apiVersion "vramgate.dev/v1" kind "GpuMemoryConfig""#,
+            ),
+            (r#"{"limit":"8Gi"}"#, "apiVersion null kind null: this driver reads"),
+            (
+                r#"{"apiVersion":"vramgate.dev/v1","kind":"GpuMemoryConfig","limt":"8Gi"}"#,
+                "unknown field `limt`, expected one of `apiVersion`, `kind`, `limit`",
+            ),
+            (
+                r#"{"apiVersion":"vramgate.dev/v1","kind":"GpuMemoryConfig","limit":"8 gibibytes"}"#,
+                r#"limit "8 gibibytes": "#,
+            ),
+            (
+                r#"{"apiVersion":"vramgate.dev/v1","kind":"GpuMemoryConfig","limit":"50%"}"#,
+                r#"limit "50%": a share of a GPU is not a Kubernetes quantity"#,
+            ),
+            (r#""8Gi""#, "must be a JSON object"),
+            (
+                r#"{"apiVersion":"vramgate.dev/v1","kind":"GpuMemoryConfig","limit":"4Gi"}"#,
+                r#"limit 4Gi (config[0] of its allocation) is below the 6Gi the claim consumed on device "gpu-1""#,
+            ),
+        ];
+        for (parameters, says) in cases {
+            let error = with(parameters);
+            assert!(error.starts_with("claim default/trainer-gpu: "), "{error}");
+            assert!(error.contains(says), "{parameters}: {error:?} should say {says:?}");
+            assert_eq!(error.lines().count(), 1, "{error}");
+        }
     }
 
     #[test]

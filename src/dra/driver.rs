@@ -12,7 +12,7 @@ use super::api::registration::registration_server::RegistrationServer;
 use super::api::{v1, v1beta1};
 use super::kube::{ApiClient, ApiError};
 use super::plugin::{DraService, Preparer, Registrar};
-use super::view::{held_by_claims, DraView, Markers, ProductNames, RequestPolicy};
+use super::view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames, RequestPolicy};
 use super::{cdi, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
@@ -130,6 +130,8 @@ impl Refresher {
                     devices: Vec::new(),
                     policy: self.policy,
                     error: None,
+                    used: Default::default(),
+                    enforce: Default::default(),
                 });
                 DraView::failed(&earlier, crate::one_line(&e.to_string()))
             }
@@ -152,6 +154,13 @@ impl Refresher {
         let (ledger, report) = service.schedulable()?;
         let prepared = cdi::prepared(&self.cdi_dir);
         let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
+        let used = used_by_claims(
+            &ledger,
+            &report,
+            &prepared,
+            &mut self.markers,
+            &super::view::read_marker,
+        );
         let uuids: std::collections::BTreeSet<String> = report.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
         if !uuids.is_subset(&self.named) {
             // A GPU that appeared since (a MIG device made): ask for the names again, once
@@ -159,7 +168,10 @@ impl Refresher {
             self.products = self.inventory.product_names();
             self.named = uuids;
         }
-        Ok(DraView::compute(&report, &held, self.policy, &self.products))
+        let mut view = DraView::compute(&report, &held, self.policy, &self.products);
+        view.used = used;
+        view.enforce = config.enforce;
+        Ok(view)
     }
 }
 
@@ -193,8 +205,10 @@ pub fn run(options: Options) -> Result<()> {
             options.dev_dir.clone(),
             hook,
         ));
+        let statuses = tokio::spawn(super::plugin::refresh_statuses(preparer.clone()));
         let served = serve(&options, preparer, registered).await;
         publisher.abort();
+        statuses.abort();
         drop(wake);
         served
     })
@@ -237,10 +251,13 @@ fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, 
                 let view = refresher.view();
                 *beat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
                 tx.send_if_modified(|current| {
-                    let changed = !current.publishes_as(&view) || current.error != view.error;
-                    if changed {
+                    let publish = !current.publishes_as(&view) || current.error != view.error;
+                    if publish {
                         view.log();
                     }
+                    // What the claims' status says changed too: the status writer is told (the
+                    // publisher waits for a change of its own: see `publishable_change`).
+                    let changed = publish || current.used != view.used || current.enforce != view.enforce;
                     *current = Arc::new(view);
                     changed
                 });
@@ -305,9 +322,24 @@ async fn publish(api: ApiClient, node: String, mut views: watch::Receiver<Arc<Dr
             }
         };
         tokio::select! {
-            changed = views.changed() => if changed.is_err() { return },
+            changed = publishable_change(&mut views, &view) => if changed.is_err() { return },
             _ = registered.notified() => {}
             _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Waits for a view whose slice differs from `published`'s: a view that changed only what
+/// the claims' status reports (usage, the tier) is not the publisher's business.
+async fn publishable_change(
+    views: &mut watch::Receiver<Arc<DraView>>,
+    published: &DraView,
+) -> std::result::Result<(), watch::error::RecvError> {
+    loop {
+        views.changed().await?;
+        let view = views.borrow().clone();
+        if !view.publishes_as(published) || view.error != published.error {
+            return Ok(());
         }
     }
 }

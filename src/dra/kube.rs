@@ -1,5 +1,6 @@
 //! The few API server calls the driver makes, through kube's client: read a claim and the
-//! node, and list, create, replace and delete the node's slices. Every call has a deadline.
+//! node, write this driver's entries of a claim's `status.devices`, and list, create, replace
+//! and delete the node's slices. Every call has a deadline.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,6 +14,8 @@ use super::DRIVER;
 /// The deadline on one API call: prepare waits for it with kubelet waiting on prepare (kubelet
 /// gives a call 45 s), and the publisher retries after it.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many times a claim's status update is tried when others keep writing it (409).
+const STATUS_ATTEMPTS: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -96,6 +99,65 @@ impl ApiClient {
         bounded(what, self.client.request_text(request))
             .await
             .map(String::into_bytes)
+    }
+
+    /// Makes this driver's entries of claim `namespace`/`name`'s `status.devices` `entries`,
+    /// keeping every other driver's, through the status subresource (an update with the
+    /// claim's resourceVersion, read just before; tried again on a conflict, as a concurrent
+    /// writer of the status, the scheduler or another driver, makes one). `Ok(false)`: the
+    /// claim is gone or is another one of that name now (not `uid`), nothing to write.
+    pub async fn write_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        entries: &[serde_json::Value],
+    ) -> Result<bool, ApiError> {
+        let what = || format!("updating the status of ResourceClaim {namespace}/{name}");
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status");
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let json = match self.claim_json(namespace, name).await {
+                Ok(json) => json,
+                Err(e) if e.code() == Some(404) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let mut claim: serde_json::Value = serde_json::from_slice(&json).map_err(|e| ApiError::Call {
+                what: what(),
+                message: format!("the claim read back is not JSON: {}", crate::one_line(&e.to_string())),
+            })?;
+            if claim["metadata"]["uid"] != uid {
+                return Ok(false);
+            }
+            let Some(status) = claim.get_mut("status").and_then(|s| s.as_object_mut()) else {
+                // Not allocated (any more): the API server takes no device status then.
+                return Ok(false);
+            };
+            let mut devices: Vec<serde_json::Value> = status
+                .get("devices")
+                .and_then(|d| d.as_array())
+                .into_iter()
+                .flatten()
+                .filter(|d| d["driver"] != DRIVER)
+                .cloned()
+                .collect();
+            devices.extend(entries.iter().cloned());
+            status.insert("devices".into(), serde_json::Value::Array(devices));
+            let body = serde_json::to_vec(&claim).expect("JSON serializes");
+            let request = http::Request::put(path.as_str())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body)
+                .map_err(|e| ApiError::Call {
+                    what: what(),
+                    message: e.to_string(),
+                })?;
+            match bounded(what, self.client.request_text(request)).await {
+                Ok(_) => return Ok(true),
+                Err(e) if e.code() == Some(409) && attempt < STATUS_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The UID of Node `node`, which the slice's owner reference names.

@@ -1,10 +1,19 @@
 //! The kubelet side: the `Registration` service kubelet's plugin watcher calls, and the
 //! `DRAPlugin` service (v1, and v1beta1 for kubelets before 1.34) whose prepare turns a claim's
 //! allocation into a CDI device and whose unprepare removes it.
+//!
+//! After a prepare, the claim's `status.devices[]` says what the node did with each of its
+//! devices ([`StatusDevice::entry`]): the tier that holds its containers, the request and
+//! limit applied, and the memory they use, rewritten when the view's usage changes
+//! ([`refresh_statuses`]). Unprepare leaves the entries, as upstream drivers do: they go
+//! with the allocation, which the API server clears them with.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
 
 use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
@@ -41,6 +50,83 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
 }
 
+/// The `kind` of the `data` of this driver's entries in a claim's `status.devices[]`
+/// (`apiVersion` [`claim::CONFIG_API_VERSION`]).
+pub const STATUS_KIND: &str = "GpuMemoryStatus";
+/// How soon a status write that failed is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(5);
+/// The least time between two writes of one claim's status after its prepare: the usage a
+/// view measures changes as often as its containers allocate, and each write is an update
+/// of the claim in the API server; the latest figure is written once this has passed.
+pub const STATUS_EVERY: Duration = Duration::from_secs(2);
+
+/// One device of a prepared claim, as its status reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusDevice {
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+    /// `<claim uid>-<device>`: what the view's usage is keyed by.
+    pub cdi_name: String,
+    pub gpu: crate::inventory::GpuMemory,
+    /// The memory the claim consumed there: what its containers reserve.
+    pub request: u64,
+    /// The limit its configuration asks, else the request.
+    pub limit: u64,
+}
+
+impl StatusDevice {
+    /// The device's entry in `status.devices[]` under `view`: `data` is `{"apiVersion",
+    /// "kind", "tier", "request", "limit", "used"}`, bytes as numbers, `used` only where
+    /// measured.
+    pub fn entry(&self, view: &DraView) -> serde_json::Value {
+        let placed = [crate::enforce::PlacedShare {
+            uuid: self.gpu.uuid.clone(),
+            index: self.gpu.index,
+            mig_index: self.gpu.mig_index,
+            bytes: self.request,
+            limit: self.limit,
+            total: self.gpu.total,
+        }];
+        let tier = crate::enforce::planned_tier(&view.enforce, &placed);
+        let mut data = json!({
+            "apiVersion": claim::CONFIG_API_VERSION,
+            "kind": STATUS_KIND,
+            "tier": tier.as_str(),
+            "request": self.request,
+            "limit": self.limit,
+        });
+        if let Some(used) = view.used.get(&self.cdi_name) {
+            data["used"] = json!(used);
+        }
+        let mut entry = json!({"driver": DRIVER, "pool": self.pool, "device": self.device, "data": data});
+        if let Some(id) = &self.share_id {
+            entry["shareID"] = json!(id);
+        }
+        entry
+    }
+}
+
+/// A claim this driver prepared and keeps the status of.
+struct PreparedClaim {
+    claim: ClaimRef,
+    devices: Vec<StatusDevice>,
+    /// The entries last written; `None` until a write succeeds.
+    written: Option<Vec<serde_json::Value>>,
+    /// When a write of them was last tried.
+    tried: Option<std::time::Instant>,
+}
+
+/// What [`Preparer::write_status`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatusWrite {
+    /// The status is as the view says (written now, or already).
+    Done,
+    /// Not yet: the last try was less than [`STATUS_EVERY`] (or, failed, [`STATUS_RETRY`])
+    /// ago; due after this.
+    Later(Duration),
+}
+
 /// The node side of claims: prepares and unprepares them against the latest view.
 pub struct Preparer {
     pub api: ApiClient,
@@ -55,6 +141,12 @@ pub struct Preparer {
     serial: tokio::sync::Mutex<()>,
     /// NVIDIA's specs as last read; only used under `serial`, from a blocking thread.
     nvidia_specs: Arc<std::sync::Mutex<cdi::NvidiaSpecs>>,
+    /// The claims prepared since this driver started, by uid, whose status it keeps; only
+    /// changed under `serial`.
+    claims: std::sync::Mutex<HashMap<String, PreparedClaim>>,
+    /// Told when a status write after prepare failed, so that [`refresh_statuses`] tries it
+    /// again without waiting for a new view.
+    status_due: Notify,
 }
 
 impl Preparer {
@@ -75,6 +167,8 @@ impl Preparer {
             hook,
             serial: tokio::sync::Mutex::new(()),
             nvidia_specs: Arc::default(),
+            claims: std::sync::Mutex::default(),
+            status_due: Notify::new(),
         }
     }
 
@@ -84,19 +178,106 @@ impl Preparer {
         let _serial = self.serial.lock().await;
         let mut answers = HashMap::new();
         for c in claims {
-            let answer = self.prepare_one(c).await;
-            if let Err(e) = &answer {
-                eprintln!(
-                    "vramgate-dra: prepare of claim {}/{} ({}): {e}",
-                    c.namespace, c.name, c.uid
-                );
-            }
+            let answer = match self.prepare_one(c).await {
+                Ok((devices, status)) => {
+                    if !status.is_empty() {
+                        self.lock_claims().insert(
+                            c.uid.clone(),
+                            PreparedClaim {
+                                claim: c.clone(),
+                                devices: status,
+                                written: None,
+                                tried: None,
+                            },
+                        );
+                        // What the status says is not what kubelet waits for: a write that
+                        // fails is logged and tried again, the prepare stands.
+                        if self.write_status(&c.uid).await != StatusWrite::Done {
+                            // Tried again by `refresh_statuses`, which is told now.
+                            self.status_due.notify_one();
+                        }
+                    }
+                    Ok(devices)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "vramgate-dra: prepare of claim {}/{} ({}): {e}",
+                        c.namespace, c.name, c.uid
+                    );
+                    Err(e)
+                }
+            };
             answers.insert(c.uid.clone(), answer);
         }
         answers
     }
 
-    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    fn lock_claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, PreparedClaim>> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes claim `uid`'s status entries under the latest view, unless they are what was
+    /// last written, or the last try was too recent ([`StatusWrite::Later`]). A failure is
+    /// logged, and due again after [`STATUS_RETRY`]. Called under `serial`.
+    async fn write_status(&self, uid: &str) -> StatusWrite {
+        let view = self.views.borrow().clone();
+        let (claim, entries) = {
+            let mut claims = self.lock_claims();
+            let Some(prepared) = claims.get_mut(uid) else {
+                return StatusWrite::Done;
+            };
+            let entries: Vec<serde_json::Value> = prepared.devices.iter().map(|d| d.entry(&view)).collect();
+            if prepared.written.as_ref() == Some(&entries) {
+                return StatusWrite::Done;
+            }
+            let pause = if prepared.written.is_some() {
+                STATUS_EVERY
+            } else {
+                STATUS_RETRY
+            };
+            // The first write after prepare is never held back.
+            if let Some(since) = prepared.tried.map(|t| t.elapsed()) {
+                if since < pause {
+                    return StatusWrite::Later(pause - since);
+                }
+            }
+            prepared.tried = Some(std::time::Instant::now());
+            (prepared.claim.clone(), entries)
+        };
+        let written = self
+            .api
+            .write_device_status(&claim.namespace, &claim.name, &claim.uid, &entries)
+            .await;
+        let mut claims = self.lock_claims();
+        match written {
+            Ok(true) => {
+                if let Some(prepared) = claims.get_mut(uid) {
+                    prepared.written = Some(entries);
+                }
+                StatusWrite::Done
+            }
+            Ok(false) => {
+                // Gone, replaced or deallocated: nothing of it to report any more.
+                claims.remove(uid);
+                StatusWrite::Done
+            }
+            Err(e) => {
+                eprintln!(
+                    "vramgate-dra: status of claim {}/{} ({}): {e}; tried again in {}s",
+                    claim.namespace,
+                    claim.name,
+                    claim.uid,
+                    STATUS_RETRY.as_secs()
+                );
+                if let Some(prepared) = claims.get_mut(uid) {
+                    prepared.written = None;
+                }
+                StatusWrite::Later(STATUS_RETRY)
+            }
+        }
+    }
+
+    async fn prepare_one(&self, c: &ClaimRef) -> Result<(Vec<PreparedDevice>, Vec<StatusDevice>), String> {
         // They go into the API path: only what the API server could have named.
         if !is_dns_name(&c.namespace, 63, false) || !is_dns_name(&c.name, 253, true) {
             return Err(format!(
@@ -121,7 +302,7 @@ impl Preparer {
         if shares.is_empty() {
             // Nothing of this driver's to prepare; a spec without devices would be one the
             // runtime's CDI loader complains about at every rescan.
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let view = self.views.borrow().clone();
         let mut devices = Vec::new();
@@ -157,6 +338,7 @@ impl Preparer {
                 ClaimDevice {
                     device: share.device.clone(),
                     bytes: share.bytes,
+                    limit: share.limit,
                     uuid: published.gpu.uuid.clone(),
                     device_nodes,
                 },
@@ -165,7 +347,23 @@ impl Preparer {
         }
         let ours: Vec<ClaimDevice> = devices.iter().map(|(d, _)| d.clone()).collect();
         let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours, &self.hook).map_err(|e| e.to_string())?;
-        Ok(shares
+        let status = shares
+            .iter()
+            .zip(&ours)
+            .map(|(share, ours)| StatusDevice {
+                pool: share.pool.clone(),
+                device: share.device.clone(),
+                share_id: share.share_id.clone(),
+                cdi_name: format!("{}-{}", c.uid, share.device),
+                gpu: view
+                    .device(&share.device)
+                    .map(|p| p.gpu.clone())
+                    .expect("checked above"),
+                request: ours.bytes,
+                limit: ours.limit.unwrap_or(ours.bytes),
+            })
+            .collect();
+        let prepared = shares
             .into_iter()
             .zip(ids)
             .zip(devices)
@@ -176,7 +374,8 @@ impl Preparer {
                 cdi_ids: std::iter::once(id).chain(nvidia).collect(),
                 share_id: share.share_id,
             })
-            .collect())
+            .collect();
+        Ok((prepared, status))
     }
 
     /// NVIDIA's CDI device for `gpu`, looked for on a blocking thread: the runtime that runs
@@ -209,6 +408,8 @@ impl Preparer {
         claims
             .iter()
             .map(|c| {
+                // Its status is left as it was last written (see the module documentation).
+                self.lock_claims().remove(&c.uid);
                 let answer = cdi::remove_spec(&self.cdi_dir, &c.uid).map_err(|e| e.to_string());
                 if let Err(e) = &answer {
                     eprintln!(
@@ -219,6 +420,30 @@ impl Preparer {
                 (c.uid.clone(), answer)
             })
             .collect()
+    }
+}
+
+/// Keeps the prepared claims' status as the view says: rewritten when a new view changes
+/// what it reports (the usage, the tier), at most every [`STATUS_EVERY`] per claim, the latest
+/// figure once that has passed; a write that failed is tried again after [`STATUS_RETRY`].
+/// Runs until the views end.
+pub async fn refresh_statuses(preparer: Arc<Preparer>) {
+    let mut views = preparer.views.clone();
+    let mut due: Option<Duration> = None;
+    loop {
+        tokio::select! {
+            changed = views.changed() => if changed.is_err() { return },
+            _ = preparer.status_due.notified() => {}
+            _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => {}
+        }
+        let _serial = preparer.serial.lock().await;
+        let uids: Vec<String> = preparer.lock_claims().keys().cloned().collect();
+        due = None;
+        for uid in uids {
+            if let StatusWrite::Later(after) = preparer.write_status(&uid).await {
+                due = Some(due.map_or(after, |d| d.min(after)));
+            }
+        }
     }
 }
 

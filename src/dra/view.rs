@@ -75,6 +75,13 @@ pub struct DraView {
     pub policy: RequestPolicy,
     /// Why every capacity is 0, when the inventory or the ledger could not be read.
     pub error: Option<String>,
+    /// What the containers of each prepared claim device hold on its GPU now, by CDI device
+    /// name (`<claim uid>-<device>`), where it can be measured ([`used_by_claims`]); a device
+    /// with nothing measured is absent. Not published in the slice: the claims' status says it.
+    pub used: BTreeMap<String, u64>,
+    /// The node's `[enforce]` table as this view read it: the tier each claim's status reports
+    /// ([`crate::enforce::planned_tier`]).
+    pub enforce: crate::config::EnforceConfig,
 }
 
 /// Product names and MIG profiles by GPU UUID (see [`crate::inventory::Inventory::product_names`]).
@@ -109,6 +116,8 @@ impl DraView {
             devices,
             policy,
             error: None,
+            used: BTreeMap::new(),
+            enforce: crate::config::EnforceConfig::default(),
         }
     }
 
@@ -127,6 +136,9 @@ impl DraView {
                 .collect(),
             policy: earlier.policy,
             error: Some(error),
+            // Not measured now.
+            used: BTreeMap::new(),
+            enforce: earlier.enforce.clone(),
         }
     }
 
@@ -223,36 +235,79 @@ impl Markers {
     }
 }
 
-/// The bytes held for this node's prepared claims, per GPU UUID: each reservation whose
-/// marker is a prepared claim device's own (its name and the secret only its spec file holds,
-/// see [`super::cdi`]) on the GPU it reserved on counts for what it holds there, at most what
-/// the claim consumed; each claim device counts once. A marker that names a device without
-/// its secret (forged from the claim's name) counts as held by others.
+/// Each reservation held for a prepared claim device, with the device's CDI name and its
+/// marker: the reservation's marker is the device's own (its name and the secret only its
+/// spec file holds, see [`super::cdi`]). A marker that names a device without its secret
+/// (forged from the claim's name) matches nothing. The one matching that both the published
+/// capacity ([`held_by_claims`]) and the claims' usage ([`used_by_claims`]) use.
+fn claimed<'l>(
+    ledger: &'l Ledger,
+    prepared: &'l HashMap<String, PreparedDevice>,
+    markers: &mut Markers,
+    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+) -> Vec<(&'l Reservation, &'l str, &'l PreparedDevice, String)> {
+    markers.retain(ledger);
+    let mut found = Vec::new();
+    for r in &ledger.reservations {
+        let Some(marker) = markers.of(r, read) else { continue };
+        let Some((name, device)) = prepared.get_key_value(crate::request::claim_marker_device(&marker)) else {
+            continue;
+        };
+        if device.marker != marker {
+            continue;
+        }
+        found.push((r, name.as_str(), device, marker));
+    }
+    found
+}
+
+/// The bytes held for this node's prepared claims, per GPU UUID: each reservation held for a
+/// claim device ([`claimed`]) on the GPU it reserved on counts for what it holds there, at
+/// most what the claim consumed; each claim device counts once.
 pub fn held_by_claims(
     ledger: &Ledger,
     prepared: &HashMap<String, PreparedDevice>,
     markers: &mut Markers,
     read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
 ) -> BTreeMap<String, u64> {
-    markers.retain(ledger);
     let mut counted = HashSet::new();
     let mut held: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &ledger.reservations {
-        let Some(marker) = markers.of(r, read) else { continue };
-        let Some(device) = prepared.get(crate::request::claim_marker_device(&marker)) else {
-            continue;
-        };
-        if device.marker != marker {
-            continue;
-        }
+    for (r, _, device, marker) in claimed(ledger, prepared, markers, read) {
         let Some(share) = r.gpus.iter().find(|s| s.uuid == device.uuid) else {
             continue;
         };
-        if counted.insert(marker.clone()) {
+        if counted.insert(marker) {
             *held.entry(device.uuid.clone()).or_default() += share.bytes.min(device.bytes);
         }
     }
     held
+}
+
+/// What the containers of each prepared claim device use on its GPU, by CDI device name: the
+/// sum, over the reservations held for it ([`claimed`]), of what the service snapshot
+/// `report` (the one the capacity is computed from) measured for them on that GPU. A device
+/// none of whose containers could be measured is left out: not measured is not 0.
+pub fn used_by_claims(
+    ledger: &Ledger,
+    report: &StatusReport,
+    prepared: &HashMap<String, PreparedDevice>,
+    markers: &mut Markers,
+    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+) -> BTreeMap<String, u64> {
+    let mut used: BTreeMap<String, u64> = BTreeMap::new();
+    for (r, name, device, _) in claimed(ledger, prepared, markers, read) {
+        let measured = report
+            .gpus
+            .iter()
+            .filter(|g| g.gpu.uuid == device.uuid)
+            .flat_map(|g| &g.reservations)
+            .find(|s| s.container_id == r.container_id)
+            .and_then(|s| s.used);
+        if let Some(bytes) = measured {
+            *used.entry(name.to_string()).or_default() += bytes;
+        }
+    }
+    used
 }
 
 #[cfg(test)]

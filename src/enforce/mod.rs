@@ -271,6 +271,31 @@ pub fn spec_edits(
     edits
 }
 
+/// The tier a container placed on `placed` gets on this host, as the node applies it: what
+/// [`spec_edits`] gives it, except that under `limit = "driver"` the hook sets the driver limit
+/// at createRuntime on a whole GPU (never on a MIG device: [`driver_limit::whole_gpus`]). For
+/// callers that report the tier before the container exists (the DRA driver's claim status);
+/// the wrapper and the hook keep deciding it where they apply it, with the same functions.
+pub fn planned_tier(config: &EnforceConfig, placed: &[PlacedShare]) -> Tier {
+    if config.limit == LimitMechanism::Driver && !driver_limit::whole_gpus(placed).is_empty() {
+        return Tier::DriverLimit;
+    }
+    let (mps_running, toolkit_hook) = node_offers(config);
+    spec_edits(config, &[], placed, mps_running, toolkit_hook).tier
+}
+
+/// What this host offers the configured limit, asked only under that limit (a node on another
+/// tier pays no socket probe or YAML parse per create): whether an MPS control daemon runs on
+/// the pipe directory, and whether a CDI spec in `cdi_spec_dirs` carries the toolkit's
+/// memory-limit hook. The wrapper and [`planned_tier`] ask it the same way.
+pub fn node_offers(config: &EnforceConfig) -> (bool, bool) {
+    let mps_running = config.limit == LimitMechanism::Mps
+        && mps_control_running(&config.mps_pipe_directory, std::path::Path::new("/proc"));
+    let toolkit_hook =
+        config.limit == LimitMechanism::Toolkit && toolkit::hook_on_node(&config.cdi_spec_dirs).is_some();
+    (mps_running, toolkit_hook)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +315,32 @@ mod tests {
 
     fn env_of(edits: &SpecEdits) -> Vec<String> {
         edits.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    #[test]
+    fn the_planned_tier_is_the_wrappers_or_the_hooks_driver_limit() {
+        let placed = [share(0, 4 << 30, H200)];
+        assert_eq!(planned_tier(&EnforceConfig::default(), &placed), Tier::Guardrails);
+        let driver = EnforceConfig {
+            limit: LimitMechanism::Driver,
+            ..EnforceConfig::default()
+        };
+        assert_eq!(planned_tier(&driver, &placed), Tier::DriverLimit);
+        let mig = [PlacedShare {
+            mig_index: Some(1),
+            ..share(0, 1 << 30, H200)
+        }];
+        assert_eq!(
+            planned_tier(&driver, &mig),
+            Tier::Guardrails,
+            "the hook sets none on a MIG device"
+        );
+        let toolkit = EnforceConfig {
+            limit: LimitMechanism::Toolkit,
+            ..EnforceConfig::default()
+        };
+        assert_eq!(planned_tier(&toolkit, &placed), Tier::ToolkitLimit);
+        assert_eq!(planned_tier(&driver, &[]), Tier::None);
     }
 
     #[test]

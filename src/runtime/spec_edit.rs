@@ -291,11 +291,7 @@ fn enforce(
     if placed.is_empty() {
         return Ok(false);
     }
-    let mps_running = config.enforce.limit == crate::config::LimitMechanism::Mps
-        && enforce::mps_control_running(&config.enforce.mps_pipe_directory, Path::new("/proc"));
-    // Read only under its own limit: a node on another tier pays no YAML parse per create.
-    let toolkit_hook = config.enforce.limit == crate::config::LimitMechanism::Toolkit
-        && enforce::toolkit::hook_on_node(&config.enforce.cdi_spec_dirs).is_some();
+    let (mps_running, toolkit_hook) = enforce::node_offers(&config.enforce);
     let edits = enforce::spec_edits(&config.enforce, env, &placed, mps_running, toolkit_hook);
     for note in &edits.notes {
         super::warn(inv, &format!("vramgate: {note}"));

@@ -16,8 +16,11 @@ Every object written is checked before it is stored, as strictly as the real ser
   422 like every other validation failure);
 - against the cross-field rules the schema cannot say, which kube-apiserver checks in
   pkg/apis/resource/validation: names, exactly one node selection, device and attribute
-  limits, the consumable-capacity request policy (validRange / validValues / default), and
-  the allocation results of a claim's status.
+  limits, the consumable-capacity request policy (validRange / validValues / default), the
+  allocation results of a claim's status, and its `status.devices[]` (each an allocated
+  device, once; `data` a JSON object of at most 10 KiB). That field is GA in Kubernetes 1.37
+  (DRAResourceClaimDeviceStatus); its schema (AllocatedDeviceStatus) is the same in 1.36's
+  and 1.37's, so the 1.36 schemas validate it as 1.37 would.
 It checks two things the real server does not, on purpose: a pool's generation never goes
 down (consumers use only a pool's newest generation, so a driver that lowered it would be
 ignored, not refused), and `spec.nodeName` must name a Node given with --node. An update
@@ -38,8 +41,10 @@ the Status kube-apiserver answers, with the policy's message.
 Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC,
 protobuf, label selectors (ignored), other kinds and other API versions.
 
-Test-only endpoints: GET /_writes (every accepted write, with its time) and GET /_rejected
-(every refused write, with the reason).
+Test-only endpoints: GET /_writes (every accepted write, with its time), GET /_rejected
+(every refused write, with the reason), and POST /_refuse with {"method", "suffix", "code",
+"count"}: the next `count` writes of that method whose path ends with `suffix` are answered
+with `code` (409: a Conflict, else an InternalError), as a busy or failing API server answers.
 
 Works with Debian 12's python3-jsonschema (4.10) and with current releases (4.26).
 
@@ -381,7 +386,8 @@ def check_valid_range(value, default, default_text, valid_range, where):
 
 
 def check_claim(obj):
-    """ResourceClaim rules the schema cannot say: its name, and its allocation results."""
+    """ResourceClaim rules the schema cannot say: its name, its allocation results, and the
+    drivers' device status."""
     errs = []
     name = field(obj, "metadata").get("name") or ""
     if not name or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
@@ -401,8 +407,51 @@ def check_claim(obj):
                 quantity(consumed, f"{where}.consumedCapacity[{key}]")
             except Invalid as e:
                 errs.append(str(e))
+    errs += check_device_status(obj, results)
     if errs:
         raise Invalid("; ".join(errs))
+
+
+# AllocatedDeviceStatusMaxConditions and AllocatedDeviceStatusDataMaxLength of pkg/apis/resource.
+MAX_DEVICE_CONDITIONS = 8
+MAX_DEVICE_DATA = 10 * 1024
+
+
+def check_device_status(obj, results):
+    """validateDeviceStatus of kube-apiserver, for `status.devices[]`: each entry names a device
+    of the allocation (driver, pool, device and shareID together), at most once; its `data`
+    is a JSON object of at most 10 KiB; at most 8 conditions."""
+    errs = []
+    allocated = set()
+    for result in results:
+        result = result if isinstance(result, dict) else {}
+        allocated.add((result.get("driver"), result.get("pool"), result.get("device"), result.get("shareID")))
+    seen = set()
+    for i, device in enumerate(items(field(obj, "status"), "devices")):
+        device = device if isinstance(device, dict) else {}
+        where = f"status.devices[{i}]"
+        key = (device.get("driver"), device.get("pool"), device.get("device"), device.get("shareID"))
+        shown = "/".join(str(k) for k in key[:3]) + (f"/{key[3]}" if key[3] else "")
+        if key in seen:
+            errs.append(f"{where}: Duplicate value: {shown!r}")
+        seen.add(key)
+        if key not in allocated:
+            errs.append(f"{where}: Invalid value: {shown!r}: must be an allocated device in the claim")
+        share_id = device.get("shareID")
+        if share_id is not None and not (isinstance(share_id, str) and UUID.match(share_id)):
+            errs.append(f"{where}.shareID: Invalid value: {share_id!r}: must be a lowercase UUID in 8-4-4-4-12 format")
+        conditions = items(device, "conditions")
+        if len(conditions) > MAX_DEVICE_CONDITIONS:
+            errs.append(f"{where}.conditions: Too many: {len(conditions)}: must have at most "
+                        f"{MAX_DEVICE_CONDITIONS} items")
+        data = device.get("data")
+        if data is not None:
+            raw = json.dumps(data, separators=(",", ":"))
+            if len(raw) > MAX_DEVICE_DATA:
+                errs.append(f"{where}.data: Too long: may not be more than {MAX_DEVICE_DATA} bytes")
+            elif not isinstance(data, dict):
+                errs.append(f"{where}.data: Invalid value: \"<value omitted>\": must be a valid JSON object")
+    return errs
 
 
 class Store:
@@ -422,6 +471,7 @@ class Store:
         self.claims = {}
         self.writes = []
         self.rejected = []
+        self.refusals = []
 
     def stamp(self, obj, old=None):
         """Sets the server-owned metadata, as the object will have it if it is accepted."""
@@ -613,6 +663,15 @@ class Handler(BaseHTTPRequestHandler):
     def route(self, method, path, query, store):
         if path == "/_writes" and method == "GET":
             return 200, store.writes, None
+        if path == "/_refuse" and method == "POST":
+            store.refusals.append(self.body())
+            return 200, {}, None
+        for refusal in store.refusals:
+            if refusal["count"] > 0 and refusal["method"] == method and path.endswith(refusal["suffix"]):
+                refusal["count"] -= 1
+                if refusal["code"] == 409:
+                    raise Refused(409, "Conflict", f"injected by the test: {CONFLICT}")
+                raise Refused(refusal["code"], "InternalError", "injected by the test: etcdserver: request timed out")
         if path == "/_rejected" and method == "GET":
             return 200, store.rejected, None
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", path)

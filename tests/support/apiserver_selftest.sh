@@ -611,6 +611,24 @@ request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "del $r
 expect_status 422 Invalid "status.allocation.devices.results[0]: 'pool' is a required property"
 request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" 'o["status"]["allocation"]["nodeSelektor"] = {}')"
 expect_status 422 Invalid "status.allocation.nodeSelektor: Additional properties are not allowed"
+# status.devices (a driver's report): an allocated device, once, data a JSON object of at most
+# 10 KiB, as validateDeviceStatus says.
+ours='{"driver": "gpu-memory.vramgate.dev", "pool": "node-a", "device": "gpu-0", "shareID": "9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f60", "data": {"tier": "guardrails", "request": 6442450944}}'
+for broken in \
+  "status.devices[0]: Invalid value|o['status']['devices'] = [dict($ours, device='gpu-1')]|must be an allocated device in the claim" \
+  "status.devices[0]: Invalid value|o['status']['devices'] = [dict($ours, shareID=None)]|must be an allocated device in the claim" \
+  "status.devices[0]: Invalid value|o['status']['devices'] = [dict($ours, driver='nic.example.com')]|must be an allocated device in the claim" \
+  "status.devices[0]: Invalid value|o['status']['devices'] = [$ours]; del o['status']['allocation']|must be an allocated device in the claim" \
+  "status.devices[1]: Duplicate value|o['status']['devices'] = [$ours, $ours]|gpu-memory.vramgate.dev/node-a/gpu-0/9a0c6a1e" \
+  "status.devices[0].data: Too long|o['status']['devices'] = [dict($ours, data={'x': 'y' * 10240})]|may not be more than 10240 bytes" \
+  "status.devices[0].data: |o['status']['devices'] = [dict($ours, data='guardrails')]|is not of type" \
+  "status.devices[0].datta: |o['status']['devices'] = [dict($ours, datta={})]|Additional properties are not allowed" \
+  "status.devices[0].conditions: Too many|o['status']['devices'] = [dict($ours, conditions=[{'type': f'T{n}', 'status': 'True', 'reason': 'R', 'message': '', 'lastTransitionTime': '2026-01-01T00:00:00Z'} for n in range(9)])]|at most 8 items"; do
+  IFS='|' read -r where edit says <<<"$broken"
+  request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "$edit")"
+  expect_status 422 Invalid "$where"
+  check "sys.argv[2] in b['message']" "says $says" "$says"
+done
 request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" 'o["spec"]["devices"]["requests"][0]["name"] = "changed"')"
 expect_code 200
 check "b['status'] == json.loads(sys.argv[2]) and b['spec']['devices']['requests'][0]['name'] == 'gpu' \
@@ -619,6 +637,10 @@ and int(b['metadata']['resourceVersion']) > int(sys.argv[4])" \
   "status replaced, spec kept" "$valid_status" "$claim_uid" "$claim_version"
 request GET "$claims/trainer-gpu/status"
 check "b['status']['allocation']['devices']['results'][0]['shareID'] == '9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f60'" "the stored status"
+status_version="$("$python" -c 'import json,sys; print(json.loads(sys.argv[1])["metadata"]["resourceVersion"])' "$body")"
+request PUT "$claims/trainer-gpu/status" "$(status_body "$status_version" "o['status']['devices'] = [$ours]")"
+expect_code 200
+check "b['status']['devices'][0]['data'] == {'tier': 'guardrails', 'request': 6442450944}" "a driver's device status, stored"
 request DELETE "$claims/trainer-gpu/status"
 expect_status 405 MethodNotAllowed
 request DELETE "$claims/trainer-gpu"

@@ -158,6 +158,17 @@ impl ApiServer {
         self.get_json("/_rejected").await.as_array().unwrap().clone()
     }
 
+    /// The next `count` writes of `method` whose path ends with `suffix` are answered with
+    /// `code` (409: a Conflict; else an InternalError), as a busy or failing API server does.
+    pub async fn refuse(&self, method: &str, suffix: &str, code: u16, count: u32) {
+        let body = json!({"method": method, "suffix": suffix, "code": code, "count": count});
+        let request = http::Request::post("/_refuse")
+            .header("Content-Type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        self.client().await.request_text(request).await.unwrap();
+    }
+
     /// The node's slice of this driver, if there is one.
     pub async fn slice(&self, node: &str) -> Option<ResourceSlice> {
         let api: Api<ResourceSlice> = Api::all(self.client().await);
@@ -187,20 +198,38 @@ impl ApiServer {
 
     /// A claim for `memory` of one GPU, as a user (or a template) creates it; returns its uid.
     pub async fn create_claim(&self, namespace: &str, name: &str, memory: &str) -> String {
+        self.create_claim_with(namespace, name, memory, json!([])).await
+    }
+
+    /// [`ApiServer::create_claim`] with `config` as its `spec.devices.config`.
+    pub async fn create_claim_with(&self, namespace: &str, name: &str, memory: &str, config: Value) -> String {
         let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}]}}
+                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}],
+                "config": config}}
         }))
         .unwrap();
         let created = api.create(&PostParams::default(), &claim).await.unwrap();
         created.metadata.uid.unwrap()
     }
 
+    /// The claim's `status.devices` as stored (empty when it has none).
+    pub async fn device_status(&self, namespace: &str, name: &str) -> Vec<Value> {
+        let claim = self
+            .get_json(&format!(
+                "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+            ))
+            .await;
+        claim["status"]["devices"].as_array().cloned().unwrap_or_default()
+    }
+
     /// What the scheduler writes when it allocates the claim: `consumed` of `device` in the
-    /// node's pool, with a share ID, and the node selector of the node.
+    /// node's pool, with a share ID, and the node selector of the node; the claim's
+    /// `spec.devices.config` is copied into the allocation (`source: FromClaim`), as the
+    /// scheduler copies it for the drivers.
     pub async fn allocate(&self, namespace: &str, name: &str, node: &str, results: &[(&str, &str)]) {
         let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
         let mut claim = api.get(name).await.unwrap();
@@ -213,9 +242,19 @@ impl ApiServer {
                     "consumedCapacity": {"memory": consumed}})
             })
             .collect();
+        let config: Vec<Value> = serde_json::to_value(&claim.spec.devices).unwrap()["config"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let mut c = c.clone();
+                c["source"] = json!("FromClaim");
+                c
+            })
+            .collect();
         claim.status = Some(
             serde_json::from_value(json!({"allocation": {
-                "devices": {"results": results},
+                "devices": {"results": results, "config": config},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}))
             .unwrap(),
@@ -286,6 +325,42 @@ impl Driver {
     /// The driver as [`Driver::start`] runs it, with `kubeconfig`, reading nothing itself (not
     /// even the config) and waiting for nothing.
     pub fn spawn(dir: &Path, config: &Path, kubeconfig: &Path, node: &str, cdi_dir: &Path, extra: &[&str]) -> Driver {
+        Driver::spawn_command(Command::new(DRA), dir, config, kubeconfig, node, cdi_dir, extra)
+    }
+
+    /// [`Driver::start`] with cgroup v2 at /sys/fs/cgroup ([`in_cgroup_v2`]), as on a GPU
+    /// host: where the driver limit's figures for a container's cgroup are read.
+    pub fn start_in_cgroup_v2(
+        dir: &Path,
+        config: &Path,
+        api: &ApiServer,
+        node: &str,
+        cdi_dir: &Path,
+        extra: &[&str],
+    ) -> Driver {
+        let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
+        vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+        let command = in_cgroup_v2(Path::new(DRA), &[]);
+        let mut driver = Driver::spawn_command(command, dir, config, &api.kubeconfig, node, cdi_dir, extra);
+        let socket = driver.registration_socket();
+        wait_until("the driver's registration socket", Duration::from_secs(20), || {
+            if let Ok(Some(status)) = driver.child.try_wait() {
+                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
+            }
+            (socket.exists(), driver.log_text())
+        });
+        driver
+    }
+
+    fn spawn_command(
+        mut command: Command,
+        dir: &Path,
+        config: &Path,
+        kubeconfig: &Path,
+        node: &str,
+        cdi_dir: &Path,
+        extra: &[&str],
+    ) -> Driver {
         let registry_dir = dir.join("kubelet/plugins_registry");
         let plugin_dir = dir.join(format!("kubelet/plugins/{DRIVER}"));
         std::fs::create_dir_all(&registry_dir).unwrap();
@@ -296,7 +371,7 @@ impl Driver {
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(DRA)
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("--kubeconfig")
