@@ -279,3 +279,126 @@ fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container()
     crio.delete_pod(&pod);
     assert_eq!(reservations(&crio.tb), []);
 }
+
+/// Two simulated GPUs of 24 GiB; 20 GiB of GPU 0 is used outside vramgate.
+const TWO_GPUS: &str = "[inventory]
+backend = \"static\"
+[[inventory.gpus]]
+index = 0
+uuid = \"GPU-00000000-0000-0000-0000-0000000000a0\"
+minor = 0
+total = \"24Gi\"
+used_outside = \"20Gi\"
+[[inventory.gpus]]
+index = 1
+uuid = \"GPU-00000000-0000-0000-0000-0000000000a1\"
+minor = 1
+total = \"24Gi\"
+";
+
+/// The runtime handler `vramgate` from the built `vramgate setup crio` (its drop-in in
+/// crio's drop-in directory, as written): a pod on it (RuntimeClass handler `vramgate`) with
+/// `vramgate.dev/gpus: auto` is placed by vramgate-runtime on the one GPU with room, its spec
+/// narrowed to that GPU, and reserved once although the hooks.d entry runs for it too;
+/// removal releases it. `vramgate setup crio --remove` takes away exactly what setup wrote.
+#[test]
+fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
+    let (tmp, tb) = wrapper_testbed("vramgate-crio-handler", TWO_GPUS);
+    let dir = tb.dir.join("crio");
+    let conf_d = dir.join("crio.conf.d");
+    std::fs::create_dir_all(&conf_d).unwrap();
+    // The admin's own drop-in beside vramgate's, which setup must leave alone.
+    std::fs::write(conf_d.join("50-admin.conf"), "[crio.runtime]\nlog_size_max = -1\n").unwrap();
+    // vramgate-runtime finds its config at /etc/vramgate/config.toml on a node; here the
+    // testbed's is named by a two-line stand-in, since crio gives conmon (which runs the
+    // runtime) only the handler's monitor_env, and a second drop-in replaces the whole table.
+    let runtime = tb.dir.join("vramgate-runtime");
+    std::fs::write(
+        &runtime,
+        format!(
+            "#!/bin/sh\nVRAMGATE_CONFIG={:?} exec {RUNTIME:?} \"$@\"\n",
+            tb.config_path.display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hooks_elsewhere = tb.dir.join("setup-hooks.d");
+    let config_path = tb.config_path.clone();
+    let setup = |remove: bool| {
+        let mut cmd = std::process::Command::new(VRAMGATE);
+        cmd.env("VRAMGATE_CONFIG", &config_path)
+            .args(["setup", "crio", "--config-path"])
+            .arg(&hooks_elsewhere)
+            .arg("--crio-drop-in")
+            .arg(conf_d.join("10-vramgate.conf"))
+            .arg("--runtime-path")
+            .arg(&runtime);
+        if remove {
+            cmd.arg("--remove");
+        }
+        run_ok(&mut cmd)
+    };
+    let out = setup(false);
+    assert!(out.contains("10-vramgate.conf"), "{out}");
+    let drop_in = std::fs::read_to_string(conf_d.join("10-vramgate.conf")).unwrap();
+    assert!(drop_in.contains("[crio.runtime.runtimes.vramgate]"), "{drop_in}");
+
+    let host = HostDirs::note(&["/run/runc"]);
+    let mut crio = Crio::launch(tb);
+    crio.tmp = Some(tmp);
+    let pod = crio
+        .run_pod_on(
+            pod_config(
+                "placed",
+                &[("vramgate.dev/memory", "8Gi"), ("vramgate.dev/gpus", "auto")],
+            ),
+            HANDLER,
+        )
+        .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
+    let id = crio.create(&pod, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    crio.start_one(&id).unwrap();
+    let by_gpu = reservations_by_gpu(&crio.tb);
+    eprintln!("placed: {by_gpu:?}");
+    let on: Vec<&String> = by_gpu
+        .iter()
+        .filter(|(_, held)| held.iter().any(|(c, _)| c == &id))
+        .map(|(gpu, _)| gpu)
+        .collect();
+    assert_eq!(on.len(), 1, "{by_gpu:?}");
+    assert!(
+        on[0].ends_with("a1") || on[0] == "1",
+        "placed on {} (only GPU 1 has room): {by_gpu:?}",
+        on[0]
+    );
+    assert_eq!(reservations(&crio.tb), [(id.clone(), 8 * GIB)]);
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&id)).unwrap()).unwrap();
+    assert_eq!(
+        spec["annotations"]["vramgate.dev/gpus"],
+        "GPU-00000000-0000-0000-0000-0000000000a1"
+    );
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    assert!(
+        env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-0000000000a1"),
+        "{env:?}"
+    );
+    crio.delete_pod(&pod);
+    assert_eq!(reservations(&crio.tb), []);
+
+    // --remove: vramgate's drop-in and hooks.d files go, the admin's drop-in stays, and
+    // nothing else is left in crio's drop-in directory (no backup, which crio would read).
+    let out = setup(true);
+    assert!(out.contains("removed"), "{out}");
+    let left: Vec<_> = std::fs::read_dir(&conf_d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["50-admin.conf"]);
+    assert_eq!(std::fs::read_dir(&hooks_elsewhere).unwrap().count(), 0);
+    drop(crio);
+    drop(host);
+}
