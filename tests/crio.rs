@@ -13,7 +13,7 @@ mod cri_support;
 mod crio_support;
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 
@@ -226,35 +226,7 @@ fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container()
     let config = container_config("app", RUN_UNTIL_STOPPED, &[]);
 
     // A 3 s deadline stands for kubelet's 2 min.
-    let mut client = crio.runtime.clone();
-    let mut first = config.clone();
-    first.image.as_mut().unwrap().user_specified_image = APP_IMAGE.into();
-    let namespaces = pod
-        .config
-        .linux
-        .as_ref()
-        .unwrap()
-        .security_context
-        .as_ref()
-        .unwrap()
-        .namespace_options
-        .clone();
-    first.linux = Some(cri::LinuxContainerConfig {
-        security_context: Some(cri::LinuxContainerSecurityContext {
-            namespace_options: namespaces,
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    let request = with_deadline(
-        cri::CreateContainerRequest {
-            pod_sandbox_id: pod.sandbox.clone(),
-            config: Some(first),
-            sandbox_config: Some(pod.config.clone()),
-        },
-        Duration::from_secs(3),
-    );
-    let created = crio.block_on(async move { client.create_container(request).await });
+    let created = crio.try_create_within(&pod, config.clone(), Duration::from_secs(3));
     let err = created.expect_err("CreateContainer returned before its deadline");
     assert!(
         matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
@@ -401,4 +373,62 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
     assert_eq!(std::fs::read_dir(&hooks_elsewhere).unwrap().count(), 0);
     drop(crio);
     drop(host);
+}
+
+/// kubelet deletes a pod whose CreateContainer waits in the queue (past its deadline, CRI-O
+/// still creating). CRI-O's RemovePodSandbox waits for that creation, and the waiting hook
+/// does not know its pod is going: the ticket keeps its place until the wait ends with
+/// vramgate's timeout refusal (here 10 s; by default `max_wait_timeout`, bounded by CRI-O's own
+/// create timeout), and only then does the removal return. Nothing is ever reserved for the
+/// removed pod's container, and the GPU serves the next request.
+#[test]
+fn a_pod_removed_while_its_create_is_queued_holds_its_ticket_until_the_wait_times_out() {
+    let crio = crio_host("vramgate-crio-removed", STATIC_GPU);
+    let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
+    let big_id = crio.create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    crio.start_one(&big_id).unwrap();
+    let pod = crio.run_pod(gpu_pod(
+        "queued",
+        "10Gi",
+        &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "10s")],
+    ));
+    let asked = Instant::now();
+    let err = crio
+        .try_create_within(
+            &pod,
+            container_config("app", RUN_UNTIL_STOPPED, &[]),
+            Duration::from_secs(3),
+        )
+        .expect_err("CreateContainer returned before its deadline");
+    assert!(
+        matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
+        "{err}"
+    );
+    let waiting = queued(&crio.tb);
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let queued_id = waiting[0].0.clone();
+
+    crio.delete_pod(&pod);
+    let removed_after = asked.elapsed();
+    eprintln!("RemovePodSandbox returned {removed_after:?} after the create was sent");
+    assert!(
+        removed_after >= Duration::from_secs(9) && removed_after < Duration::from_secs(20),
+        "the removal returned {removed_after:?} after the create (the wait times out at 10 s)"
+    );
+    assert_eq!(queued(&crio.tb), []);
+    assert_eq!(reservations(&crio.tb), [(big_id.clone(), 20 * GIB)]);
+    assert!(
+        !crio.events().iter().any(
+            |e| e["container"] == queued_id.as_str() && e["event"].as_str().is_some_and(|k| k.starts_with("admit"))
+        ),
+        "the removed pod's container was admitted: {:?}",
+        crio.events()
+    );
+
+    // The GPU serves the next request once the big one is gone.
+    crio.delete_pod(&big);
+    let next = crio.run_pod(gpu_pod("next", "10Gi", &[]));
+    let next_id = crio.create(&next, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    assert_eq!(reservations(&crio.tb), [(next_id, 10 * GIB)]);
+    crio.delete_pod(&next);
 }

@@ -315,36 +315,33 @@ impl Crio {
     /// CreateContainer as kubelet (1.29 and later) sends it: the image also as the pod spec
     /// named it, which CRI-O requires ("user specified image not specified"), the pod's
     /// namespace modes and kubelet's labels.
-    pub fn try_create(&self, pod: &Pod, mut config: cri::ContainerConfig) -> Result<String, tonic::Status> {
-        if let Some(image) = config.image.as_mut() {
-            image.user_specified_image = image.image.clone();
-        }
-        // kubelet gives each container its pod's namespace modes; CRI-O checks them against
-        // the sandbox's (a pod pid namespace needs an infra container).
-        let namespaces = pod
-            .config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .and_then(|s| s.namespace_options.clone());
-        // kubelet's labels on every container; CRI-O writes labels into the spec as
-        // annotations, the container's name among them (which KAI's annotations are keyed by).
-        let metadata = pod.config.metadata.clone().unwrap_or_default();
-        let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-        for (key, value) in [
-            ("io.kubernetes.container.name", name),
-            ("io.kubernetes.pod.name", metadata.name),
-            ("io.kubernetes.pod.namespace", metadata.namespace),
-            ("io.kubernetes.pod.uid", metadata.uid),
-        ] {
-            config.labels.entry(key.to_string()).or_insert(value);
-        }
-        let linux = config.linux.get_or_insert_with(Default::default);
-        linux
-            .security_context
-            .get_or_insert_with(Default::default)
-            .namespace_options = namespaces;
-        self.block_on(create_container(self.runtime.clone(), self.images.clone(), pod, config))
+    pub fn try_create(&self, pod: &Pod, config: cri::ContainerConfig) -> Result<String, tonic::Status> {
+        self.block_on(create_container(
+            self.runtime.clone(),
+            self.images.clone(),
+            pod,
+            as_kubelet_sends(pod, config),
+        ))
+    }
+
+    /// CreateContainer alone, as kubelet sends it, with this deadline.
+    pub fn try_create_within(
+        &self,
+        pod: &Pod,
+        config: cri::ContainerConfig,
+        deadline: Duration,
+    ) -> Result<String, tonic::Status> {
+        let mut client = self.runtime.clone();
+        let request = with_deadline(
+            cri::CreateContainerRequest {
+                pod_sandbox_id: pod.sandbox.clone(),
+                config: Some(as_kubelet_sends(pod, config)),
+                sandbox_config: Some(pod.config.clone()),
+            },
+            deadline,
+        );
+        self.block_on(async move { client.create_container(request).await })
+            .map(|r| r.into_inner().container_id)
     }
 
     pub fn create(&self, pod: &Pod, config: cri::ContainerConfig) -> String {
@@ -460,6 +457,38 @@ impl Drop for Crio {
         drop(self.tmp.take());
         drop(self.host.take());
     }
+}
+
+/// What kubelet adds to a container's config: the image as the pod spec named it (CRI-O
+/// requires it: "user specified image not specified"), the pod's namespace modes (CRI-O checks
+/// them against the sandbox's), and its labels, which CRI-O writes into the spec as
+/// annotations (the container's name among them, which KAI's annotations are keyed by).
+pub fn as_kubelet_sends(pod: &Pod, mut config: cri::ContainerConfig) -> cri::ContainerConfig {
+    if let Some(image) = config.image.as_mut() {
+        image.user_specified_image = image.image.clone();
+    }
+    let namespaces = pod
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.clone());
+    let metadata = pod.config.metadata.clone().unwrap_or_default();
+    let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    for (key, value) in [
+        ("io.kubernetes.container.name", name),
+        ("io.kubernetes.pod.name", metadata.name),
+        ("io.kubernetes.pod.namespace", metadata.namespace),
+        ("io.kubernetes.pod.uid", metadata.uid),
+    ] {
+        config.labels.entry(key.to_string()).or_insert(value);
+    }
+    let linux = config.linux.get_or_insert_with(Default::default);
+    linux
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = namespaces;
+    config
 }
 
 /// A scratch host (the static simulated GPU, private state, a new temporary directory) and a
