@@ -655,7 +655,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__setup)
-            opts="-h -V --dry-run --remove --set-as-default --config-path --containerd-config --runtime-path --hook-path --config --help --version docker containerd podman crio"
+            opts="-h -V --dry-run --remove --set-as-default --config-path --containerd-config --crio-drop-in --runtime-path --hook-path --config --help --version docker containerd podman crio"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -666,6 +666,10 @@ _vramgate() {
                     return 0
                     ;;
                 --containerd-config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --crio-drop-in)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -96,6 +96,7 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s h -l help -d 
 complete -c vramgate -n "__fish_vramgate_using_subcommand demo" -s V -l version -d 'Print version'
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l config-path -d 'The file to edit (docker: daemon.json; containerd: the drop-in) or directory (podman, crio: hooks.d) instead of the engine\'s default' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l containerd-config -d 'containerd\'s main config, which must import the drop-in' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l crio-drop-in -d 'CRI-O\'s drop-in with the runtime handler vramgate (crio)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l runtime-path -d 'The vramgate-runtime binary the engine runs (default: next to this binary, else /usr/bin)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l hook-path -d 'The vramgate-hook binary hooks.d points at (default: next to this binary, else /usr/bin)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F

@@ -178,6 +178,9 @@ pub struct SetupArgs {
     /// containerd's main config, which must import the drop-in
     #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_CONFIG)]
     pub containerd_config: PathBuf,
+    /// CRI-O's drop-in with the runtime handler vramgate (crio)
+    #[arg(long, value_name = "PATH", default_value = crate::setup::CRIO_DROP_IN)]
+    pub crio_drop_in: PathBuf,
     /// The vramgate-runtime binary the engine runs (default: next to this binary, else /usr/bin)
     #[arg(long, value_name = "PATH")]
     pub runtime_path: Option<PathBuf>,

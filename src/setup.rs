@@ -13,6 +13,10 @@
 //!   runtime allows them), imported from the main config.
 //! - podman and CRI-O: the hooks.d JSON in `/usr/share/containers/oci/hooks.d`, the directory
 //!   both read by default (podman reads `/etc/containers/oci/hooks.d` only when configured).
+//! - CRI-O also: a drop-in in `/etc/crio/crio.conf.d` with the runtime handler `vramgate`
+//!   (`runtime_path` = `vramgate-runtime`), for what needs the wrapper (placement, narrowing,
+//!   the enforcement tiers it sets up). CRI-O passes every annotation but its own
+//!   `io.kubernetes.cri-o.*` ones to the spec, so no `allowed_annotations` are needed.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -25,6 +29,11 @@ pub const DOCKER_DAEMON_JSON: &str = "/etc/docker/daemon.json";
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 pub const CONTAINERD_DROP_IN: &str = "/etc/containerd/conf.d/vramgate.toml";
 pub const HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+/// CRI-O reads its drop-ins in name order; 10- goes before the ones an admin numbers higher.
+pub const CRIO_DROP_IN: &str = "/etc/crio/crio.conf.d/10-vramgate.conf";
+/// The runc state directory of the `vramgate` handler: runc's own (CRI-O's default for its
+/// `runc` handler), so `runc list` shows every container whichever handler ran it.
+pub const CRIO_RUNTIME_ROOT: &str = "/run/runc";
 pub const RUNTIME_NAME: &str = "vramgate";
 pub const RUNTIME_BINARY: &str = "vramgate-runtime";
 pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/vramgate-runtime";
@@ -78,6 +87,8 @@ pub struct SetupOptions {
     pub config_path: Option<PathBuf>,
     /// containerd's main config, which must import the drop-in.
     pub containerd_config: Option<PathBuf>,
+    /// CRI-O's drop-in with the `vramgate` runtime handler.
+    pub crio_drop_in: Option<PathBuf>,
     pub runtime_path: PathBuf,
     pub hook_path: PathBuf,
     /// Seconds the engine gives the admission hook (hooks.d only; the wrapper computes its own).
@@ -903,17 +914,70 @@ fn plan_hooks_d(options: &SetupOptions) -> Result<Plan> {
         let current = read_optional(&path)?;
         plan.want(&path, current, (!options.remove).then_some(content), false);
     }
-    plan.next_steps.push(match options.engine {
-        Engine::Crio => format!(
-            "CRI-O reads {} by default and notices new files there (else `systemctl restart crio`); pods request memory with the annotation vramgate.dev/memory",
-            dir.display()
-        ),
-        _ => format!(
+    match options.engine {
+        Engine::Crio => {
+            let drop_in = plan_crio_drop_in(options, &mut plan)?;
+            plan.next_steps.push(format!(
+                "CRI-O reads {} by default and notices new files there: pods request memory with the annotation vramgate.dev/memory",
+                dir.display()
+            ));
+            plan.next_steps.push(format!(
+                "`systemctl restart crio` for the runtime handler `{RUNTIME_NAME}` in {} (running containers keep running); a RuntimeClass with handler `{RUNTIME_NAME}` gives pods placement (vramgate.dev/gpus=auto) and narrowing",
+                drop_in.display()
+            ));
+        }
+        _ => plan.next_steps.push(format!(
             "podman reads {} on every run: nothing to reload; `podman run --annotation vramgate.dev/memory=6Gi --annotation vramgate.dev/gpus=0 ...`",
             dir.display()
-        ),
-    });
+        )),
+    }
     Ok(plan)
+}
+
+/// The drop-in that gives CRI-O the runtime handler `vramgate`.
+pub fn crio_drop_in(runtime_path: &Path) -> String {
+    let quoted = |s: &str| toml::Value::String(s.to_string()).to_string();
+    format!(
+        "# Written by `vramgate setup crio`; `vramgate setup crio --remove` deletes it.\n\
+         # The runtime handler `{RUNTIME_NAME}` (a RuntimeClass's handler) runs vramgate-runtime,\n\
+         # which admits, places and narrows a container's GPUs, then runs runc.\n\
+         [crio.runtime.runtimes.{RUNTIME_NAME}]\n\
+         runtime_path = {}\n\
+         runtime_type = \"oci\"\n\
+         runtime_root = {}\n",
+        quoted(&runtime_path.to_string_lossy()),
+        quoted(CRIO_RUNTIME_ROOT),
+    )
+}
+
+/// Plans CRI-O's drop-in; returns its path. `--remove` deletes it only when it is what setup
+/// writes: a file an admin changed since is theirs, and is left with a note.
+fn plan_crio_drop_in(options: &SetupOptions, plan: &mut Plan) -> Result<PathBuf> {
+    let path = options
+        .crio_drop_in
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(CRIO_DROP_IN));
+    let current = read_optional(&path)?;
+    let ours = crio_drop_in(&options.runtime_path).into_bytes();
+    if !options.remove {
+        // No `<file>.vramgate-backup` beside it: CRI-O reads every file of that directory as
+        // config, and the old content, read after ours, would win.
+        if current.as_ref().is_some_and(|c| *c != ours) {
+            plan.notes.push(format!(
+                "{} held other content, now replaced (not backed up beside it: CRI-O would read the backup as config)",
+                path.display()
+            ));
+        }
+        plan.want(&path, current, Some(ours), false);
+    } else if current.as_ref().is_some_and(|c| *c != ours) {
+        plan.notes.push(format!(
+            "{} is not what setup writes (changed since, or written for another runtime path); left alone: remove it by hand if it is vramgate's",
+            path.display()
+        ));
+    } else {
+        plan.want(&path, current, None, false);
+    }
+    Ok(path)
 }
 
 /// What a plan does, for people: one line per file, and the new content on `--dry-run`.
@@ -972,6 +1036,7 @@ mod tests {
                 _ => "hooks.d",
             })),
             containerd_config: Some(dir.join("config.toml")),
+            crio_drop_in: Some(dir.join("crio.conf.d/10-vramgate.conf")),
             runtime_path: PathBuf::from("/usr/bin/vramgate-runtime"),
             hook_path: PathBuf::from("/usr/bin/vramgate-hook"),
             hook_timeout_secs: 3660,
@@ -1297,5 +1362,66 @@ mod tests {
         o.remove = true;
         run(&o);
         assert_eq!(std::fs::read_dir(dir.path().join("hooks.d")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn crio_gets_the_runtime_handler_drop_in_and_remove_takes_only_that_away() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(Engine::Crio, dir.path());
+        o.runtime_path = PathBuf::from("/opt/vg/vramgate-runtime");
+        let conf_d = dir.path().join("crio.conf.d");
+        std::fs::create_dir_all(&conf_d).unwrap();
+        std::fs::write(
+            conf_d.join("20-admin.conf"),
+            "[crio.runtime]\ncgroup_manager = \"cgroupfs\"\n",
+        )
+        .unwrap();
+        let drop_in = conf_d.join("10-vramgate.conf");
+        run(&o);
+        let doc: toml::Table = std::fs::read_to_string(&drop_in).unwrap().parse().unwrap();
+        let handler = &doc["crio"]["runtime"]["runtimes"]["vramgate"];
+        assert_eq!(handler["runtime_path"].as_str(), Some("/opt/vg/vramgate-runtime"));
+        assert_eq!(handler["runtime_type"].as_str(), Some("oci"));
+        assert_eq!(handler["runtime_root"].as_str(), Some("/run/runc"));
+        assert_eq!(handler.as_table().unwrap().len(), 3, "{handler}");
+        assert_eq!(std::fs::read_dir(dir.path().join("hooks.d")).unwrap().count(), 2);
+        assert!(run(&o).changes.is_empty());
+
+        o.remove = true;
+        run(&o);
+        assert!(!drop_in.exists());
+        let left: Vec<_> = std::fs::read_dir(&conf_d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["20-admin.conf"], "an admin's drop-in goes, or a backup is left");
+        assert_eq!(std::fs::read_dir(dir.path().join("hooks.d")).unwrap().count(), 0);
+
+        // A drop-in changed since setup wrote it is the admin's: --remove leaves it, saying so.
+        o.remove = false;
+        run(&o);
+        let edited = format!(
+            "{}monitor_env = [\"A=1\"]\n",
+            std::fs::read_to_string(&drop_in).unwrap()
+        );
+        std::fs::write(&drop_in, &edited).unwrap();
+        o.remove = true;
+        let plan = run(&o);
+        assert_eq!(std::fs::read_to_string(&drop_in).unwrap(), edited);
+        assert!(plan.notes.iter().any(|n| n.contains("left alone")), "{:?}", plan.notes);
+        // Setup again over it: replaced, and nothing but the drop-ins in CRI-O's directory.
+        o.remove = false;
+        let plan = run(&o);
+        assert!(
+            plan.notes.iter().any(|n| n.contains("now replaced")),
+            "{:?}",
+            plan.notes
+        );
+        let mut left: Vec<_> = std::fs::read_dir(&conf_d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["10-vramgate.conf", "20-admin.conf"]);
     }
 }

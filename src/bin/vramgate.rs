@@ -248,6 +248,7 @@ fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode
             set_as_default: args.set_as_default,
             config_path: args.config_path.as_deref().map(absolute),
             containerd_config: Some(absolute(&args.containerd_config)),
+            crio_drop_in: Some(absolute(&args.crio_drop_in)),
             runtime_path: args
                 .runtime_path
                 .as_deref()
