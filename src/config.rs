@@ -124,6 +124,8 @@ pub struct QueueConfig {
     pub backfill: bool,
     /// ...but never one that has waited longer than this.
     pub backfill_bound: Duration,
+    /// Which of the waiters that fit goes first (see [`crate::queue::BackfillOrder`]).
+    pub backfill_order: crate::queue::BackfillOrder,
     /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
     pub poll_interval: Duration,
 }
@@ -284,6 +286,7 @@ impl Default for QueueConfig {
         QueueConfig {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
+            backfill_order: crate::queue::BackfillOrder::Arrival,
             poll_interval: Duration::from_secs(1),
         }
     }
@@ -369,6 +372,7 @@ struct RawRuntime {
 struct RawQueue {
     backfill: Option<bool>,
     backfill_bound: Option<String>,
+    backfill_order: Option<String>,
     poll_interval: Option<String>,
 }
 
@@ -516,6 +520,15 @@ impl QueueConfig {
         }
         if let Some(v) = raw.backfill_bound {
             queue.backfill_bound = keys.duration("queue.backfill_bound", &v)?;
+        }
+        if let Some(v) = raw.backfill_order {
+            queue.backfill_order = crate::queue::BackfillOrder::parse(&v).ok_or_else(|| {
+                keys.bad(
+                    "queue.backfill_order",
+                    &v,
+                    &format!("must be {}", crate::queue::BackfillOrder::VALUES),
+                )
+            })?;
         }
         if let Some(v) = raw.poll_interval {
             let interval = keys.duration("queue.poll_interval", &v)?;

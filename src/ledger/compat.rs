@@ -78,16 +78,21 @@ pub fn older_reader_waits(ledger: &Ledger, binaries: &dyn Binaries) -> bool {
 }
 
 /// The ledger as the older format describes it, when it differs from `ledger`: every ticket
-/// without `enqueued_boot_ms`. `None` when there is nothing to leave out.
+/// without `enqueued_boot_ms` and `expected_ms` (a declared duration only orders backfill:
+/// without it a waiter counts as undeclared). `None` when there is nothing to leave out.
 pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
-    if ledger.queue.iter().all(|t| t.enqueued_boot_ms.is_none()) {
+    if ledger
+        .queue
+        .iter()
+        .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none())
+    {
         return None;
     }
     let mut older = ledger.clone();
-    older
-        .queue
-        .iter_mut()
-        .for_each(|t: &mut Ticket| t.enqueued_boot_ms = None);
+    older.queue.iter_mut().for_each(|t: &mut Ticket| {
+        t.enqueued_boot_ms = None;
+        t.expected_ms = None;
+    });
     Some(older)
 }
 
@@ -128,6 +133,7 @@ mod tests {
             enqueued_boot_ms: boot_ms,
             bundle: None,
             choose: None,
+            expected_ms: None,
             extra: Default::default(),
         }
     }
