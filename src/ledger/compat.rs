@@ -1,8 +1,9 @@
 //! Writing the oldest format that describes the ledger while an older reader may still run
 //! (the writer's half of the rule in [`FORMAT`](super::FORMAT)).
 //!
-//! The one field added since the last release whose readers refuse unknown fields (before
-//! readers kept them in `extra`) is [`Ticket::enqueued_boot_ms`]. Such a reader that can still
+//! The fields added since the last release whose readers refuse unknown fields (before
+//! readers kept them in `extra`) are [`Ticket::enqueued_boot_ms`] and [`Ticket::expected_ms`]
+//! (a declared duration, which only orders backfill). Such a reader that can still
 //! run after a package upgrade is a hook or wrapper of the old release waiting in the queue: it
 //! re-reads the ledger until it is admitted, and would call a ledger with that field corrupt
 //! and fail its container. So while one waits, every ticket is written without the field
@@ -187,15 +188,19 @@ mod tests {
     }
 
     #[test]
-    fn the_older_format_leaves_out_only_the_boot_stamp() {
-        let mixed = ledger(vec![ticket(7, None), ticket(8, Some(20))]);
+    fn the_older_format_leaves_out_only_the_boot_stamp_and_the_declared_duration() {
+        let mut declared = ticket(9, None);
+        declared.expected_ms = Some(600_000);
+        let mixed = ledger(vec![ticket(7, None), ticket(8, Some(20)), declared]);
         let older = for_older_readers(&mixed).expect("a ticket carries the field");
         let json = serde_json::to_value(&older).unwrap();
         for t in json["queue"].as_array().unwrap() {
             assert!(t.get("enqueued_boot_ms").is_none(), "{t}");
+            assert!(t.get("expected_ms").is_none(), "{t}");
         }
         let mut back = Ledger::parse(&serde_json::to_vec(&older).unwrap(), Path::new("/l")).unwrap();
         back.queue[1].enqueued_boot_ms = Some(20);
+        back.queue[2].expected_ms = Some(600_000);
         assert_eq!(back, mixed, "nothing else differs");
         assert!(for_older_readers(&ledger(vec![ticket(7, None)])).is_none());
     }
