@@ -11,6 +11,13 @@
 #   roundrobin  job i pinned to GPU i mod G by hand, only that GPU's node;
 #   auto        vramgate.dev/gpus=auto and every GPU's node, as CDI gives them: the wrapper
 #               chooses the GPU (best fit) and narrows the container to it.
+#   fifo, arrival, largest, longest
+#               auto, and the queue's order (issue 34): no backfill, or backfill with that
+#               [queue] backfill_order; each job runs JOB_SECONDS from DURATIONS (cycled, coprime
+#               with SIZES) and declares vramgate.dev/expected-duration = its JOB_SECONDS +
+#               DECLARE_EXTRA (its growth and start-up). Each run's event log is then replayed
+#               with the same settings: the measured makespan / lower bound beside the replayed.
+#                 MIN_GPUS=1 N=40 DURATIONS="3 4 5 6 7 8 9" bench/gpu-placement.sh fifo arrival longest
 # Each job grows to its size in 256 MiB steps, then multiplies matrices for JOB_SECONDS s
 # (bench/gpu_job.py); out-of-memory exits 3. A sampler records every second what vramgate has
 # reserved and what NVML says is used, per GPU ($WORK/<run>/timeline.csv). One summary line a
@@ -21,6 +28,8 @@ source "$(dirname "$0")/gpu-common.sh"
 N=${N:-80}
 JOB_SECONDS=${JOB_SECONDS:-8}
 SIZES=${SIZES:-"2 3 4 6 8 12 16 24 32"}
+DURATIONS=${DURATIONS:-}
+DECLARE_EXTRA=${DECLARE_EXTRA:-4}
 RESULTS=${RESULTS:-$WORK/placement.txt}
 RUNS=("$@")
 [ ${#RUNS[@]} -eq 0 ] && RUNS=(pinned0 roundrobin auto)
@@ -42,9 +51,12 @@ peak=$(echo "$cal" | awk '/^peak_bytes/ {print $2}')
 OVERHEAD_MIB=$(( (peak >> 20) - 2048 + 64 ))
 say "# calibration: a 2 GiB job peaks at $((peak >> 20)) MiB (NVML); request = size + ${OVERHEAD_MIB} MiB"
 read -r -a SIZE_LIST <<<"$SIZES"
+read -r -a DURATION_LIST <<<"${DURATIONS:-$JOB_SECONDS}"
 
-# placement_config FILE STATE_DIR
+# placement_config FILE STATE_DIR [QUEUE_LINE...]
 placement_config() {
+    local queue_lines
+    queue_lines=$(printf '%s\n' "${@:3}")
     cat >"$1" <<TOML
 state_dir = "$2"
 policy = "wait"
@@ -52,6 +64,7 @@ wait_timeout = "20m"
 max_wait_timeout = "1h"
 [queue]
 poll_interval = "200ms"
+$queue_lines
 [inventory]
 backend = "nvml"
 [runtime]
@@ -66,12 +79,18 @@ run_placement() {
     rm -rf "$dir" "$state"
     mkdir -p "$dir"
     local config=$dir/config.toml
-    placement_config "$config" "$state"
+    local queue=()
+    case $label in
+        fifo) queue=('backfill = false') ;;
+        arrival|largest|longest) queue=('backfill = true' "backfill_order = \"$label\"") ;;
+    esac
+    placement_config "$config" "$state" "${queue[@]}"
     local all_minors
     all_minors=$(IFS=,; echo "${MINOR[*]}")
     for i in $(seq 1 "$N"); do
         local gib=${SIZE_LIST[$(( (i - 1) % ${#SIZE_LIST[@]} ))]}
         local req=$(( gib * 1024 + OVERHEAD_MIB ))Mi
+        local secs=${DURATION_LIST[$(( (i - 1) % ${#DURATION_LIST[@]} ))]}
         local gpu_args=()
         case $label in
             pinned0) gpu_args=(--gpu-minors "${MINOR[0]}" --env NVIDIA_VISIBLE_DEVICES=0) ;;
@@ -79,10 +98,13 @@ run_placement() {
                 local g=$(( (i - 1) % G ))
                 gpu_args=(--gpu-minors "${MINOR[$g]}" --env NVIDIA_VISIBLE_DEVICES=$g) ;;
             auto) gpu_args=(--gpu-minors "$all_minors" --annotation vramgate.dev/gpus=auto) ;;
+            fifo|arrival|largest|longest)
+                gpu_args=(--gpu-minors "$all_minors" --annotation vramgate.dev/gpus=auto
+                    --annotation "vramgate.dev/expected-duration=$(( secs + DECLARE_EXTRA ))s") ;;
         esac
         "$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$dir/c$i" \
             --annotation "vramgate.dev/memory=$req" "${gpu_args[@]}" \
-            --env JOB_GIB="$gib" --env JOB_SECONDS="$JOB_SECONDS" -- "$PY" "$WORK/gpu_job.py"
+            --env JOB_GIB="$gib" --env JOB_SECONDS="$secs" -- "$PY" "$WORK/gpu_job.py"
     done
     # Sampler: reserved (vramgate) and used (NVML) per GPU, every second.
     (
@@ -150,6 +172,17 @@ print(f"ok={ok} oom={oom} failed={failed} makespan={t1 - t0:.1f}s left_in_ledger
 for r, c in reasons.items():
     print(f"#   {c}x {r}")
 PY
+    # The queue-order runs: the measured makespan over the lower bound of the jobs' own
+    # durations (admission to release, from the event log), beside the replay of that log under
+    # the same settings (every job declaring its real duration).
+    case $label in
+        fifo|arrival|largest|longest)
+            local flags=(--backfill true --backfill-order "$label") total
+            [ "$label" = fifo ] && flags=(--backfill false)
+            total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+            "$BIN/vramgate" --config /dev/null replay "$dir/events.jsonl" --gpus "${G}x${total}Mi" --declared exact \
+                "${flags[@]}" --json | "$PY" "$here/gpu_replay_line.py" "$t0" "$t1" ;;
+    esac
 }
 
 declare -A MAKESPAN

@@ -115,6 +115,7 @@ fn main() {
             deadline_unix_ms: now + 3_600_000,
             bundle: None,
             choose: None,
+            expected_ms: None,
             extra: Default::default(),
         });
     }

@@ -12,6 +12,14 @@
 #   sharing     the same 80-job mix on 2 x 141 GiB, auto best-fit, against exclusive GPUs (one job
 #               per whole GPU, FIFO, as nvidia.com/gpu: 1 hands them out): makespan, waits, mean
 #               reserved share, and how much shorter the shared makespan is;
+#   packing     which waiter that fits goes first ([queue] backfill_order): the burst of issue 34
+#               (80 jobs, 2 to 32 GiB plus 1 GiB of context, 7 to 13 s, all at once, policy wait)
+#               on 1, 2, 4 and 8 x 141 GiB, auto best-fit: FIFO (no backfill), today's backfill
+#               (arrival), largest and longest (declared durations exact, and off by up to
+#               +-50 %); then the two measured H100 runs' own event logs, which declare nothing
+#               (declared=exact gives longest their real durations). Makespan / lower bound, p95
+#               and max wait, and how many admissions passed a waiter past the backfill bound
+#               (must be 0);
 #   speed       a week of a busy 8-GPU host (a job a minute, 10,080 jobs, about 60 % of its
 #               memory reserved on average) replayed, timed.
 # Usage: bench/replay.sh   (builds the release binary first)
@@ -79,6 +87,41 @@ PY
     vg "$work/auto-2.jsonl" --gpus 2x141Gi --backfill $backfill --compare sharing=exclusive,shared
   done
 } | tee "$out/sharing.txt"
+
+python3 - "$work" <<'PY'
+import json, random, sys
+work = sys.argv[1]
+sizes = [2, 3, 4, 6, 8, 12, 16, 24, 32]
+random.seed(34)
+for name, declared in (("exact", lambda d: d), ("noisy", lambda d: round(d * random.uniform(0.5, 1.5), 1))):
+    with open(f"{work}/burst-{name}.jsonl", "w") as f:
+        for i in range(80):
+            gib, seconds = sizes[i % len(sizes)], 7 + i % 7
+            f.write(json.dumps({"id": f"job-{i}", "arrival": 0, "memory": f"{gib + 1}Gi", "duration": seconds,
+                                "expected_duration": declared(seconds), "gpus": "auto", "policy": "wait",
+                                "timeout": "2h"}) + "\n")
+PY
+packing_rows() {  # WORKLOAD GPUS LABEL [replay flags...]: FIFO, then each backfill order
+  local workload=$1 gpus=$2 label=$3
+  shift 3
+  { vg "$workload" --gpus "$gpus" --backfill false --json "$@"
+    vg "$workload" --gpus "$gpus" --backfill true --compare backfill-order=arrival,largest,longest --json "$@"
+  } | python3 bench/packing_table.py "$label"
+}
+{
+  echo "# $(date -u +%FT%TZ) packing: [queue] backfill_order on the 80-job burst and on the measured H100 runs (backfill_bound 30s)"
+  printf '%-36s %-26s %8s %8s %6s %8s %8s %4s %6s\n' workload order makespan "lower b" ratio "p95 wait" "max wait" jobs passed
+  for gpus in 1 2 4 8; do
+    for declared in exact noisy; do
+      packing_rows "$work/burst-$declared.jsonl" "${gpus}x141Gi" "burst ${gpus}x141Gi, declared $declared"
+    done
+  done
+  for run in pinned0 auto; do
+    log=bench/results/placement-smoke-h100-1gpu/place-$run/events.jsonl
+    packing_rows "$log" 1x81559Mi "H100 $run log, nothing declared"
+    packing_rows "$log" 1x81559Mi "H100 $run log, declared exact" --declared exact
+  done
+} | tee "$out/packing.txt"
 
 python3 - "$work/week.jsonl" <<'PY'
 import json, random, sys

@@ -597,7 +597,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__replay)
-            opts="-h -V --gpus --strategy --backfill --backfill-bound --policy --headroom --sharing --compare --json --timeline --plot --config --help --version"
+            opts="-h -V --gpus --strategy --backfill --backfill-bound --backfill-order --policy --headroom --sharing --declared --compare --json --timeline --plot --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -619,6 +619,10 @@ _vramgate() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --backfill-order)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --policy)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -628,6 +632,10 @@ _vramgate() {
                     return 0
                     ;;
                 --sharing)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --declared)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

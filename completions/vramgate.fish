@@ -109,10 +109,12 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l gpus -d 'Th
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l strategy -d 'Placement strategy: best-fit or spread' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l backfill -d 'Let requests that fit pass older waiters: true or false' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l backfill-bound -d '...but never one that has waited longer than this ("30s")' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l backfill-order -d 'Which waiter that fits goes first: arrival, largest (memory) or longest (the job\'s expected_duration, then memory)' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l policy -d 'Policy for jobs that do not set one: wait or reject' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l headroom -d 'Memory kept free on every GPU ("2Gi", "5%")' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l sharing -d 'How jobs hold GPUs: shared (vramgate: jobs that fit share a GPU) or exclusive (the baseline without it: one job per whole GPU, as `nvidia.com/gpu: 1` hands them out)' -r
-complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l compare -d 'Replay once per value and show them side by side: KEY=V1,V2 with KEY one of gpus, strategy, backfill, backfill-bound, policy, headroom, sharing (gpus values are separated by \'|\'); sharing=exclusive,shared also says how much shorter the shared makespan is' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l declared -d 'What jobs declare as their expected duration: given (the job file\'s expected_duration; an event log has none) or exact (each job its real duration), for backfill-order longest' -r
+complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l compare -d 'Replay once per value and show them side by side: KEY=V1,V2 with KEY one of gpus, strategy, backfill, backfill-bound, backfill-order, policy, headroom, sharing, declared (gpus values are separated by \'|\'); sharing=exclusive,shared also says how much shorter the shared makespan is' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l timeline -d 'Write the timeline (reserved bytes per GPU and queue length at each event) as CSV' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l plot -d 'Write a plot of the first setting\'s timeline as SVG' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F

@@ -16,6 +16,11 @@
 //!    is not admitted while an older live ticket shares one of its GPUs. With `backfill` on,
 //!    a request that fits may pass older tickets, but never one that has waited longer than
 //!    `backfill_bound`, so a large request cannot be starved by a stream of small ones.
+//!    Among the requests that fit, `backfill_order` chooses ([`crate::queue::BackfillOrder`]):
+//!    under `largest` or `longest`, a request that fits also lets go first every other
+//!    waiter on its GPUs that fits now, would be admitted itself, and claims more
+//!    ([`crate::queue::claim`]). Only a request that has not waited past the bound defers so;
+//!    the best of those that fit never defers, so memory that frees is always taken.
 //!
 //! 4. **Limits**: with `L` the container's limit on `g` (its request when it asked for no
 //!    more), `limits(g) + L <= total(g) - headroom + limit_overcommit(g)`, where `limits(g)` is
@@ -55,6 +60,7 @@ pub struct Rules {
     pub headroom: crate::quantity::Quantity,
     pub backfill: bool,
     pub backfill_bound: Duration,
+    pub backfill_order: crate::queue::BackfillOrder,
     pub strategy: Strategy,
     /// `[queue] limit_overcommit`, in parts per million of a GPU's memory (rule 4).
     pub limit_overcommit_ppm: u32,
@@ -66,6 +72,7 @@ impl Rules {
             headroom: config.headroom,
             backfill: config.queue.backfill,
             backfill_bound: config.queue.backfill_bound,
+            backfill_order: config.queue.backfill_order,
             strategy: config.placement.strategy,
             limit_overcommit_ppm: config.queue.limit_overcommit_ppm,
         }
@@ -245,9 +252,39 @@ impl Among {
 
 /// Decides a request for `shares`. With `choose` = `Some(n)`, `shares` are candidates, of
 /// which `n` are to be chosen. `ticket` is the request's own queue ticket, if it has one (a
-/// new arrival has none and so comes after every waiter).
+/// new arrival has none and so comes after every waiter); `expected_ms` its declared duration.
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    allocated: &Allocated,
+    rules: &Rules,
+    shares: &[GpuShare],
+    choose: Option<u32>,
+    ticket: Option<u64>,
+    expected_ms: Option<u64>,
+    now: Stamp,
+) -> Decision {
+    let decision = decide_in_arrival_order(ledger, snapshot, allocated, rules, shares, choose, ticket, now);
+    if !matches!(decision, Decision::Admit { .. }) {
+        return decision;
+    }
+    let Some(mine) = crate::queue::claim(
+        rules.backfill_order,
+        crate::queue::request_bytes(shares, choose),
+        expected_ms,
+    ) else {
+        return decision;
+    };
+    match better_waiters_that_fit(ledger, snapshot, allocated, rules, shares, ticket, mine, now) {
+        0 => decision,
+        ahead => Decision::Queued { ahead },
+    }
+}
+
+/// [`decide`] with waiters served by arrival alone (rules 1 to 3).
+#[allow(clippy::too_many_arguments)]
+fn decide_in_arrival_order(
     ledger: &Ledger,
     snapshot: &Snapshot,
     allocated: &Allocated,
@@ -329,6 +366,75 @@ fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Op
     crate::queue::ahead_of(ledger, ticket, shares)
         .filter(|t| !rules.backfill || now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound)
         .count()
+}
+
+/// The waiters that a request which fits (claiming `mine`, see [`crate::queue::claim`]) lets
+/// go first under a backfill order: each other ticket on one of its GPUs that claims more (or
+/// as much and is older), fits now and would itself be admitted by arrival order. None once the
+/// request has waited past the bound: from then on nothing passes it, and it passes nothing.
+/// The best such waiter defers to no one, so memory that frees is always taken.
+#[allow(clippy::too_many_arguments)]
+fn better_waiters_that_fit(
+    ledger: &Ledger,
+    snapshot: &Snapshot,
+    allocated: &Allocated,
+    rules: &Rules,
+    shares: &[GpuShare],
+    ticket: Option<u64>,
+    mine: u128,
+    now: Stamp,
+) -> usize {
+    if !rules.backfill {
+        return 0;
+    }
+    let bound = u64::try_from(rules.backfill_bound.as_millis()).unwrap_or(u64::MAX);
+    let own = ticket.and_then(|t| ledger.ticket(t));
+    if own.is_some_and(|t| now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound) {
+        return 0;
+    }
+    // A newer ticket with the same claim is behind; an older one, or any ticket against a new
+    // arrival (which has none), is ahead.
+    let outranks = |t: &crate::ledger::Ticket, claim: u128| match own {
+        Some(own) => claim > mine || (claim == mine && t.ticket < own.ticket),
+        None => claim >= mine,
+    };
+    // Each GPU's account once: a decision looks at every waiter on its GPUs.
+    let mut accounts: HashMap<String, Option<GpuAccount>> = HashMap::new();
+    let mut room = |share: &GpuShare| {
+        accounts
+            .entry(share.uuid.clone())
+            .or_insert_with(|| {
+                snapshot
+                    .by_uuid(&share.uuid)
+                    .map(|g| account(ledger, g, allocated, rules))
+            })
+            .as_ref()
+            .is_some_and(|a| share.bytes <= a.available() && share.limit_bytes() <= a.limit_room())
+    };
+    let mut better = 0;
+    for t in ledger.queue.iter() {
+        if Some(t.ticket) == ticket || !t.shares_gpu_with(shares) {
+            continue;
+        }
+        let claim = crate::queue::claim(
+            rules.backfill_order,
+            crate::queue::request_bytes(&t.gpus, t.choose),
+            t.expected_ms,
+        );
+        if !claim.is_some_and(|c| outranks(t, c)) {
+            continue;
+        }
+        // It fits now (rules 1, 2 and 4: every GPU, or enough of a placement's candidates)...
+        let fits = match t.choose {
+            None => t.gpus.iter().all(&mut room),
+            Some(n) => t.gpus.iter().filter(|s| room(s)).count() >= n as usize,
+        };
+        // ...and no waiter past the bound holds it back (rule 3).
+        if fits && tickets_ahead(ledger, rules, &t.gpus, Some(t.ticket), now) == 0 {
+            better += 1;
+        }
+    }
+    better
 }
 
 /// [`decide`] for a placement: `count` of the `candidates` (see the module documentation).
@@ -489,6 +595,7 @@ mod tests {
             shares,
             None,
             ticket,
+            None,
             Stamp::wall(now_unix_ms),
         )
     }
@@ -507,6 +614,7 @@ mod tests {
             headroom: Quantity::Bytes(0),
             backfill: false,
             backfill_bound: Duration::from_secs(30),
+            backfill_order: crate::queue::BackfillOrder::Arrival,
         }
     }
 
@@ -564,6 +672,7 @@ mod tests {
             deadline_unix_ms: u64::MAX,
             bundle: None,
             choose: None,
+            expected_ms: None,
             extra: Default::default(),
         });
         ticket
@@ -730,6 +839,7 @@ mod tests {
                 &Allocated::new(),
                 &r,
                 &small,
+                None,
                 None,
                 None,
                 Stamp {

@@ -115,7 +115,8 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
     /// A host's events.jsonl, or a job file: JSON lines with arrival (s), memory ("6Gi"),
-    /// duration (s), and optionally gpus ("0", "auto", "auto:2"), policy, timeout (s or "90s"), id
+    /// duration (s), and optionally gpus ("0", "auto", "auto:2"), policy, timeout (s or "90s"),
+    /// expected_duration (what the job declares, s or "90s"), id
     #[arg(value_name = "WORKLOAD")]
     pub workload: PathBuf,
     /// The GPUs to replay on, COUNTxSIZE[,COUNTxSIZE...] (default: the config's
@@ -131,6 +132,10 @@ pub struct ReplayArgs {
     /// ...but never one that has waited longer than this ("30s")
     #[arg(long, value_name = "DURATION")]
     pub backfill_bound: Option<String>,
+    /// Which waiter that fits goes first: arrival, largest (memory) or longest (the job's
+    /// expected_duration, then memory)
+    #[arg(long, value_name = "ORDER")]
+    pub backfill_order: Option<String>,
     /// Policy for jobs that do not set one: wait or reject
     #[arg(long, value_name = "POLICY")]
     pub policy: Option<String>,
@@ -141,8 +146,12 @@ pub struct ReplayArgs {
     /// baseline without it: one job per whole GPU, as `nvidia.com/gpu: 1` hands them out)
     #[arg(long, value_name = "SHARING")]
     pub sharing: Option<String>,
+    /// What jobs declare as their expected duration: given (the job file's expected_duration;
+    /// an event log has none) or exact (each job its real duration), for backfill-order longest
+    #[arg(long, value_name = "DECLARED")]
+    pub declared: Option<String>,
     /// Replay once per value and show them side by side: KEY=V1,V2 with KEY one of gpus,
-    /// strategy, backfill, backfill-bound, policy, headroom, sharing (gpus values are separated
+    /// strategy, backfill, backfill-bound, backfill-order, policy, headroom, sharing, declared (gpus values are separated
     /// by '|'); sharing=exclusive,shared also says how much shorter the shared makespan is
     #[arg(long, value_name = "KEY=V1,V2")]
     pub compare: Option<String>,

@@ -124,6 +124,8 @@ pub struct QueueConfig {
     pub backfill: bool,
     /// ...but never one that has waited longer than this.
     pub backfill_bound: Duration,
+    /// Which of the waiters that fit goes first (see [`crate::queue::BackfillOrder`]).
+    pub backfill_order: crate::queue::BackfillOrder,
     /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
     pub poll_interval: Duration,
     /// How far the sum of the limits on a GPU may exceed its memory, in parts per million of
@@ -293,6 +295,7 @@ impl Default for QueueConfig {
         QueueConfig {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
+            backfill_order: crate::queue::BackfillOrder::Arrival,
             poll_interval: Duration::from_secs(1),
             limit_overcommit_ppm: 0,
         }
@@ -380,6 +383,7 @@ struct RawRuntime {
 struct RawQueue {
     backfill: Option<bool>,
     backfill_bound: Option<String>,
+    backfill_order: Option<String>,
     poll_interval: Option<String>,
     limit_overcommit: Option<String>,
 }
@@ -528,6 +532,15 @@ impl QueueConfig {
         }
         if let Some(v) = raw.backfill_bound {
             queue.backfill_bound = keys.duration("queue.backfill_bound", &v)?;
+        }
+        if let Some(v) = raw.backfill_order {
+            queue.backfill_order = crate::queue::BackfillOrder::parse(&v).ok_or_else(|| {
+                keys.bad(
+                    "queue.backfill_order",
+                    &v,
+                    &format!("must be {}", crate::queue::BackfillOrder::VALUES),
+                )
+            })?;
         }
         if let Some(v) = raw.poll_interval {
             let interval = keys.duration("queue.poll_interval", &v)?;

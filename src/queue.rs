@@ -5,8 +5,86 @@
 //! same GPUs. A new arrival has no ticket yet and so comes after every waiter. The admission
 //! decision, the refusal and queue messages, a waiter deciding whether to try again and
 //! `vramgate status` all ask this function, so they cannot disagree.
+//!
+//! Backfill (`[queue] backfill`) lets a request that fits pass older waiters that do not, for
+//! at most `backfill_bound`. Which of the waiters that fit goes first when memory frees is
+//! [`BackfillOrder`]: by arrival (the first that tries), or by the one that fills the freed
+//! memory best ([`claim`]). The order of the queue itself, its numbers and positions, stays
+//! arrival: a strategy only chooses among those that fit, never past the bound.
 
 use crate::ledger::{GpuShare, Ledger, Ticket};
+
+/// `[queue] backfill_order`: which waiter that fits is served first when the head of its
+/// GPUs' queue does not fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackfillOrder {
+    /// The first that tries: waiters wake together and race for the ledger's lock.
+    #[default]
+    Arrival,
+    /// The largest request that fits: big requests, which fit least often, take the memory
+    /// when it is there, and small ones fill what is left.
+    Largest,
+    /// The longest declared duration (`vramgate.dev/expected-duration`) that fits, the largest
+    /// request among equals: long jobs start first, so none is left running alone at the end
+    /// (longest processing time first, the classic rule against a long makespan). A waiter
+    /// without a declared duration counts as [`UNDECLARED_DURATION_MS`].
+    Longest,
+}
+
+/// What a waiter without a declared duration counts as under [`BackfillOrder::Longest`]:
+/// a minute, the scale of the jobs the queue is for. The declaration is only ever used to
+/// order waiters that all fit; a wrong one costs packing, never a reservation.
+pub const UNDECLARED_DURATION_MS: u64 = 60_000;
+
+impl BackfillOrder {
+    pub const VALUES: &'static str = "\"arrival\", \"largest\" or \"longest\"";
+
+    pub fn parse(value: &str) -> Option<BackfillOrder> {
+        match value {
+            "arrival" => Some(BackfillOrder::Arrival),
+            "largest" => Some(BackfillOrder::Largest),
+            "longest" => Some(BackfillOrder::Longest),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackfillOrder::Arrival => "arrival",
+            BackfillOrder::Largest => "largest",
+            BackfillOrder::Longest => "longest",
+        }
+    }
+}
+
+impl std::fmt::Display for BackfillOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How strongly a request that fits claims freed memory under `order`: of two that fit, the
+/// higher claim goes first and the older breaks a tie. `bytes` is the whole request (every
+/// GPU's share); `expected_ms` its declared duration. `None` under [`BackfillOrder::Arrival`],
+/// where only age counts.
+pub fn claim(order: BackfillOrder, bytes: u64, expected_ms: Option<u64>) -> Option<u128> {
+    match order {
+        BackfillOrder::Arrival => None,
+        BackfillOrder::Largest => Some(u128::from(bytes)),
+        BackfillOrder::Longest => {
+            Some(u128::from(expected_ms.unwrap_or(UNDECLARED_DURATION_MS)) << 64 | u128::from(bytes))
+        }
+    }
+}
+
+/// The whole of a request's bytes: every share, or `choose` of its candidates for a placement
+/// (whose candidates all carry the same amount).
+pub fn request_bytes(gpus: &[GpuShare], choose: Option<u32>) -> u64 {
+    match choose {
+        Some(n) => gpus.first().map_or(0, |s| s.bytes).saturating_mul(u64::from(n)),
+        None => gpus.iter().fold(0u64, |sum, s| sum.saturating_add(s.bytes)),
+    }
+}
 
 /// The tickets ahead of `ticket` (`None`: a new arrival) that share a GPU with `gpus`, oldest
 /// first.
@@ -53,6 +131,7 @@ mod tests {
                 deadline_unix_ms: 0,
                 bundle: None,
                 choose: None,
+                expected_ms: None,
                 extra: Default::default(),
             });
         }

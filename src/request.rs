@@ -42,6 +42,7 @@ use crate::spec::SpecView;
 pub const MEMORY_ANNOTATION: &str = "vramgate.dev/memory";
 pub const POLICY_ANNOTATION: &str = "vramgate.dev/policy";
 pub const TIMEOUT_ANNOTATION: &str = "vramgate.dev/timeout";
+pub const EXPECTED_DURATION_ANNOTATION: &str = "vramgate.dev/expected-duration";
 pub const GPUS_ANNOTATION: &str = "vramgate.dev/gpus";
 pub const MEMORY_ENV: &str = "VRAMGATE_MEMORY";
 /// What the container may use at most, when more than its request (see the module docs).
@@ -57,6 +58,7 @@ pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 pub const CLAIM_DEVICE_ENV_PREFIX: &str = "VRAMGATE_DRA_DEVICE_";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
+pub const EXPECTED_DURATION_ENV: &str = "VRAMGATE_EXPECTED_DURATION";
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const GPUS_ENV: &str = "VRAMGATE_GPUS";
 /// The device kind of NVIDIA's CDI spec (`nvidia-ctk cdi generate`): `nvidia.com/gpu=0`,
@@ -244,6 +246,9 @@ pub struct Request {
     pub limit_from_nvidia: bool,
     pub policy: Option<Policy>,
     pub timeout: Option<Duration>,
+    /// How long the container says it will run: only ever used to order waiters that all fit
+    /// (`[queue] backfill_order = "longest"`), never to admit, place or end anything.
+    pub expected_duration: Option<Duration>,
     pub gpus: GpuSelector,
     /// Things worth a line in the event log (an annotation overriding an env var).
     pub notes: Vec<String>,
@@ -439,6 +444,12 @@ impl Request {
                 Some(quantity::parse_duration(value).map_err(|e| invalid(source, value, e.to_string()))?)
             }
         };
+        let expected_duration = match annotation_or_env(spec, EXPECTED_DURATION_ANNOTATION, EXPECTED_DURATION_ENV) {
+            None => None,
+            Some((source, value)) => {
+                Some(quantity::parse_duration(value).map_err(|e| invalid(source, value, e.to_string()))?)
+            }
+        };
         let gpus = GpuSelector::from_spec(spec)?;
         if gpus.selection == GpuSelection::Nothing {
             return Err(RequestError::NoGpu {
@@ -454,6 +465,7 @@ impl Request {
             limit_from_nvidia: limit_from_nvidia && limit.is_some(),
             policy,
             timeout,
+            expected_duration,
             gpus,
             notes,
         }))

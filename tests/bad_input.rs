@@ -123,6 +123,10 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
         "nvidia-request-over-limit.json",
         "NVIDIA_GPU_MEMORY_REQUEST = \"4096\": is more than NVIDIA_GPU_MEMORY_LIMIT = \"1024\"",
     ),
+    (
+        "expected-duration-malformed.json",
+        "vramgate.dev/expected-duration = \"a while\"",
+    ),
     ("policy-unknown.json", "vramgate.dev/policy = \"sometimes\""),
     ("timeout-malformed.json", "vramgate.dev/timeout = \"forever\""),
     (

@@ -390,3 +390,101 @@ fn a_job_files_limit_is_bounded_by_limit_overcommit() {
         "{loose}"
     );
 }
+
+/// A 10 GiB GPU: `a` holds 6 GiB and `h` 3 GiB; `big` (8 GiB), `small` (2 GiB, declares 10 min)
+/// and `mid` (3 GiB, declares 1 min) queue in that order; `h` ends at 5 s and frees 4 GiB, where
+/// `small` and `mid` each fit but not together.
+const THREE_FIT: &str = r#"{"id":"a","arrival":0,"memory":"6Gi","duration":20,"gpus":"0"}
+{"id":"h","arrival":0,"memory":"3Gi","duration":5,"gpus":"0"}
+{"id":"big","arrival":1,"memory":"8Gi","duration":5,"gpus":"0","policy":"wait","timeout":"1h"}
+{"id":"small","arrival":2,"memory":"2Gi","duration":5,"gpus":"0","policy":"wait","timeout":"1h","expected_duration":"10m"}
+{"id":"mid","arrival":3,"memory":"3Gi","duration":5,"gpus":"0","policy":"wait","timeout":"1h","expected_duration":60}
+"#;
+
+#[test]
+fn the_backfill_order_chooses_which_waiter_that_fits_goes_first() {
+    let outcomes = replay(
+        THREE_FIT,
+        &[
+            "--gpus",
+            "1x10Gi",
+            "--backfill",
+            "true",
+            "--compare",
+            "backfill-order=arrival,largest,longest",
+        ],
+    );
+    let orders: Vec<Vec<&str>> = outcomes.iter().map(order).collect();
+    // arrival: the older small; largest: mid; longest: small, which declared 10 minutes.
+    assert_eq!(orders[0][..3], ["a", "h", "small"]);
+    assert_eq!(orders[1][..3], ["a", "h", "mid"]);
+    assert_eq!(orders[2][..3], ["a", "h", "small"]);
+    for outcome in &outcomes {
+        assert_eq!(outcome["admitted"], 5, "{outcome}");
+        assert_eq!(outcome["passed_past_bound"], 0, "{outcome}");
+    }
+}
+
+/// The burst of issue 34 (80 jobs of 2 to 32 GiB plus 1 GiB of context, 7 to 13 s, all at
+/// once), declaring their durations, on two 141 GiB GPUs: longest-first packs within 12 % of
+/// the lower bound, where arrival order is at 19 %, and no admission passes a waiter that has
+/// waited the bound.
+#[test]
+fn longest_first_packs_the_burst_within_twelve_percent_of_the_lower_bound() {
+    let sizes = [2, 3, 4, 6, 8, 12, 16, 24, 32];
+    let jobs: String = (0..80)
+        .map(|i| {
+            let seconds = 7 + i % 7;
+            format!(
+                "{{\"id\":\"job-{i}\",\"arrival\":0,\"memory\":\"{}Gi\",\"duration\":{seconds},\"expected_duration\":{seconds},\"gpus\":\"auto\",\"policy\":\"wait\",\"timeout\":\"2h\"}}\n",
+                sizes[i % sizes.len()] + 1
+            )
+        })
+        .collect();
+    let outcomes = replay(
+        &jobs,
+        &[
+            "--gpus",
+            "2x141Gi",
+            "--backfill",
+            "true",
+            "--compare",
+            "backfill-order=arrival,longest",
+        ],
+    );
+    let ratio = |o: &Value| o["ratio"].as_f64().unwrap();
+    assert!(ratio(&outcomes[0]) > 1.15, "{}", outcomes[0]);
+    assert!(ratio(&outcomes[1]) <= 1.12, "{}", outcomes[1]);
+    for outcome in &outcomes {
+        assert_eq!(outcome["admitted"], 80, "{outcome}");
+        assert_eq!(outcome["passed_past_bound"], 0, "{outcome}");
+    }
+}
+
+#[test]
+fn a_backfill_order_or_declared_duration_that_is_not_one_gets_one_line() {
+    let (ok, _, err) = replay_raw(FIFO, &["--gpus", "1x10Gi", "--backfill-order", "smallest"]);
+    assert!(!ok);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("\"arrival\", \"largest\" or \"longest\""), "{err}");
+    let bad = THREE_FIT.replace("\"expected_duration\":60", "\"expected_duration\":\"soon\"");
+    let (ok, _, err) = replay_raw(&bad, &["--gpus", "1x10Gi"]);
+    assert!(!ok);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("job mid") && err.contains("soon"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[queue]\nbackfill_order = \"smallest\"\n").unwrap();
+    let out = Command::new(VRAMGATE)
+        .arg("--config")
+        .arg(&config)
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("queue.backfill_order") && err.contains("smallest"),
+        "{err}"
+    );
+}

@@ -275,9 +275,11 @@ fn replay(config_path: &Path, args: &vramgate::cli::ReplayArgs) -> Result<ExitCo
         ("strategy", &args.strategy),
         ("backfill", &args.backfill),
         ("backfill-bound", &args.backfill_bound),
+        ("backfill-order", &args.backfill_order),
         ("policy", &args.policy),
         ("headroom", &args.headroom),
         ("sharing", &args.sharing),
+        ("declared", &args.declared),
     ];
     for (key, value) in overrides {
         if let Some(value) = value {

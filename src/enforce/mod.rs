@@ -335,10 +335,18 @@ mod tests {
             Tier::Guardrails,
             "the hook sets none on a MIG device"
         );
+        // The toolkit's tier only where the node's CDI spec carries its hook.
+        let cdi = tempfile::tempdir().unwrap();
         let toolkit = EnforceConfig {
             limit: LimitMechanism::Toolkit,
+            cdi_spec_dirs: vec![cdi.path().to_path_buf()],
             ..EnforceConfig::default()
         };
+        assert_eq!(planned_tier(&toolkit, &placed), Tier::Guardrails);
+        let spec = serde_json::json!({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0",
+            "containerEdits": {"hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+            "args": ["nvidia-cdi-hook", toolkit::HOOK_COMMAND, "--gpu-id", "GPU-x"]}]}}]});
+        std::fs::write(cdi.path().join("nvidia.json"), spec.to_string()).unwrap();
         assert_eq!(planned_tier(&toolkit, &placed), Tier::ToolkitLimit);
         assert_eq!(planned_tier(&driver, &[]), Tier::None);
     }

@@ -1,8 +1,9 @@
 //! Writing the oldest format that describes the ledger while an older reader may still run
 //! (the writer's half of the rule in [`FORMAT`](super::FORMAT)).
 //!
-//! The one field added since the last release whose readers refuse unknown fields (before
-//! readers kept them in `extra`) is [`Ticket::enqueued_boot_ms`]. Such a reader that can still
+//! The fields added since the last release whose readers refuse unknown fields (before
+//! readers kept them in `extra`) are [`Ticket::enqueued_boot_ms`] and [`Ticket::expected_ms`]
+//! (a declared duration, which only orders backfill). Such a reader that can still
 //! run after a package upgrade is a hook or wrapper of the old release waiting in the queue: it
 //! re-reads the ledger until it is admitted, and would call a ledger with that field corrupt
 //! and fail its container. So while one waits, every ticket is written without the field
@@ -104,17 +105,23 @@ pub fn write_for_older_readers(ledger: &Ledger, binaries: &dyn Binaries) -> bool
 }
 
 /// The ledger as the older format describes it, when it differs from `ledger`: every ticket
-/// without `enqueued_boot_ms`, and every limit taken as its share's bytes (format 1). `None`
-/// when there is nothing to leave out.
+/// without `enqueued_boot_ms` and `expected_ms` (a declared duration only orders backfill:
+/// without it a waiter counts as undeclared), and every limit taken as its share's bytes
+/// (format 1). `None` when there is nothing to leave out.
 pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
-    if ledger.queue.iter().all(|t| t.enqueued_boot_ms.is_none()) && !ledger.has_limits() {
+    if ledger
+        .queue
+        .iter()
+        .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none())
+        && !ledger.has_limits()
+    {
         return None;
     }
     let mut older = ledger.clone();
-    older
-        .queue
-        .iter_mut()
-        .for_each(|t: &mut Ticket| t.enqueued_boot_ms = None);
+    older.queue.iter_mut().for_each(|t: &mut Ticket| {
+        t.enqueued_boot_ms = None;
+        t.expected_ms = None;
+    });
     let shares = older.reservations.iter_mut().flat_map(|r| r.gpus.iter_mut());
     for share in shares.chain(older.queue.iter_mut().flat_map(|t| t.gpus.iter_mut())) {
         share.bytes = share.limit_bytes();
@@ -161,6 +168,7 @@ mod tests {
             enqueued_boot_ms: boot_ms,
             bundle: None,
             choose: None,
+            expected_ms: None,
             extra: Default::default(),
         }
     }
@@ -214,15 +222,19 @@ mod tests {
     }
 
     #[test]
-    fn the_older_format_leaves_out_only_the_boot_stamp() {
-        let mixed = ledger(vec![ticket(7, None), ticket(8, Some(20))]);
+    fn the_older_format_leaves_out_only_the_boot_stamp_and_the_declared_duration() {
+        let mut declared = ticket(9, None);
+        declared.expected_ms = Some(600_000);
+        let mixed = ledger(vec![ticket(7, None), ticket(8, Some(20)), declared]);
         let older = for_older_readers(&mixed).expect("a ticket carries the field");
         let json = serde_json::to_value(&older).unwrap();
         for t in json["queue"].as_array().unwrap() {
             assert!(t.get("enqueued_boot_ms").is_none(), "{t}");
+            assert!(t.get("expected_ms").is_none(), "{t}");
         }
         let mut back = Ledger::parse(&serde_json::to_vec(&older).unwrap(), Path::new("/l")).unwrap();
         back.queue[1].enqueued_boot_ms = Some(20);
+        back.queue[2].expected_ms = Some(600_000);
         assert_eq!(back, mixed, "nothing else differs");
         assert!(for_older_readers(&ledger(vec![ticket(7, None)])).is_none());
     }

@@ -183,6 +183,11 @@ pub struct Ticket {
     /// [`crate::placement`]). Absent for a request that names its GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choose: Option<u32>,
+    /// How long the container said it would run (`vramgate.dev/expected-duration`), in
+    /// milliseconds: what `[queue] backfill_order = "longest"` orders waiters that fit by
+    /// ([`crate::queue::claim`]), and nothing else. Absent when it declared none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_ms: Option<u64>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -473,6 +478,7 @@ mod tests {
             deadline_unix_ms: 0,
             bundle: None,
             choose: None,
+            expected_ms: None,
             extra: Default::default(),
         };
         assert_eq!(ledger.enqueue(ticket.clone()), 1);

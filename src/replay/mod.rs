@@ -94,9 +94,11 @@ pub const SETTINGS: &[&str] = &[
     "strategy",
     "backfill",
     "backfill-bound",
+    "backfill-order",
     "policy",
     "headroom",
     "sharing",
+    "declared",
 ];
 
 /// How jobs hold GPUs.
@@ -126,11 +128,22 @@ impl Sharing {
     }
 }
 
-/// What one replay runs under: vramgate's settings, and how jobs hold GPUs.
+/// What jobs declare as their duration (`vramgate.dev/expected-duration`), which only
+/// `[queue] backfill_order = "longest"` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// What the workload says: a job file's `expected_duration`; an event log records none.
+    Given,
+    /// Every job declares exactly how long it runs: the most a declaration can give.
+    Exact,
+}
+
+/// What one replay runs under: vramgate's settings, how jobs hold GPUs, and what they declare.
 #[derive(Debug, Clone)]
 pub struct Setting {
     pub config: Config,
     pub sharing: Sharing,
+    pub declared: Declared,
 }
 
 impl Setting {
@@ -138,6 +151,7 @@ impl Setting {
         Setting {
             config,
             sharing: Sharing::Shared,
+            declared: Declared::Given,
         }
     }
 }
@@ -152,6 +166,13 @@ pub fn apply_setting(setting: &mut Setting, key: &str, value: &str) -> Result<()
     let config = &mut setting.config;
     match key {
         "sharing" => setting.sharing = Sharing::parse(value).ok_or_else(|| bad("give shared or exclusive"))?,
+        "declared" => {
+            setting.declared = match value {
+                "given" => Declared::Given,
+                "exact" => Declared::Exact,
+                _ => return Err(bad("give given or exact")),
+            }
+        }
         "gpus" => {
             config.inventory.backend = crate::config::Backend::Static;
             config.inventory.gpus = parse_gpus(value)?;
@@ -169,6 +190,10 @@ pub fn apply_setting(setting: &mut Setting, key: &str, value: &str) -> Result<()
         }
         "backfill-bound" => {
             config.queue.backfill_bound = crate::quantity::parse_duration(value).map_err(|e| bad(&e.to_string()))?;
+        }
+        "backfill-order" => {
+            config.queue.backfill_order = crate::queue::BackfillOrder::parse(value)
+                .ok_or_else(|| bad(&format!("give {}", crate::queue::BackfillOrder::VALUES)))?;
         }
         "policy" => config.policy = Policy::parse(value).ok_or_else(|| bad("give wait or reject"))?,
         "headroom" => config.headroom = crate::quantity::parse_quantity(value).map_err(|e| bad(&e.to_string()))?,
@@ -225,6 +250,9 @@ fn request_of(job: &Job) -> Result<Request> {
     }
     if let Some(t) = &job.timeout {
         annotations.insert(crate::request::TIMEOUT_ANNOTATION.into(), t.clone().into());
+    }
+    if let Some(d) = &job.expected_duration {
+        annotations.insert(crate::request::EXPECTED_DURATION_ANNOTATION.into(), d.clone().into());
     }
     let spec = serde_json::json!({"ociVersion": "1.0.2", "annotations": annotations});
     let bad = |reason: String| ReplayError::Job {
@@ -289,7 +317,12 @@ struct Waiting {
 pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut(f64)) -> Result<Outcome> {
     // What each job asks; the exclusive baseline admits whole GPUs instead ([`whole_gpus`])
     // and records what the job asked.
-    let asked: Vec<Request> = jobs.iter().map(request_of).collect::<Result<_>>()?;
+    let mut asked: Vec<Request> = jobs.iter().map(request_of).collect::<Result<_>>()?;
+    if setting.declared == Declared::Exact {
+        for (request, job) in asked.iter_mut().zip(jobs) {
+            request.expected_duration = Some(Duration::from_millis(job.duration_ms));
+        }
+    }
     let scratch = scratch_state()?;
     let mut config = setting.config.clone();
     config.state_dir = scratch.path.join("state");
@@ -341,6 +374,10 @@ pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut
     };
 
     let exclusive = setting.sharing == Sharing::Exclusive;
+    let bound_ms = config
+        .queue
+        .backfill
+        .then(|| u64::try_from(config.queue.backfill_bound.as_millis()).unwrap_or(u64::MAX));
     let mut record = report::Recorder::new(&gpus, name, setting.sharing);
     let mut completions: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut waiting: Vec<Waiting> = Vec::new();
@@ -387,6 +424,7 @@ pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut
                     });
                 }
                 Step::Done(admission) => {
+                    check_bound(&service, &mut record, &waiting, jobs, i, &admission, now, bound_ms)?;
                     done += settle(
                         &mut record,
                         &mut completions,
@@ -431,6 +469,7 @@ pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut
                     Step::Wait => k += 1,
                     Step::Done(admission) => {
                         waiting.remove(k);
+                        check_bound(&service, &mut record, &waiting, jobs, i, &admission, now, bound_ms)?;
                         done += settle(
                             &mut record,
                             &mut completions,
@@ -479,6 +518,43 @@ fn job_error(job: &Job, e: &ServiceError) -> ReplayError {
         line: job.line,
         reason: e.to_string(),
     }
+}
+
+/// Counts an admission of job `admitted` at `now` that passed a waiter which had waited the
+/// backfill bound (`bound_ms`; `None` without backfill, where nothing passes at all) on a GPU
+/// it asked for: what the bound forbids, so that a replay shows it never happens, whatever the
+/// backfill order. A waiter that arrived earlier holds an older ticket.
+#[allow(clippy::too_many_arguments)]
+fn check_bound(
+    service: &Service<'_>,
+    record: &mut report::Recorder,
+    waiting: &[Waiting],
+    jobs: &[Job],
+    admitted: usize,
+    admission: &Admission,
+    now: u64,
+    bound_ms: Option<u64>,
+) -> Result<()> {
+    let (Some(bound_ms), Admission::Admitted { shares, .. }) = (bound_ms, admission) else {
+        return Ok(());
+    };
+    let overdue: Vec<&str> = waiting
+        .iter()
+        .filter(|w| w.job < admitted && now.saturating_sub(jobs[w.job].arrival_ms) >= bound_ms)
+        .map(|w| jobs[w.job].id.as_str())
+        .collect();
+    if overdue.is_empty() {
+        return Ok(());
+    }
+    let ledger = service.state_dir().read().map_err(ServiceError::Ledger)?;
+    if ledger
+        .queue
+        .iter()
+        .any(|t| overdue.contains(&t.container_id.as_str()) && t.shares_gpu_with(shares))
+    {
+        record.passed_past_bound();
+    }
+    Ok(())
 }
 
 /// Records an attempt's end; returns 1 when the job will not run (so it counts as done now).
@@ -594,11 +670,21 @@ pub fn describe(setting: &Setting) -> String {
         .iter()
         .map(|(size, n)| format!("{n}x{}", crate::quantity::format_bytes(*size).replace(' ', "")))
         .collect();
+    let backfill = match config.queue.backfill_order {
+        _ if !config.queue.backfill => String::new(),
+        crate::queue::BackfillOrder::Arrival => " backfill".to_string(),
+        order => format!(" backfill {order}"),
+    };
     format!(
-        "{} {}{}{}",
+        "{} {}{}{}{}",
         gpus.join(","),
         config.placement.strategy.as_str(),
-        if config.queue.backfill { " backfill" } else { "" },
+        backfill,
+        if setting.declared == Declared::Exact {
+            " declared exact"
+        } else {
+            ""
+        },
         if setting.sharing == Sharing::Exclusive {
             " exclusive"
         } else {

@@ -73,6 +73,9 @@ pub struct Outcome {
     pub admitted: usize,
     pub refused: usize,
     pub timed_out: usize,
+    /// Admissions that passed a waiter which had waited the backfill bound on one of its GPUs:
+    /// what the bound forbids (always 0; counted so that a replay shows it).
+    pub passed_past_bound: usize,
     /// No schedule can end sooner: the work (bytes × seconds) over the GPUs' total size, and
     /// the latest arrival plus its job's duration.
     pub lower_bound_s: f64,
@@ -109,6 +112,7 @@ pub(super) struct Recorder {
     admitted: usize,
     refused: usize,
     timed_out: usize,
+    passed_past_bound: usize,
     end_ms: u64,
     order: Vec<usize>,
     timeline: Vec<Sample>,
@@ -131,6 +135,7 @@ impl Recorder {
             admitted: 0,
             refused: 0,
             timed_out: 0,
+            passed_past_bound: 0,
             end_ms: 0,
             order: Vec::new(),
             timeline: Vec::new(),
@@ -174,6 +179,10 @@ impl Recorder {
 
     pub(super) fn refused(&mut self, _job: usize) {
         self.refused += 1;
+    }
+
+    pub(super) fn passed_past_bound(&mut self) {
+        self.passed_past_bound += 1;
     }
 
     pub(super) fn timed_out(&mut self, _job: usize) {
@@ -245,6 +254,7 @@ impl Recorder {
             admitted: self.admitted,
             refused: self.refused,
             timed_out: self.timed_out,
+            passed_past_bound: self.passed_past_bound,
             lower_bound_s: lower_ms / 1000.0,
             ratio: if lower_ms > 0.0 {
                 makespan_ms as f64 / lower_ms

@@ -4,7 +4,9 @@
 //! vramgate quantity: `"6Gi"`, `"25%"`), `duration` (seconds), and optionally `gpus` (as the
 //! `vramgate.dev/gpus` key: `"0"`, `"0,1"`, `"auto"`, `"auto:2"`; default `auto`), `limit` (as
 //! `vramgate.dev/memory-limit`: what the job may use beside what it reserves), `policy`
-//! (`wait` or `reject`), `timeout` (seconds, as `arrival` and `duration`, or `"90s"`) and `id`.
+//! (`wait` or `reject`), `timeout` (seconds, as `arrival` and `duration`, or `"90s"`),
+//! `expected_duration` (what the job declares as `vramgate.dev/expected-duration`, which may
+//! differ from `duration`, how long it really runs; seconds or `"90s"`) and `id`.
 //!
 //! An event log (`events.jsonl`) is turned into jobs container by container: arrival is its
 //! first request event (`admit`, `enqueue`, `refuse`), its size and GPUs are those of its
@@ -45,6 +47,8 @@ pub struct Job {
     pub gpus: String,
     pub policy: Option<String>,
     pub timeout: Option<String>,
+    /// As a container would declare it (`vramgate.dev/expected-duration`).
+    pub expected_duration: Option<String>,
     /// Where it came from, for messages: the line of the job file, or of its first event.
     pub line: usize,
 }
@@ -82,29 +86,32 @@ struct JobLine {
     #[serde(default)]
     policy: Option<String>,
     #[serde(default)]
-    timeout: Option<Timeout>,
+    timeout: Option<SecondsOrText>,
+    #[serde(default)]
+    expected_duration: Option<SecondsOrText>,
     #[serde(default)]
     id: Option<String>,
 }
 
-/// A job's `timeout`: seconds, as `arrival` and `duration` are, or a duration such as `"90s"`.
+/// A job's `timeout` or `expected_duration`: seconds, as `arrival` and `duration` are, or a
+/// duration such as `"90s"`.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Timeout {
+enum SecondsOrText {
     Seconds(f64),
     Text(String),
 }
 
-/// `timeout` as the `vramgate.dev/timeout` key spells it; a number must lie within what that
-/// key accepts (168 h), so that it is refused here, with the value the file gave.
-fn timeout_text(timeout: Timeout) -> Result<String, String> {
-    match timeout {
-        Timeout::Text(text) => Ok(text),
-        Timeout::Seconds(s) => {
+/// `field` as its `vramgate.dev/` key spells it; a number must lie within what that key
+/// accepts (168 h), so that it is refused here, with the value the file gave.
+fn duration_text(field: &str, value: SecondsOrText) -> Result<String, String> {
+    match value {
+        SecondsOrText::Text(text) => Ok(text),
+        SecondsOrText::Seconds(s) => {
             let max = crate::quantity::MAX_DURATION.as_secs();
             if !s.is_finite() || s < 0.0 || s > max as f64 {
                 return Err(format!(
-                    "timeout must be a number of seconds from 0 to {max} (168h) or a duration such as \"90s\", not {s}"
+                    "{field} must be a number of seconds from 0 to {max} (168h) or a duration such as \"90s\", not {s}"
                 ));
             }
             Ok(format!("{}ms", (s * 1000.0).round() as u64))
@@ -143,7 +150,16 @@ pub fn from_job_file(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError>
             duration_ms: seconds_to_ms(job.duration, "duration").map_err(of_job)?,
             gpus: job.gpus.unwrap_or_else(|| "auto".into()),
             policy: job.policy,
-            timeout: job.timeout.map(timeout_text).transpose().map_err(of_job)?,
+            timeout: job
+                .timeout
+                .map(|t| duration_text("timeout", t))
+                .transpose()
+                .map_err(of_job)?,
+            expected_duration: job
+                .expected_duration
+                .map(|d| duration_text("expected_duration", d))
+                .transpose()
+                .map_err(&of_job)?,
             line: line_no,
             id,
         });
@@ -288,6 +304,7 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
             gpus: s.gpus.clone().unwrap_or_else(|| "auto".into()),
             policy: s.queued.then(|| "wait".to_string()),
             timeout: None,
+            expected_duration: None,
             line: s.first_line,
         });
     }

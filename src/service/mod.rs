@@ -515,6 +515,7 @@ impl<'a> Service<'a> {
                 &shares,
                 choose,
                 progress.ticket,
+                req.request.expected_duration.map(|d| d.as_millis() as u64),
                 at.now,
             )
         };
@@ -671,6 +672,7 @@ impl<'a> Service<'a> {
                 deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
                 bundle: req.bundle.map(Path::to_path_buf),
                 choose,
+                expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
                 extra: Default::default(),
             });
             progress.ticket = Some(ticket);

@@ -9,6 +9,7 @@ use super::*;
 use crate::inventory::GpuMemory;
 use crate::procfs::Life;
 use crate::quantity::Quantity;
+use crate::queue::BackfillOrder;
 use crate::request::GpuSelector;
 
 const MI: u64 = 1 << 20;
@@ -147,6 +148,7 @@ fn request(bytes: u64, gpus: &str) -> Request {
         limit_from_nvidia: false,
         policy: None,
         timeout: None,
+        expected_duration: None,
         gpus: GpuSelector::parse_list(crate::request::GPUS_ANNOTATION, gpus).unwrap(),
         notes: vec![],
     }
@@ -1320,4 +1322,140 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
             .contains("its limit is 13.0 GiB, more than the limits on the GPU may ever add up to"),
         "{never}"
     );
+}
+
+/// A 10 GiB GPU held by "a" (6 GiB) and "b" (3 GiB), with "big" (8 GiB), "small" (2 GiB) and
+/// "mid" (3 GiB) queued in that order, `apart` between small and mid; then "b" leaves and 4
+/// GiB are free: small and mid both fit, big does not.
+fn three_waiters_then_4_gib_free<'w>(
+    service: &Service<'w>,
+    w: &'w World,
+    ledger: &mut Ledger,
+    requests: &'w [Request; 3],
+    apart: Duration,
+) -> [Progress; 3] {
+    for (id, n, gib) in [("a", 1, 6), ("b", 2, 3)] {
+        let holder = request(gib * GI, "0");
+        assert!(admitted(
+            &step(
+                service,
+                ledger,
+                &admit_req(id, n, &holder, Policy::Wait),
+                &mut Progress::default()
+            )
+            .0
+        ));
+    }
+    let big = queued(service, ledger, &admit_req("big", 3, &requests[0], Policy::Wait));
+    let small = queued(service, ledger, &admit_req("small", 4, &requests[1], Policy::Wait));
+    w.clock.advance(apart);
+    let mid = queued(service, ledger, &admit_req("mid", 5, &requests[2], Policy::Wait));
+    assert!(ledger.remove_reservation_of("b", None).is_some());
+    [big, small, mid]
+}
+
+fn waiters(small_declares: Option<Duration>, mid_declares: Option<Duration>) -> [Request; 3] {
+    let mut small = request(2 * GI, "0");
+    small.expected_duration = small_declares;
+    let mut mid = request(3 * GI, "0");
+    mid.expected_duration = mid_declares;
+    [request(8 * GI, "0"), small, mid]
+}
+
+#[test]
+fn backfill_order_largest_lets_the_largest_waiter_that_fits_in_first() {
+    for (order, first) in [(BackfillOrder::Arrival, "small"), (BackfillOrder::Largest, "mid")] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.backfill = true;
+        w.config.queue.backfill_order = order;
+        let service = w.service();
+        let mut ledger = Ledger::default();
+        let requests = waiters(None, None);
+        let [_, mut small, mut mid] =
+            three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(1));
+        // Waiters race for the lock: the smaller, older one tries first.
+        let (s, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 4, &requests[1], Policy::Wait),
+            &mut small,
+        );
+        let (m, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("mid", 5, &requests[2], Policy::Wait),
+            &mut mid,
+        );
+        let admitted_ids: Vec<&str> = ledger.reservations.iter().map(|r| r.container_id.as_str()).collect();
+        assert_eq!(admitted_ids, ["a", first], "{order}");
+        assert_eq!(admitted(&s), first == "small", "{order}");
+        assert_eq!(admitted(&m), first == "mid", "{order}");
+    }
+}
+
+#[test]
+fn backfill_order_longest_orders_by_the_declared_duration() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_order = BackfillOrder::Longest;
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let requests = waiters(Some(Duration::from_secs(600)), Some(Duration::from_secs(60)));
+    let [_, mut small, mut mid] =
+        three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(1));
+    assert_eq!(
+        ledger.queue[1].expected_ms,
+        Some(600_000),
+        "the ticket keeps what was declared"
+    );
+    let (m, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("mid", 5, &requests[2], Policy::Wait),
+        &mut mid,
+    );
+    assert!(matches!(m, Ok(Step::Wait)), "the longer small job goes first");
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("small", 4, &requests[1], Policy::Wait),
+        &mut small,
+    );
+    assert!(admitted(&s));
+}
+
+#[test]
+fn no_backfill_order_passes_a_waiter_that_has_waited_the_bound() {
+    for order in [BackfillOrder::Largest, BackfillOrder::Longest] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.backfill = true;
+        w.config.queue.backfill_bound = Duration::from_secs(30);
+        w.config.queue.backfill_order = order;
+        let service = w.service();
+        let mut ledger = Ledger::default();
+        // mid is larger and declares longer, but small has waited the bound when room frees.
+        let requests = waiters(Some(Duration::from_secs(1)), Some(Duration::from_secs(600)));
+        let [_, mut small, mut mid] =
+            three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(20));
+        w.clock.advance(Duration::from_secs(11));
+        // big, past the bound too, would hold both back: it gives up.
+        assert_eq!(ledger.remove_tickets_of("big", None).len(), 1);
+        let (m, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("mid", 5, &requests[2], Policy::Wait),
+            &mut mid,
+        );
+        assert!(
+            matches!(m, Ok(Step::Wait)),
+            "{order}: mid may not pass small, 31 s in line"
+        );
+        let (s, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 4, &requests[1], Policy::Wait),
+            &mut small,
+        );
+        assert!(admitted(&s), "{order}: past the bound small defers to no one");
+    }
 }
