@@ -199,6 +199,8 @@ pub fn ledger(data: &[u8]) {
         headroom: Quantity::PartsPerMillion(50_000),
         backfill: true,
         backfill_bound: std::time::Duration::from_secs(30),
+        // Not arrival: a decision then also weighs every other waiter on hostile tickets.
+        backfill_order: vramgate::queue::BackfillOrder::Longest,
         strategy: vramgate::placement::Strategy::BestFit,
         limit_overcommit_ppm: 0,
     };
@@ -219,6 +221,7 @@ pub fn ledger(data: &[u8]) {
         &rules,
         &every,
         Some(1),
+        None,
         None,
         Stamp::wall(0),
     );
@@ -242,6 +245,7 @@ pub fn ledger(data: &[u8]) {
             &share,
             None,
             ticket,
+            Some(u64::MAX),
             Stamp {
                 unix_ms: u64::MAX,
                 boot_ms: Some(u64::MAX),
@@ -255,6 +259,7 @@ pub fn ledger(data: &[u8]) {
             &share,
             None,
             None,
+            Some(0),
             Stamp::wall(0),
         );
     }

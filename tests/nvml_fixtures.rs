@@ -30,6 +30,7 @@ fn rules() -> Rules {
         headroom: Quantity::Bytes(0),
         backfill: false,
         backfill_bound: Duration::from_secs(30),
+        backfill_order: vramgate::queue::BackfillOrder::Arrival,
         strategy: vramgate::placement::Strategy::BestFit,
         limit_overcommit_ppm: 0,
     }
@@ -53,6 +54,7 @@ fn decide(
         shares,
         None,
         ticket,
+        None,
         vramgate::clock::Stamp::wall(now_unix_ms),
     )
 }
