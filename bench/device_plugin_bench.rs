@@ -33,6 +33,7 @@ fn reservation(id: String, gpu: usize, init: ProcessIdentity) -> Reservation {
         gpus: vec![GpuShare {
             uuid: uuid(gpu),
             bytes: GIB,
+            limit: None,
         }],
         init,
         created_unix_ms: 1,

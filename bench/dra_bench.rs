@@ -294,6 +294,7 @@ fn main() {
                 gpus: vec![GpuShare {
                     uuid: gpu0_uuid.clone(),
                     bytes: GIB,
+                    limit: None,
                 }],
                 init,
                 created_unix_ms: 1,

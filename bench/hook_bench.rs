@@ -93,6 +93,7 @@ fn latency(args: &[String]) {
             gpus: vec![GpuShare {
                 uuid: "GPU-bench".into(),
                 bytes: 1 << 30,
+                limit: None,
             }],
             init: ids[n % ids.len()],
             created_unix_ms: vramgate::ledger::now_unix_ms(),

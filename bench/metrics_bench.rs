@@ -90,6 +90,7 @@ fn main() {
             gpus: vec![GpuShare {
                 uuid: uuid(n),
                 bytes: 1 << 30,
+                limit: None,
             }],
             init: ids[n % ids.len()],
             created_unix_ms: now,
@@ -108,6 +109,7 @@ fn main() {
             gpus: vec![GpuShare {
                 uuid: uuid(n),
                 bytes: 40 << 30,
+                limit: None,
             }],
             waiter: ids[n % ids.len()],
             enqueued_unix_ms: now,

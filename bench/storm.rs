@@ -160,6 +160,7 @@ fn run_big_ledger(live: usize, samples: usize) {
                 gpus: vec![GpuShare {
                     uuid: "GPU-storm".into(),
                     bytes: 1 << 30,
+                    limit: None,
                 }],
                 init: identity,
                 created_unix_ms: vramgate::ledger::now_unix_ms(),
