@@ -99,6 +99,8 @@ pub enum RequestError {
         value: String,
         reason: String,
     },
+    #[error("{source_name} = {value:?} is a limit without a request: a limit bounds what the container may use beyond the memory it reserves; set vramgate.dev/memory (or VRAMGATE_MEMORY) as well, or remove the limit")]
+    LimitWithoutRequest { source_name: String, value: String },
     #[error("the container requests VRAM ({memory}) but names no GPU: set NVIDIA_VISIBLE_DEVICES, pass an NVIDIA device, or set the annotation vramgate.dev/gpus")]
     NoGpu { memory: String },
     #[error("{source_name} = {value:?} names GPU {device:?}, which this host does not have (it has {available})")]
@@ -280,9 +282,13 @@ pub fn pod_role(spec: &SpecView) -> PodRole {
 /// and the one place that decides which containers of a pod have a request (see the module
 /// documentation): the hook admits, and the runtime wrapper adds hooks, only where it is true.
 pub fn has_request(spec: &SpecView) -> bool {
-    // NVIDIA's variables and KAI's annotations name this container: its own request.
-    let own = spec.env(MEMORY_ENV).is_some() || nvidia_sources(spec).next().is_some();
-    let annotated = spec.annotations.contains_key(MEMORY_ANNOTATION);
+    // NVIDIA's variables and KAI's annotations name this container: its own request. A limit
+    // alone is read too, to be refused: a container must not believe itself bounded and held
+    // to a reservation when it has none.
+    let own =
+        spec.env(MEMORY_ENV).is_some() || spec.env(MEMORY_LIMIT_ENV).is_some() || nvidia_sources(spec).next().is_some();
+    let annotated =
+        spec.annotations.contains_key(MEMORY_ANNOTATION) || spec.annotations.contains_key(MEMORY_LIMIT_ANNOTATION);
     match pod_role(spec) {
         PodRole::NotInPod => annotated || own,
         PodRole::Sandbox => false,
@@ -341,7 +347,15 @@ impl Request {
         let quoted = |source: &str, value: &str| format!("{source} = {:?}", value.chars().take(80).collect::<String>());
         // (amount, where it came from, from NVIDIA alone) for the request and for the limit.
         let (memory, memory_source, memory_value, limit) = match (own, nvidia) {
-            (None, None) => return Ok(None),
+            (None, None) => {
+                return match own_limit {
+                    Some((source, value, _)) => Err(RequestError::LimitWithoutRequest {
+                        source_name: source.to_string(),
+                        value: value.chars().take(80).collect(),
+                    }),
+                    None => Ok(None),
+                }
+            }
             (None, Some(n)) => {
                 let limit = match own_limit {
                     // vramgate's limit beside NVIDIA's pair: the same limit, or refused.

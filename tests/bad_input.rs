@@ -127,6 +127,10 @@ const SPEC_MESSAGES: &[(&str, &str)] = &[
         "expected-duration-malformed.json",
         "vramgate.dev/expected-duration = \"a while\"",
     ),
+    (
+        "limit-without-request.json",
+        "vramgate.dev/memory-limit = \"4Gi\" is a limit without a request",
+    ),
     ("policy-unknown.json", "vramgate.dev/policy = \"sometimes\""),
     ("timeout-malformed.json", "vramgate.dev/timeout = \"forever\""),
     (
