@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use crate::clock::SystemClock;
 use crate::config::{Config, ConfigError, LimitMechanism, OnStateError};
-use crate::enforce::driver_limit::{container_cgroup, whole_gpus, CGROUP_V2_ROOT};
-use crate::enforce::lifecycle;
+use crate::enforce::hook_only::{self, HookOnlyError};
 use crate::inventory::{self, InventoryError};
 use crate::ledger::{LedgerError, StateDir};
 use crate::procfs::{ProcLiveness, ProcessIdentity};
@@ -69,15 +68,9 @@ pub enum HookError {
     /// A failed attempt whose queue ticket could not be removed: refused, never failed open.
     #[error("{0}")]
     TicketStands(ServiceError),
-    #[error("container {container}: cannot set its GPU memory limit ([enforce] limit = \"driver\"): {source}")]
-    Enforce {
-        container: String,
-        source: crate::enforce::EnforceError,
-    },
-    #[error("container {container}: its device rule \"{rule}\" lets it open the nodes of GPUs it holds no reservation on (a container with CAP_MKNOD can make them); drop the rule or --privileged (name the devices it needs instead), reserve on every GPU it can reach, or start it through vramgate-runtime, which narrows a rule over NVIDIA's devices to the reserved GPUs")]
-    DeviceRuleReachesOtherGpus { container: String, rule: String },
-    #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); ask for the memory with VRAMGATE_MEMORY instead, or start the container through vramgate-runtime, which admits it on them and then removes them")]
-    ToolkitConflict { container: String, variables: String },
+    /// Refused by the hook's own enforcement ([`crate::enforce::hook_only`]).
+    #[error("{0}")]
+    HookOnly(HookOnlyError),
 }
 
 impl From<ServiceError> for HookError {
@@ -87,6 +80,15 @@ impl From<ServiceError> for HookError {
             ServiceError::Inventory(e) => HookError::Inventory(e),
             ServiceError::Request { container, source } => HookError::Request { container, source },
             e @ ServiceError::TicketStands { .. } => HookError::TicketStands(e),
+        }
+    }
+}
+
+impl From<HookOnlyError> for HookError {
+    fn from(e: HookOnlyError) -> HookError {
+        match e {
+            HookOnlyError::Service(e) => e.into(),
+            e => HookError::HookOnly(e),
         }
     }
 }
@@ -134,7 +136,8 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
                 return Ok(Outcome::Released { found: false });
             };
             // Before the capability goes: clearing the driver limit needs it, as setting did.
-            end_driver_limit(&state, &dir, &config);
+            let library = Path::new(&config.inventory.nvml_library);
+            hook_only::end_driver_limit(&dir, library, runtime_root().as_deref(), &state.id, &state.bundle);
             forgo_driver_limit();
             release(&state, dir, &config)
         }
@@ -184,6 +187,12 @@ fn forgo_driver_limit() {
     let _ = crate::privilege::forgo_driver_limit();
 }
 
+/// The `--root` of the runtime that runs this hook (its parent): what the driver limit's
+/// record is keyed by, as the wrapper's `delete` sees it.
+fn runtime_root() -> Option<PathBuf> {
+    crate::runtime::argv::runtime_root_of(nix::unistd::getppid().as_raw() as u32)
+}
+
 /// Releases the container's reservation (and any ticket it still holds). Idempotent, and a
 /// container vramgate never saw is no error. Decided from the ledger, not from the bundle's
 /// spec: a spec rewritten after create must not leave a reservation behind.
@@ -195,23 +204,6 @@ fn release(state: &ContainerState, dir: StateDir, config: &Config) -> Result<Out
     Ok(Outcome::Released {
         found: released.reservation.is_some(),
     })
-}
-
-/// Poststop: clears the driver limit this container's createRuntime recorded, if any (see
-/// [`crate::enforce::lifecycle`]: under the wrapper, its `delete` cleared it already and
-/// removed the record). runc has removed the cgroup by now, so this is the best the hook
-/// alone can do. A failure is in the event log and never fails the stop: the container is
-/// gone either way, and a failing poststop would fail the runtime's `delete`.
-fn end_driver_limit(state: &ContainerState, dir: &StateDir, config: &Config) {
-    let runtime_root = crate::runtime::argv::runtime_root_of(nix::unistd::getppid().as_raw() as u32);
-    let _ = lifecycle::end_driver_limit(
-        dir,
-        Path::new(&config.inventory.nvml_library),
-        runtime_root.as_deref(),
-        &state.id,
-        Some(&state.bundle),
-        lifecycle::EndedBy::Poststop,
-    );
 }
 
 /// Where vramgate-runtime records, in the spec, what holds the container to its reservation
@@ -247,39 +239,7 @@ fn admit(
     let budget = options.hook_timeout.map(|t| t.saturating_sub(HOOK_TIMEOUT_MARGIN));
     let wait_for = service::wait_for(request, config, budget);
     let driver = config.enforce.limit == LimitMechanism::Driver;
-    if driver {
-        // Refused before anything is reserved: NVIDIA's hook would set its own limit later.
-        if let Some(conflict) = crate::enforce::toolkit::conflicting_request(spec.env_entries()) {
-            return Err(HookError::ToolkitConflict {
-                container: container.to_string(),
-                variables: conflict,
-            });
-        }
-    }
-    // The hook alone cannot narrow the spec (runc has read it): a rule that opens other GPUs'
-    // nodes is refused, one over every device before anything is reserved or waited for.
-    // `vramgate.dev/gpus=all` reserves on every GPU it could reach.
-    let holds_every_gpu = request.gpus.selection == request::GpuSelection::All && request.gpus.within.is_none();
-    let reaching = |kept: &[u32]| {
-        let rule = crate::device_rules::reaching_other_gpus(spec.device_rules(), kept)?;
-        Some(HookError::DeviceRuleReachesOtherGpus {
-            container: container.to_string(),
-            rule: rule.describe(),
-        })
-    };
-    if !holds_every_gpu {
-        let every = spec
-            .device_rules()
-            .iter()
-            .map(crate::device_rules::DeviceRule)
-            .find(crate::device_rules::DeviceRule::opens_every_char_major);
-        if let Some(rule) = every {
-            return Err(HookError::DeviceRuleReachesOtherGpus {
-                container: container.to_string(),
-                rule: rule.describe(),
-            });
-        }
-    }
+    hook_only::refuse_before_admission(container, spec, request, driver)?;
     let dir = StateDir::open_or_create(&config.state_dir)?;
     let inventory = inventory::OpenOnUse::new(config);
     let service = Service::new(dir, &inventory, &SystemClock, &ProcLiveness, config);
@@ -296,6 +256,20 @@ fn admit(
         pending: false,
         enforcement,
     })?;
+    let hold = |shares: &[crate::ledger::GpuShare]| {
+        if !driver {
+            return Ok(());
+        }
+        hook_only::driver_limit(
+            &service,
+            container,
+            &state.bundle,
+            runtime_root,
+            init.pid,
+            shares,
+            config,
+        )
+    };
     match admission {
         // Admitted here (the hook alone, podman's and CRI-O's hooks.d) or by vramgate-runtime at
         // create and now bound to the init: either way the driver limit is set now, when the
@@ -303,103 +277,15 @@ fn admit(
         Admission::Admitted {
             waited, shares, gpus, ..
         } => {
-            let kept: Vec<u32> = gpus.iter().filter_map(|g| g.minor).collect();
-            if let Some(e) = reaching(&kept).filter(|_| !holds_every_gpu) {
-                let _ = service.release(container, Some(&state.bundle), "a device rule reaches other GPUs");
-                return Err(e);
-            }
-            if driver {
-                driver_limit(&service, state, init.pid, &shares, config)?;
-            }
+            hook_only::refuse_reaching(&service, container, &state.bundle, spec, request, &gpus)?;
+            hold(&shares)?;
             Ok(Outcome::Admitted { waited })
         }
         Admission::Confirmed { shares } => {
-            if driver {
-                driver_limit(&service, state, init.pid, &shares, config)?;
-            }
+            hold(&shares)?;
             Ok(Outcome::Confirmed)
         }
         Admission::AlreadyAdmitted => Ok(Outcome::AlreadyAdmitted),
         Admission::Refused(refusal) => Err(HookError::Refused(refusal)),
-    }
-}
-
-/// `[enforce] limit = "driver"`: the container's cgroup gets its reservation as the driver's
-/// limit on each GPU, now that its init exists, and the ledger records the tier (an `enforce`
-/// event says where). A failure refuses the container and gives its reservation back, unless
-/// the config says fail-open (then it starts without the limit, and the event log says why).
-fn driver_limit(
-    service: &Service,
-    state: &ContainerState,
-    init_pid: u32,
-    shares: &[crate::ledger::GpuShare],
-    config: &Config,
-) -> Result<(), HookError> {
-    let placed: Vec<crate::enforce::PlacedShare> = shares
-        .iter()
-        .map(|s| crate::enforce::PlacedShare {
-            uuid: s.uuid.clone(),
-            index: 0,
-            // The driver takes no MIG handle; a MIG device's memory is its own already.
-            mig_index: s.uuid.starts_with("MIG-").then_some(0),
-            bytes: s.bytes,
-            limit: s.limit_bytes(),
-            total: 0,
-        })
-        .collect();
-    let library = Path::new(&config.inventory.nvml_library);
-    let set = || -> Result<Vec<crate::enforce::AppliedLimit>, crate::enforce::EnforceError> {
-        let gpus: Vec<String> = whole_gpus(&placed).iter().map(|s| s.uuid.clone()).collect();
-        if gpus.is_empty() {
-            return Ok(Vec::new());
-        }
-        let record = lifecycle::LimitRecord {
-            container_id: state.id.clone(),
-            // What the wrapper's `delete` finds the record by: the root of the runtime that
-            // runs this hook, its parent.
-            runtime_root: crate::runtime::argv::runtime_root_of(nix::unistd::getppid().as_raw() as u32),
-            bundle: Some(state.bundle.clone()),
-            cgroup: container_cgroup(init_pid, Path::new("/proc"), Path::new(CGROUP_V2_ROOT))?,
-            gpus,
-        };
-        lifecycle::set_and_record(service.state_dir(), library, &record, &placed)
-    };
-    match set() {
-        Ok(applied) if applied.is_empty() => Ok(()),
-        Ok(applied) => {
-            let detail = applied
-                .iter()
-                .map(|a| {
-                    format!(
-                        "driver limit {} bytes on {} for cgroup {}",
-                        a.hard,
-                        a.uuid,
-                        a.cgroup.display()
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            service.set_enforcement(
-                &state.id,
-                Some(&state.bundle),
-                crate::enforce::Tier::DriverLimit,
-                &detail,
-            )?;
-            Ok(())
-        }
-        Err(source) => {
-            let e = HookError::Enforce {
-                container: state.id.clone(),
-                source,
-            };
-            if config.on_state_error == OnStateError::FailOpen {
-                service::log_fail_open(config, &SystemClock, &state.id, &e.to_string());
-                return Ok(());
-            }
-            // Refused: the memory it reserved goes back now, not when a reclaim finds its
-            // init gone.
-            let _ = service.release(&state.id, Some(&state.bundle), "driver limit not set");
-            Err(e)
-        }
     }
 }

@@ -13,8 +13,9 @@
 //! | [`Tier::Guardrails`] | the wrapper writes env ([`guardrails`]) | TensorFlow and JAX allocators, in the container |
 //!
 //! The wrapper calls [`spec_edits`] (pure) and [`apply_spec_edits`] (the JSON tree) at
-//! `create`, once the container is placed; the hook sets the driver limit at createRuntime when
-//! the limit is `driver`, and the limit is cleared when the container ends ([`lifecycle`]).
+//! `create`, once the container is placed; the hook ([`hook_only`]) sets the driver limit at
+//! createRuntime when the limit is `driver`, and the limit is cleared when the container ends
+//! ([`lifecycle`]).
 //!
 //! One limit per cgroup, whatever the node's toolkit has. Under `toolkit`, vramgate makes no
 //! NVML call: NVIDIA's `apply-cuda-memory-limits` CDI hook applies the values the wrapper
@@ -29,6 +30,7 @@
 pub mod apply;
 pub mod driver_limit;
 pub mod guardrails;
+pub mod hook_only;
 pub mod lifecycle;
 pub mod mps;
 pub mod over_use;

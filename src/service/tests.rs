@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::*;
-use crate::inventory::GpuMemory;
+use crate::inventory::{GpuMemory, Snapshot};
 use crate::procfs::Life;
 use crate::quantity::Quantity;
 use crate::queue::BackfillOrder;

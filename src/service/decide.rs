@@ -1,0 +1,275 @@
+//! The admission rule on the GPUs' numbers, and carrying its decision out on the ledger:
+//! reserve, refuse, or queue.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::attempt::{At, Step};
+use super::queue::Progress;
+use super::{Admission, AdmitRequest, Refusal, Result, Service, ServiceError, Shortage};
+use crate::admission::{self, Decision};
+use crate::attribution;
+use crate::config::Policy;
+use crate::events::{Event, Kind};
+use crate::inventory::Snapshot;
+use crate::ledger::{GpuShare, Ledger, Reclaimed, Reservation, Ticket};
+use crate::procfs;
+use crate::quantity::format_duration;
+use crate::request::{Request, RequestError};
+
+/// What the admission rule concluded, with what it concluded it from.
+pub(super) struct Decided {
+    decision: Decision,
+    snapshot: Snapshot,
+    shares: Vec<GpuShare>,
+    choose: Option<u32>,
+}
+
+impl Service<'_> {
+    /// The admission rule on the GPUs' numbers now (see [`crate::admission`]).
+    pub(super) fn decide(
+        &self,
+        ledger: &mut Ledger,
+        checked_all: bool,
+        reclaimed: &mut Reclaimed,
+        req: &AdmitRequest,
+        progress: &Progress,
+        at: At,
+    ) -> Result<Decided> {
+        // Process lists matter only where live reservations are (to count what those
+        // containers already allocated); everywhere else the driver's free memory says it all.
+        let snapshot = self
+            .inventory
+            .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
+        let (mut shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
+        // A hook of a release without limits waits and will read what this writes: the limit
+        // is decided on and reserved whole, as that release would (see ledger/compat.rs), so
+        // the rewrite that leaves limits out of the file cannot fill a GPU past its memory.
+        if shares.iter().any(|s| s.limit.is_some()) && crate::ledger::limits_must_be_reserved(ledger) {
+            for share in &mut shares {
+                *share = GpuShare::new(std::mem::take(&mut share.uuid), share.limit_bytes(), 0);
+            }
+        }
+        let decide = |ledger: &Ledger| {
+            let usage = self.cgroup_usage(ledger);
+            let allocated =
+                attribution::attribute_measured(ledger, &snapshot.processes, procfs::pid_namespace, usage).allocated;
+            admission::decide(
+                ledger,
+                &snapshot,
+                &allocated,
+                &self.rules,
+                &shares,
+                choose,
+                progress.ticket,
+                req.request.expected_duration.map(|d| d.as_millis() as u64),
+                at.now,
+            )
+        };
+        let mut decision = decide(ledger);
+        if matches!(decision, Decision::NoRoom { .. }) && !checked_all {
+            // Only part of a large ledger was checked; before anyone is refused or queued for
+            // lack of room, every reservation is. Reclaiming only adds room, so a request
+            // admitted without this would be admitted with it too.
+            reclaimed.extend(ledger.reclaim_all(self.liveness));
+            decision = decide(ledger);
+        }
+        Ok(Decided {
+            decision,
+            snapshot,
+            shares,
+            choose,
+        })
+    }
+
+    /// Carries a decision out on the ledger: reserve, refuse, or queue (the ticket is taken
+    /// at the first wait and kept by later ones).
+    pub(super) fn apply(
+        &self,
+        ledger: &mut Ledger,
+        decided: Decided,
+        req: &AdmitRequest,
+        progress: &mut Progress,
+        log: &mut Vec<Event>,
+        at: At,
+    ) -> Step {
+        let id = req.container;
+        let Decided {
+            decision,
+            snapshot,
+            shares,
+            choose,
+        } = decided;
+        let refuse = |ledger: &mut Ledger, log: &mut Vec<Event>, kind: Kind, refusal: Refusal| {
+            log.push(self.event(kind, id, &shares, refusal.to_string()));
+            if kind == Kind::Timeout {
+                ledger.counters.record_timeout();
+            } else {
+                ledger.counters.record_refuse();
+            }
+            Step::Done(Admission::Refused(refusal))
+        };
+        let shortage = match decision {
+            Decision::Admit {
+                shares: chosen,
+                placement,
+            } => {
+                let queued = progress.ticket.is_some();
+                let waited = if queued { at.waited } else { Duration::ZERO };
+                ledger.reservations.push(Reservation {
+                    container_id: id.to_string(),
+                    gpus: chosen.clone(),
+                    init: req.init,
+                    created_unix_ms: at.now.unix_ms,
+                    waited_ms: waited.as_millis() as u64,
+                    bundle: req.bundle.map(Path::to_path_buf),
+                    pending: req.pending,
+                    // Only a confirmation takes the spec's word (see AdmitRequest::enforcement).
+                    enforcement: None,
+                    extra: Default::default(),
+                });
+                let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
+                let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);
+                if let Some(limit) = req.request.limit {
+                    detail += &format!(", limit {limit} from {}", req.request.limit_source);
+                }
+                if queued {
+                    detail += &format!(", after waiting {}", format_duration(waited));
+                }
+                if let Some(placement) = &placement {
+                    detail += &format!("; placed {}", placement.describe());
+                }
+                let mut event = self.event(kind, id, &chosen, detail);
+                event.placement = placement.clone();
+                log.push(event);
+                for note in &req.request.notes {
+                    log.push(self.event(Kind::Note, id, &[], note.clone()));
+                }
+                ledger.counters.record_admit(queued.then_some(waited));
+                let gpus = chosen
+                    .iter()
+                    .filter_map(|s| snapshot.by_uuid(&s.uuid).cloned())
+                    .collect();
+                return Step::Done(Admission::Admitted {
+                    waited,
+                    queued,
+                    shares: chosen,
+                    gpus,
+                    placement,
+                });
+            }
+            Decision::Never {
+                request,
+                account,
+                among,
+                bound,
+            } => {
+                let refusal = Refusal::NeverFits {
+                    container: id.to_string(),
+                    request,
+                    account,
+                    among,
+                    bound,
+                };
+                return refuse(ledger, log, Kind::Refuse, refusal);
+            }
+            Decision::NoRoom {
+                request,
+                account,
+                among,
+                bound,
+            } => Shortage::Memory {
+                request,
+                account,
+                among,
+                bound,
+            },
+            Decision::Queued { ahead } => Shortage::Queue { ahead },
+        };
+        let position = match shortage {
+            Shortage::Queue { ahead } => ahead + 1,
+            Shortage::Memory { .. } => crate::queue::position(ledger, progress.ticket, &shares),
+        };
+        progress.last = Some((shortage.clone(), position));
+        if req.policy == Policy::Reject {
+            let refusal = Refusal::NoRoom {
+                container: id.to_string(),
+                shortage,
+            };
+            return refuse(ledger, log, Kind::Refuse, refusal);
+        }
+        if at.waited >= req.wait_for {
+            let refusal = Refusal::TimedOut {
+                container: id.to_string(),
+                waited: at.waited,
+                position,
+                shortage,
+            };
+            return refuse(ledger, log, Kind::Timeout, refusal);
+        }
+        if progress.ticket.is_none() {
+            let now = at.now.unix_ms;
+            let ticket = ledger.enqueue(Ticket {
+                ticket: 0,
+                container_id: id.to_string(),
+                gpus: shares.clone(),
+                waiter: req.waiter,
+                enqueued_unix_ms: now,
+                enqueued_boot_ms: at.now.boot_ms,
+                deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
+                bundle: req.bundle.map(Path::to_path_buf),
+                choose,
+                expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
+                extra: Default::default(),
+            });
+            progress.ticket = Some(ticket);
+            log.push(self.event(
+                Kind::Enqueue,
+                id,
+                &shares,
+                format!("ticket {ticket}, number {position}: {shortage}"),
+            ));
+        }
+        Step::Wait
+    }
+}
+
+/// The memory each GPU share asks for on this host, resolved against the inventory. For a
+/// placement (only when `placing`: the runtime wrapper at create), the shares are the
+/// candidates and the count is how many to choose.
+fn shares_for(
+    request: &Request,
+    snapshot: &Snapshot,
+    container: &str,
+    placing: bool,
+) -> Result<(Vec<GpuShare>, Option<u32>)> {
+    let request_error = |source| ServiceError::Request {
+        container: container.to_string(),
+        source,
+    };
+    let (uuids, choose) = match request.gpus.candidates(snapshot) {
+        Some(_) if !placing => {
+            // resolve() says why a placement cannot be made here.
+            return Err(request_error(request.gpus.resolve(snapshot).expect_err("a placement")));
+        }
+        Some(found) => {
+            let (count, uuids) = found.map_err(request_error)?;
+            (uuids, Some(count))
+        }
+        None => (request.gpus.resolve(snapshot).map_err(request_error)?, None),
+    };
+    if uuids.is_empty() {
+        return Err(request_error(RequestError::NoGpu {
+            memory: request.memory.to_string(),
+        }));
+    }
+    let shares = uuids
+        .into_iter()
+        .map(|uuid| {
+            let total = snapshot.by_uuid(&uuid).map(|g| g.total).unwrap_or(0);
+            let limit = request.limit_on(total).map_err(request_error)?;
+            Ok(GpuShare::new(uuid, request.memory.bytes_on(total), limit))
+        })
+        .collect::<Result<_>>()?;
+    Ok((shares, choose))
+}
