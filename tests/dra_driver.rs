@@ -818,9 +818,19 @@ fn gpu_memory_config(limit: &str) -> serde_json::Value {
 /// kube-apiserver validates it; unprepare leaves it.
 #[test]
 fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_prepare() {
+    // The node's toolkit, whose CDI spec carries its memory-limit hook: the toolkit tier is
+    // the node's only where it does.
+    let toolkit_cdi = tempfile::tempdir().unwrap();
+    let hook_spec = serde_json::json!({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0",
+        "containerEdits": {"hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+        "args": ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--gpu-id", "GPU-0"]}]}}]});
+    std::fs::write(toolkit_cdi.path().join("nvidia.json"), hook_spec.to_string()).unwrap();
     let (dir, tb) = runc_testbed(
         "vramgate-dra-status",
-        &format!("{GPUS}[enforce]\nlimit = \"toolkit\"\n"),
+        &format!(
+            "{GPUS}[enforce]\nlimit = \"toolkit\"\ncdi_spec_dirs = [{:?}]\n",
+            toolkit_cdi.path().display().to_string()
+        ),
     );
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
