@@ -137,7 +137,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut client = DevicePluginClient::new(rt.block_on(vramgate::deviceplugin::server::connect(socket)).unwrap());
+    let mut client = DevicePluginClient::new(rt.block_on(vramgate::kubelet::connect(socket)).unwrap());
     let grant: Vec<String> = (0..4).map(|n| format!("{}/{n}", uuid(3))).collect();
     let mut allocate = Vec::new();
     let mut prefer = Vec::new();

@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn the_startup_timeout_defaults_to_the_watchdogs_allowance() {
-        use crate::deviceplugin::watchdog::DEFAULT_STARTUP_TIMEOUT;
+        use crate::kubelet::watchdog::DEFAULT_STARTUP_TIMEOUT;
         let plugin = DevicePluginCli::try_parse_from(["vramgate-device-plugin"]).unwrap();
         let driver = DraCli::try_parse_from(["vramgate-dra", "--node-name", "n"]).unwrap();
         for value in [plugin.startup_timeout, driver.startup_timeout] {

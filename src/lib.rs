@@ -23,6 +23,10 @@ pub mod enforce;
 pub mod events;
 pub mod hook;
 pub mod inventory;
+// What the two kubelet plugins share (sockets, the view thread, its watchdog), behind the
+// same feature as the device plugin, which the DRA driver's feature includes.
+#[cfg(feature = "device-plugin")]
+pub mod kubelet;
 pub mod ledger;
 pub mod metrics;
 pub mod placement;

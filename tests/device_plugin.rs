@@ -111,7 +111,7 @@ impl PluginClient {
             .build()
             .unwrap();
         let channel = rt
-            .block_on(vramgate::deviceplugin::server::connect(socket.to_path_buf()))
+            .block_on(vramgate::kubelet::connect(socket.to_path_buf()))
             .unwrap_or_else(|e| panic!("connecting to {}: {e}", socket.display()));
         PluginClient {
             rt,
@@ -343,7 +343,7 @@ fn registers_lists_places_allocates_and_follows_kubelet_and_the_node() {
     // limit every unit is unhealthy, and the next view that completes brings them back.
     let hung = Instant::now();
     let config = HungConfig::hang(&bed.config_path);
-    let limit = vramgate::deviceplugin::watchdog::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
+    let limit = vramgate::kubelet::watchdog::stale_after(vramgate::deviceplugin::DEFAULT_POLL_INTERVAL);
     let seen = watch.until("every unit unhealthy while the view hangs", limit + SEEN_WITHIN, |l| {
         healthy(l, GPU0) + healthy(l, GPU1) == 0
     });
@@ -478,7 +478,7 @@ fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_registered() {
         &bed.config_path,
         &["--poll-interval", "100ms", "--startup-timeout", "20s"],
     );
-    let steady = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let steady = vramgate::kubelet::watchdog::stale_after(Duration::from_millis(100));
     let late = steady * 2;
     std::thread::sleep(late);
     assert!(

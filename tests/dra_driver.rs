@@ -496,7 +496,7 @@ fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_published() {
     vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
     let config = HungConfig::hang(&tb.config_path);
     config.serve_one_read();
-    let steady = vramgate::deviceplugin::watchdog::stale_after(Duration::from_millis(100));
+    let steady = vramgate::kubelet::watchdog::stale_after(Duration::from_millis(100));
     let mut driver = Driver::spawn(
         &tb.dir,
         &tb.config_path,

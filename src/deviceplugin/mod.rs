@@ -30,7 +30,7 @@
 //! a static inventory's `used_outside` is in the config) and at least every poll interval
 //! (memory used outside vramgate on an NVML host shows only there), and streamed to kubelet
 //! at once when it changed. A refresh that has not returned for
-//! [`watchdog::stale_after`] the poll interval makes every unit unhealthy until one does.
+//! [`crate::kubelet::watchdog::stale_after`] the poll interval makes every unit unhealthy until one does.
 //!
 //! **Telling the plugin's containers apart.** `Allocate` gives each container the env
 //! [`DEVICE_IDS_ENV`] with the IDs it was granted. A reservation in the ledger is this
@@ -74,7 +74,6 @@ pub mod refresh;
 pub mod server;
 pub mod unit;
 pub mod view;
-pub mod watchdog;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -128,15 +127,26 @@ pub enum DevicePluginError {
     },
     #[error("state directory {path} does not exist: run the plugin where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
     NoStateDir { path: PathBuf },
-    #[error("cannot watch {path} for changes: {source}")]
-    Watch { path: PathBuf, source: nix::Error },
+    #[error(transparent)]
+    Watch(#[from] crate::kubelet::WatchError),
     #[error("cannot start the device plugin's async runtime: {0}")]
     Runtime(std::io::Error),
     #[error(transparent)]
-    FirstView(#[from] watchdog::FirstViewError),
+    FirstView(#[from] crate::kubelet::watchdog::FirstViewError),
 }
 
 pub type Result<T> = std::result::Result<T, DevicePluginError>;
+
+impl From<crate::kubelet::views::StartError<DevicePluginError>> for DevicePluginError {
+    fn from(e: crate::kubelet::views::StartError<DevicePluginError>) -> Self {
+        use crate::kubelet::views::StartError;
+        match e {
+            StartError::Open(e) => e,
+            StartError::Thread(e) => DevicePluginError::Runtime(e),
+            StartError::FirstView(e) => DevicePluginError::FirstView(e),
+        }
+    }
+}
 
 /// How the plugin runs: what the binary's flags say.
 #[derive(Debug, Clone)]

@@ -3,13 +3,9 @@
 //! hands each view to the server.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
-use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use std::time::Instant;
 
 use super::checkpoint;
 use super::origin::Origins;
@@ -19,7 +15,8 @@ use crate::admission::Rules;
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
-use crate::ledger::{StateDir, LEDGER_FILE};
+use crate::kubelet::views::{Change, Refresh};
+use crate::ledger::StateDir;
 use crate::procfs::ProcLiveness;
 use crate::service::Service;
 
@@ -33,13 +30,13 @@ pub struct Refresher {
     grants: Arc<Mutex<Grants>>,
     earlier: Vec<GpuUnits>,
     rules: Rules,
-    watch: FileWatch,
 }
 
 impl Refresher {
     /// Loads the config, opens the inventory (once: NVML's start is most of a query's cost)
     /// and the state directory, and starts watching it: everything that can fail for good
-    /// fails here, at start, where the binary reports it and exits.
+    /// fails here, at start, where the binary reports it and exits. The caller starts
+    /// watching the state directory ([`crate::kubelet::FileWatch`]) right after.
     pub fn open(options: &Options, grants: Arc<Mutex<Grants>>) -> Result<Refresher> {
         let config = Config::load_from(&options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
@@ -49,7 +46,6 @@ impl Refresher {
         let dir = StateDir::open_existing(&config.state_dir)?.ok_or_else(|| DevicePluginError::NoStateDir {
             path: config.state_dir.clone(),
         })?;
-        let watch = FileWatch::new(dir.path(), &options.config_path)?;
         Ok(Refresher {
             config_path: options.config_path.clone(),
             options: options.clone(),
@@ -59,7 +55,6 @@ impl Refresher {
             grants,
             earlier: Vec::new(),
             rules: Rules::from_config(&config),
-            watch,
         })
     }
 
@@ -121,81 +116,22 @@ impl Refresher {
         };
         Ok(NodeView::compute(&facts, &self.earlier))
     }
-
-    /// Recomputes the view after every change of the ledger or the config file, and at least
-    /// every poll interval, handing each to `publish`; returns only when `publish` says stop.
-    pub fn run(mut self, mut publish: impl FnMut(NodeView) -> bool) {
-        loop {
-            self.watch.wait(self.options.poll_interval);
-            if !publish(self.view()) {
-                return;
-            }
-        }
-    }
 }
 
-/// inotify on the state directory (the ledger is replaced by a rename) and on the config
-/// file's directory (editors and tests replace or rewrite it). The DRA driver's view waits on
-/// the same watch.
-pub(crate) struct FileWatch {
-    inotify: Inotify,
-    config_name: Option<OsString>,
-}
+impl Refresh for Refresher {
+    type View = NodeView;
 
-impl FileWatch {
-    pub(crate) fn new(state_dir: &Path, config: &Path) -> Result<FileWatch> {
-        let watch_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| DevicePluginError::Watch { path, source }
-        };
-        // The same events on both: when the config sits in the state directory, the second
-        // watch replaces the first.
-        let events = AddWatchFlags::IN_MOVED_TO
-            | AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_CREATE
-            | AddWatchFlags::IN_DELETE;
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(watch_err(state_dir))?;
-        inotify.add_watch(state_dir, events).map_err(watch_err(state_dir))?;
-        // A config in a directory that does not exist (defaults apply) has nothing to watch.
-        let config_dir = config.parent().filter(|d| d.is_dir());
-        if let Some(dir) = config_dir {
-            inotify.add_watch(dir, events).map_err(watch_err(dir))?;
-        }
-        Ok(FileWatch {
-            inotify,
-            config_name: config_dir.and(config.file_name().map(OsString::from)),
-        })
+    fn view(&mut self) -> NodeView {
+        Refresher::view(self)
     }
 
-    /// Waits up to `timeout` for the ledger or the config file to change.
-    pub(crate) fn wait(&mut self, timeout: Duration) {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-            let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(millis)) {
-                Ok(0) => return,
-                Ok(_) => {}
-                // A signal: look again. Any other failure: the poll interval alone paces us.
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => {
-                    std::thread::sleep(left);
-                    return;
-                }
-            }
-            let Ok(events) = self.inotify.read_events() else { return };
-            let ledger = std::ffi::OsStr::new(LEDGER_FILE);
-            if events
-                .iter()
-                .any(|e| e.name.as_deref() == Some(ledger) || e.name.as_deref() == self.config_name.as_deref())
-            {
-                return;
-            }
+    /// Only a change of what kubelet sees wakes the ListAndWatch streams; the rest (the
+    /// inventory's numbers for placement) is replaced silently.
+    fn change(current: &NodeView, next: &NodeView) -> Change {
+        if current.devices != next.devices || current.error != next.error {
+            Change::Shown
+        } else {
+            Change::Silent
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The gRPC side: the `DevicePlugin` service kubelet calls, registration with kubelet's
 //! `Registration` service, and serving again when kubelet restarts.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,8 +14,10 @@ use super::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::api::registration_client::RegistrationClient;
 use super::refresh::Refresher;
 use super::view::NodeView;
-use super::watchdog::{self, StaleView};
 use super::{allocate, api, DevicePluginError, Grants, Options, Result, API_VERSION, KUBELET_SOCKET};
+use crate::kubelet::socket::{self, connect, inode, Signals};
+use crate::kubelet::watchdog::StaleView;
+use crate::kubelet::{views, FileWatch, WatchError};
 use crate::ledger::StateDir;
 
 /// How often the plugin checks that its socket is still there (a restarting kubelet removes
@@ -148,7 +150,7 @@ impl DevicePlugin for Plugin {
 /// time kubelet restarts.
 pub fn run(options: Options) -> Result<()> {
     let grants = Arc::new(Mutex::new(Grants::default()));
-    let (views, dir) = start_refresher(&options, grants.clone())?;
+    let (views, dir, _stop) = start_refresher(&options, grants.clone())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -162,49 +164,20 @@ pub fn run(options: Options) -> Result<()> {
 fn start_refresher(
     options: &Options,
     grants: Arc<Mutex<Grants>>,
-) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir)> {
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let (poll_interval, startup_timeout) = (options.poll_interval, options.startup_timeout);
-    let options = options.clone();
-    std::thread::Builder::new()
-        .name("view".into())
-        .spawn(move || {
-            let mut refresher = match Refresher::open(&options, grants) {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = started_tx.send(Err(e));
-                    return;
-                }
-            };
-            let first = refresher.view();
-            first.log();
-            let (tx, rx) = watch::channel(Arc::new(first));
-            let tx = Arc::new(tx);
-            let beat = Arc::new(Mutex::new(Instant::now()));
-            if let Err(e) = watchdog::start(tx.clone(), beat.clone(), options.poll_interval) {
-                let _ = started_tx.send(Err(DevicePluginError::Runtime(e)));
-                return;
-            }
-            if started_tx.send(Ok((rx, refresher.state_dir().clone()))).is_err() {
-                return;
-            }
-            refresher.run(|view| {
-                *beat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-                // Only a change of what kubelet sees wakes the ListAndWatch streams; the rest
-                // (the inventory's numbers for placement) is replaced silently.
-                tx.send_if_modified(|current| {
-                    let changed = current.devices != view.devices || current.error != view.error;
-                    if changed {
-                        view.log();
-                    }
-                    *current = Arc::new(view);
-                    changed
-                });
-                !tx.is_closed()
-            });
-        })
-        .map_err(DevicePluginError::Runtime)?;
-    watchdog::first_view(&started_rx, poll_interval, startup_timeout, "vramgate-device-plugin")?
+) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir, views::Stop)> {
+    let opened = options.clone();
+    let open = move || -> Result<(Refresher, FileWatch, StateDir)> {
+        let refresher = Refresher::open(&opened, grants)?;
+        let watch = FileWatch::new(refresher.state_dir().path(), &opened.config_path)?;
+        let dir = refresher.state_dir().clone();
+        Ok((refresher, watch, dir))
+    };
+    Ok(views::start(
+        open,
+        options.poll_interval,
+        options.startup_timeout,
+        "vramgate-device-plugin",
+    )?)
 }
 
 impl StaleView for NodeView {
@@ -237,31 +210,23 @@ enum Next {
 }
 
 async fn serve_and_register(plugin: Plugin, options: Options) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
     let dir_err = |source| DevicePluginError::PluginDir {
         path: options.plugin_dir.clone(),
         source,
     };
-    let mut terminate = signal(SignalKind::terminate()).map_err(DevicePluginError::Runtime)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(DevicePluginError::Runtime)?;
+    let mut signals = Signals::new().map_err(DevicePluginError::Runtime)?;
     let mut kubelet_started = watch_for_kubelet(&options.plugin_dir)?;
     let socket = options.plugin_dir.join(options.unit.socket_name());
     loop {
-        // A socket left by an earlier run (or one kubelet already removed): ours to replace.
-        match std::fs::remove_file(&socket) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(dir_err(e)),
-        }
+        socket::remove_stale(&socket).map_err(dir_err)?;
         let listener = tokio::net::UnixListener::bind(&socket).map_err(|e| DevicePluginError::Serve {
             socket: socket.clone(),
             message: e.to_string(),
         })?;
         let identity = inode(&socket);
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(plugin.clone()))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        let server = socket::serve(
+            tonic::transport::Server::builder().add_service(DevicePluginServer::new(plugin.clone())),
+            listener,
         );
         eprintln!(
             "vramgate-device-plugin: serving {} on {}",
@@ -285,8 +250,7 @@ async fn serve_and_register(plugin: Plugin, options: Options) -> Result<()> {
                 };
             }
             tokio::select! {
-                _ = terminate.recv() => break Next::Stop,
-                _ = interrupt.recv() => break Next::Stop,
+                _ = signals.recv() => break Next::Stop,
                 Some(()) = kubelet_started.recv() => {
                     eprintln!("vramgate-device-plugin: kubelet's socket was created: registering again");
                     break Next::Again;
@@ -299,22 +263,13 @@ async fn serve_and_register(plugin: Plugin, options: Options) -> Result<()> {
                 }
             }
         };
-        server.abort();
-        let _ = server.await;
+        server.stop().await;
         if let Next::Stop = next {
-            if inode(&socket) == identity {
-                let _ = std::fs::remove_file(&socket);
-            }
+            socket::remove_if_ours(&socket, identity);
             eprintln!("vramgate-device-plugin: stopped");
             return Ok(());
         }
     }
-}
-
-/// The socket file's inode, to tell our socket from one that replaced it.
-fn inode(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
 }
 
 /// Registers with kubelet. `Ok(false)`: no kubelet answers yet (it registers when kubelet's
@@ -355,25 +310,11 @@ fn options_for_kubelet() -> api::DevicePluginOptions {
     options()
 }
 
-/// A gRPC channel over the unix socket at `path`.
-pub async fn connect(path: PathBuf) -> std::result::Result<tonic::transport::Channel, tonic::transport::Error> {
-    tonic::transport::Endpoint::try_from("http://[::]:0")
-        .expect("a static, valid URI")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-}
-
 /// Reports each creation of kubelet's socket in `dir` (kubelet starting or restarting), from
 /// a thread blocked on inotify.
 fn watch_for_kubelet(dir: &Path) -> Result<mpsc::UnboundedReceiver<()>> {
     use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-    let watch_err = |source| DevicePluginError::Watch {
+    let watch_err = |source| WatchError {
         path: dir.to_path_buf(),
         source,
     };

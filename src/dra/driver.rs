@@ -3,7 +3,7 @@
 //! kubelet talks to (registration and the DRA service), served again if they are removed.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify};
@@ -16,9 +16,11 @@ use super::view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames
 use super::{cdi, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
-use crate::deviceplugin::refresh::FileWatch;
-use crate::deviceplugin::watchdog::{self, StaleView};
 use crate::inventory::Inventory;
+use crate::kubelet::socket::{self, inode, Signals};
+use crate::kubelet::views::{self, Change, Refresh, StartError};
+use crate::kubelet::watchdog::StaleView;
+use crate::kubelet::{FileWatch, WatchError};
 use crate::ledger::StateDir;
 use crate::procfs::ProcLiveness;
 use crate::service::Service;
@@ -67,17 +69,27 @@ pub enum DriverError {
     Service(#[from] crate::service::ServiceError),
     #[error("state directory {path} does not exist: run the driver where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
     NoStateDir { path: PathBuf },
-    #[error("{0}")]
-    Watch(String),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
     #[error("cannot serve on {socket}: {message}")]
     Serve { socket: PathBuf, message: String },
     #[error("cannot start the driver's threads: {0}")]
     Runtime(std::io::Error),
     #[error(transparent)]
-    FirstView(#[from] crate::deviceplugin::watchdog::FirstViewError),
+    FirstView(#[from] crate::kubelet::watchdog::FirstViewError),
 }
 
 type Result<T> = std::result::Result<T, DriverError>;
+
+impl From<StartError<DriverError>> for DriverError {
+    fn from(e: StartError<DriverError>) -> Self {
+        match e {
+            StartError::Open(e) => e,
+            StartError::Thread(e) => DriverError::Runtime(e),
+            StartError::FirstView(e) => DriverError::FirstView(e),
+        }
+    }
+}
 
 /// Recomputes the view from the service snapshot.
 struct Refresher {
@@ -94,7 +106,7 @@ struct Refresher {
 }
 
 impl Refresher {
-    fn open(options: &Options) -> Result<(Refresher, FileWatch)> {
+    fn open(options: &Options) -> Result<(Refresher, FileWatch, ())> {
         let config = Config::load_from(&options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
         // Never created here: a directory the driver made itself would hold an empty ledger,
@@ -102,7 +114,7 @@ impl Refresher {
         let dir = StateDir::open_existing(&config.state_dir)?.ok_or_else(|| DriverError::NoStateDir {
             path: config.state_dir.clone(),
         })?;
-        let watch = FileWatch::new(dir.path(), &options.config_path).map_err(|e| DriverError::Watch(e.to_string()))?;
+        let watch = FileWatch::new(dir.path(), &options.config_path)?;
         let products = inventory.product_names();
         let named = products.keys().cloned().collect();
         Ok((
@@ -118,6 +130,7 @@ impl Refresher {
                 earlier: None,
             },
             watch,
+            (),
         ))
     }
 
@@ -215,57 +228,35 @@ pub fn run(options: Options) -> Result<()> {
 }
 
 /// Starts the view thread; returns once the first view is there (or what stopped it).
-fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, watch::Sender<()>)> {
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    // Dropped by `run` when it returns: the thread then ends at its next wake.
-    let (alive_tx, alive_rx) = watch::channel(());
-    let (poll_interval, startup_timeout) = (options.poll_interval, options.startup_timeout);
-    let options = options.clone();
-    std::thread::Builder::new()
-        .name("view".into())
-        .spawn(move || {
-            let (mut refresher, mut file_watch) = match Refresher::open(&options) {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = started_tx.send(Err(e));
-                    return;
-                }
-            };
-            let first = refresher.view();
-            first.log();
-            let (tx, rx) = watch::channel(Arc::new(first));
-            let tx = Arc::new(tx);
-            let beat = Arc::new(Mutex::new(Instant::now()));
-            if let Err(e) = watchdog::start(tx.clone(), beat.clone(), options.poll_interval) {
-                let _ = started_tx.send(Err(DriverError::Runtime(e)));
-                return;
-            }
-            if started_tx.send(Ok(rx)).is_err() {
-                return;
-            }
-            loop {
-                file_watch.wait(options.poll_interval);
-                if alive_rx.has_changed().is_err() {
-                    return;
-                }
-                let view = refresher.view();
-                *beat.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-                tx.send_if_modified(|current| {
-                    let publish = !current.publishes_as(&view) || current.error != view.error;
-                    if publish {
-                        view.log();
-                    }
-                    // What the claims' status says changed too: the status writer is told (the
-                    // publisher waits for a change of its own: see `publishable_change`).
-                    let changed = publish || current.used != view.used || current.enforce != view.enforce;
-                    *current = Arc::new(view);
-                    changed
-                });
-            }
-        })
-        .map_err(DriverError::Runtime)?;
-    let views = watchdog::first_view(&started_rx, poll_interval, startup_timeout, "vramgate-dra")??;
-    Ok((views, alive_tx))
+fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, views::Stop)> {
+    let opened = options.clone();
+    let (views, (), stop) = views::start(
+        move || Refresher::open(&opened),
+        options.poll_interval,
+        options.startup_timeout,
+        "vramgate-dra",
+    )?;
+    Ok((views, stop))
+}
+
+impl Refresh for Refresher {
+    type View = DraView;
+
+    fn view(&mut self) -> DraView {
+        Refresher::view(self)
+    }
+
+    /// A change of the slice is logged; what the claims' status says changed too: the status
+    /// writer is told (the publisher waits for a change of its own: see `publishable_change`).
+    fn change(current: &DraView, next: &DraView) -> Change {
+        if !current.publishes_as(next) || current.error != next.error {
+            Change::Shown
+        } else if current.used != next.used || current.enforce != next.enforce {
+            Change::Quiet
+        } else {
+            Change::Silent
+        }
+    }
 }
 
 impl StaleView for DraView {
@@ -415,39 +406,25 @@ fn bind(path: &Path) -> Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(serve_err)?;
     }
-    // A socket left by an earlier run: ours to replace.
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(serve_err(e)),
-    }
+    socket::remove_stale(path).map_err(serve_err)?;
     tokio::net::UnixListener::bind(path).map_err(serve_err)
-}
-
-/// The socket file's inode, to tell our socket from one that replaced it.
-fn inode(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
 }
 
 /// Serves the DRA service, then registration (kubelet dials the DRA socket as soon as it has
 /// registered the driver), until a signal; both again when either socket is removed.
 async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notify>) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    use tokio_stream::wrappers::UnixListenerStream;
-    let mut terminate = signal(SignalKind::terminate()).map_err(DriverError::Runtime)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(DriverError::Runtime)?;
+    let mut signals = Signals::new().map_err(DriverError::Runtime)?;
     let dra_path = dra_socket(&options.plugin_dir);
     let reg_path = registration_socket(&options.registry_dir);
     let service = DraService(preparer);
     loop {
         let dra = bind(&dra_path)?;
         let dra_inode = inode(&dra_path);
-        let dra_server = tokio::spawn(
+        let dra_server = socket::serve(
             tonic::transport::Server::builder()
                 .add_service(v1::dra_plugin_server::DraPluginServer::new(service.clone()))
-                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(service.clone()))
-                .serve_with_incoming(UnixListenerStream::new(dra)),
+                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(service.clone())),
+            dra,
         );
         let reg = bind(&reg_path)?;
         let reg_inode = inode(&reg_path);
@@ -455,10 +432,9 @@ async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notif
             endpoint: dra_path.clone(),
             registered: registered.clone(),
         };
-        let reg_server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(registrar))
-                .serve_with_incoming(UnixListenerStream::new(reg)),
+        let reg_server = socket::serve(
+            tonic::transport::Server::builder().add_service(RegistrationServer::new(registrar)),
+            reg,
         );
         eprintln!(
             "vramgate-dra: serving {DRIVER} on {} (registration {})",
@@ -467,8 +443,7 @@ async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notif
         );
         let stop = loop {
             tokio::select! {
-                _ = terminate.recv() => break true,
-                _ = interrupt.recv() => break true,
+                _ = signals.recv() => break true,
                 _ = tokio::time::sleep(CHECK_EVERY) => {
                     if inode(&dra_path) != dra_inode || inode(&reg_path) != reg_inode {
                         eprintln!("vramgate-dra: a socket was removed: serving again");
@@ -477,17 +452,13 @@ async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notif
                 }
             }
         };
-        reg_server.abort();
-        dra_server.abort();
-        let _ = reg_server.await;
-        let _ = dra_server.await;
+        reg_server.stop().await;
+        dra_server.stop().await;
         if stop {
             // Removing the registration socket deregisters the driver; kubelet removes the
             // node's slices if it does not come back.
             for (path, identity) in [(&reg_path, reg_inode), (&dra_path, dra_inode)] {
-                if inode(path) == identity {
-                    let _ = std::fs::remove_file(path);
-                }
+                socket::remove_if_ours(path, identity);
             }
             eprintln!("vramgate-dra: stopped");
             return Ok(());

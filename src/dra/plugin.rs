@@ -462,14 +462,126 @@ fn is_dns_name(name: &str, max: usize, dots: bool) -> bool {
 #[derive(Clone)]
 pub struct DraService(pub Arc<Preparer>);
 
-fn claim_refs<'c>(claims: impl Iterator<Item = (&'c str, &'c str, &'c str)>) -> Vec<ClaimRef> {
-    claims
-        .map(|(namespace, name, uid)| ClaimRef {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            uid: uid.to_string(),
-        })
-        .collect()
+/// One DRA API version's messages, as the one NodePrepare/NodeUnprepare handler
+/// ([`DraService::node_prepare`], [`DraService::node_unprepare`]) reads and answers them:
+/// v1 and v1beta1 differ only in `Device.share_id`, which kubelets before 1.34 do not know.
+pub trait DraApi {
+    type Claim;
+    type PrepareResponse;
+    type UnprepareResponse;
+    fn claim_ref(claim: &Self::Claim) -> ClaimRef;
+    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> Self::PrepareResponse;
+    fn unprepared(error: String) -> Self::UnprepareResponse;
+}
+
+/// `k8s.io.kubelet.pkg.apis.dra.v1` (kubelet 1.34 and later).
+pub enum V1 {}
+/// `k8s.io.kubelet.pkg.apis.dra.v1beta1` (kubelet 1.32 and 1.33).
+pub enum V1beta1 {}
+
+fn claim_ref(namespace: &str, name: &str, uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+    }
+}
+
+impl DraApi for V1 {
+    type Claim = v1::Claim;
+    type PrepareResponse = v1::NodePrepareResourceResponse;
+    type UnprepareResponse = v1::NodeUnprepareResourceResponse;
+
+    fn claim_ref(c: &v1::Claim) -> ClaimRef {
+        claim_ref(&c.namespace, &c.name, &c.uid)
+    }
+
+    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> v1::NodePrepareResourceResponse {
+        match answer {
+            Ok(devices) => v1::NodePrepareResourceResponse {
+                devices: devices
+                    .into_iter()
+                    .map(|d| v1::Device {
+                        request_names: vec![d.request],
+                        pool_name: d.pool,
+                        device_name: d.device,
+                        cdi_device_ids: d.cdi_ids,
+                        share_id: d.share_id,
+                    })
+                    .collect(),
+                error: String::new(),
+            },
+            Err(error) => v1::NodePrepareResourceResponse {
+                devices: Vec::new(),
+                error,
+            },
+        }
+    }
+
+    fn unprepared(error: String) -> v1::NodeUnprepareResourceResponse {
+        v1::NodeUnprepareResourceResponse { error }
+    }
+}
+
+impl DraApi for V1beta1 {
+    type Claim = v1beta1::Claim;
+    type PrepareResponse = v1beta1::NodePrepareResourceResponse;
+    type UnprepareResponse = v1beta1::NodeUnprepareResourceResponse;
+
+    fn claim_ref(c: &v1beta1::Claim) -> ClaimRef {
+        claim_ref(&c.namespace, &c.name, &c.uid)
+    }
+
+    /// Without the share ID.
+    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> v1beta1::NodePrepareResourceResponse {
+        match answer {
+            Ok(devices) => v1beta1::NodePrepareResourceResponse {
+                devices: devices
+                    .into_iter()
+                    .map(|d| v1beta1::Device {
+                        request_names: vec![d.request],
+                        pool_name: d.pool,
+                        device_name: d.device,
+                        cdi_device_ids: d.cdi_ids,
+                    })
+                    .collect(),
+                error: String::new(),
+            },
+            Err(error) => v1beta1::NodePrepareResourceResponse {
+                devices: Vec::new(),
+                error,
+            },
+        }
+    }
+
+    fn unprepared(error: String) -> v1beta1::NodeUnprepareResourceResponse {
+        v1beta1::NodeUnprepareResourceResponse { error }
+    }
+}
+
+impl DraService {
+    /// NodePrepareResources in API version `A`: each claim's answer, by claim uid.
+    pub async fn node_prepare<A: DraApi>(&self, claims: &[A::Claim]) -> HashMap<String, A::PrepareResponse> {
+        let claims: Vec<ClaimRef> = claims.iter().map(A::claim_ref).collect();
+        self.0
+            .prepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| (uid, A::prepared(answer)))
+            .collect()
+    }
+
+    /// NodeUnprepareResources in API version `A`: each claim's error (empty when it went), by
+    /// claim uid.
+    pub async fn node_unprepare<A: DraApi>(&self, claims: &[A::Claim]) -> HashMap<String, A::UnprepareResponse> {
+        let claims: Vec<ClaimRef> = claims.iter().map(A::claim_ref).collect();
+        self.0
+            .unprepare(&claims)
+            .await
+            .into_iter()
+            .map(|(uid, answer)| (uid, A::unprepared(answer.err().unwrap_or_default())))
+            .collect()
+    }
 }
 
 #[tonic::async_trait]
@@ -478,41 +590,7 @@ impl v1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs(
-            request
-                .get_ref()
-                .claims
-                .iter()
-                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
-        );
-        let claims = self
-            .0
-            .prepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let response = match answer {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices
-                            .into_iter()
-                            .map(|d| v1::Device {
-                                request_names: vec![d.request],
-                                pool_name: d.pool,
-                                device_name: d.device,
-                                cdi_device_ids: d.cdi_ids,
-                                share_id: d.share_id,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, response)
-            })
-            .collect();
+        let claims = self.node_prepare::<V1>(&request.get_ref().claims).await;
         Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
     }
 
@@ -520,73 +598,18 @@ impl v1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs(
-            request
-                .get_ref()
-                .claims
-                .iter()
-                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
-        );
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let error = answer.err().unwrap_or_default();
-                (uid, v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
+        let claims = self.node_unprepare::<V1>(&request.get_ref().claims).await;
         Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
     }
 }
 
-/// v1beta1: the same calls, without the share ID kubelets before 1.34 do not know.
 #[tonic::async_trait]
 impl v1beta1::dra_plugin_server::DraPlugin for DraService {
     async fn node_prepare_resources(
         &self,
         request: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| v1::Claim {
-                namespace: c.namespace,
-                uid: c.uid,
-                name: c.name,
-            })
-            .collect();
-        let answer = v1::dra_plugin_server::DraPlugin::node_prepare_resources(
-            self,
-            Request::new(v1::NodePrepareResourcesRequest { claims }),
-        )
-        .await?;
-        let claims = answer
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|(uid, r)| {
-                let devices = r
-                    .devices
-                    .into_iter()
-                    .map(|d| v1beta1::Device {
-                        request_names: d.request_names,
-                        pool_name: d.pool_name,
-                        device_name: d.device_name,
-                        cdi_device_ids: d.cdi_device_ids,
-                    })
-                    .collect();
-                (
-                    uid,
-                    v1beta1::NodePrepareResourceResponse {
-                        devices,
-                        error: r.error,
-                    },
-                )
-            })
-            .collect();
+        let claims = self.node_prepare::<V1beta1>(&request.get_ref().claims).await;
         Ok(Response::new(v1beta1::NodePrepareResourcesResponse { claims }))
     }
 
@@ -594,23 +617,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = claim_refs(
-            request
-                .get_ref()
-                .claims
-                .iter()
-                .map(|c| (c.namespace.as_str(), c.name.as_str(), c.uid.as_str())),
-        );
-        let claims = self
-            .0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| {
-                let error = answer.err().unwrap_or_default();
-                (uid, v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
+        let claims = self.node_unprepare::<V1beta1>(&request.get_ref().claims).await;
         Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse { claims }))
     }
 }

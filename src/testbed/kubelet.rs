@@ -25,7 +25,7 @@ pub fn list_and_watch(socket: &Path) -> mpsc::Receiver<(Instant, Vec<api::Device
             .build()
             .unwrap();
         rt.block_on(async move {
-            let channel = crate::deviceplugin::server::connect(socket).await.unwrap();
+            let channel = crate::kubelet::connect(socket).await.unwrap();
             let mut stream = DevicePluginClient::new(channel)
                 .list_and_watch(api::Empty {})
                 .await
