@@ -115,6 +115,11 @@ impl GpuAccount {
         self.limit_capacity().saturating_sub(self.limits)
     }
 
+    /// Whether `share` fits on this GPU now: its request by rules 1 and 2, its limit by rule 4.
+    pub fn has_room_for(&self, share: &GpuShare) -> bool {
+        share.bytes <= self.available() && share.limit_bytes() <= self.limit_room()
+    }
+
     /// What the limits on this GPU may add up to (rule 4).
     pub fn limit_capacity(&self) -> u64 {
         self.total
@@ -409,7 +414,7 @@ fn better_waiters_that_fit(
                     .map(|g| account(ledger, g, allocated, rules))
             })
             .as_ref()
-            .is_some_and(|a| share.bytes <= a.available() && share.limit_bytes() <= a.limit_room())
+            .is_some_and(|a| a.has_room_for(share))
     };
     let mut better = 0;
     for t in ledger.queue.iter() {
@@ -510,11 +515,8 @@ fn decide_placement(
         .copied()
         .filter(|(s, a)| s.bytes <= a.available())
         .collect();
-    let fitting: Vec<&(&GpuShare, GpuAccount)> = with_memory
-        .iter()
-        .copied()
-        .filter(|(s, a)| s.limit_bytes() <= a.limit_room())
-        .collect();
+    let fitting: Vec<&(&GpuShare, GpuAccount)> =
+        with_memory.iter().copied().filter(|(s, a)| a.has_room_for(s)).collect();
     if fitting.len() < count as usize {
         let (list, key, bound): (&[&(&GpuShare, GpuAccount)], fn(&GpuAccount) -> u64, Bound) =
             if with_memory.len() >= count as usize {
