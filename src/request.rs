@@ -1110,6 +1110,21 @@ mod tests {
         let err = Request::from_spec(&spec(annotated)).unwrap_err();
         assert!(matches!(err, RequestError::ClaimAndAnnotation { .. }), "{err}");
         assert!(err.to_string().contains("remove the annotation"), "{err}");
+        // A limit of its own beside the claim: by annotation refused; by env (before the
+        // claim's, as CDI appends its edits) the claim's wins.
+        let widened = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+            "VRAMGATE_MEMORY_LIMIT=6Gi","VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]},
+            "annotations":{"vramgate.dev/memory-limit":"60Gi"}}"#;
+        let err = Request::from_spec(&spec(widened)).unwrap_err();
+        assert!(
+            matches!(&err, RequestError::ClaimAndAnnotation { annotation, .. } if annotation == MEMORY_LIMIT_ANNOTATION),
+            "{err}"
+        );
+        let own_env = r#"{"process":{"env":["VRAMGATE_MEMORY_LIMIT=60Gi","VRAMGATE_MEMORY=6Gi",
+            "VRAMGATE_GPUS=GPU-aaaa","VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0","VRAMGATE_MEMORY_LIMIT=6442450944"]}}"#;
+        let request = Request::from_spec(&spec(own_env)).unwrap().expect("a request");
+        // The claim's limit, equal to its request, is no limit above it: not the 60Gi.
+        assert_eq!(request.limit.unwrap_or(request.memory), Quantity::Bytes(6 << 30));
     }
 
     fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
