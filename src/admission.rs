@@ -103,6 +103,17 @@ pub struct GpuAccount {
 }
 
 impl GpuAccount {
+    /// This GPU as a placement candidate for a request of `request` bytes there.
+    pub fn candidate(&self, request: u64) -> Candidate {
+        Candidate {
+            uuid: self.uuid.clone(),
+            index: self.index,
+            available: self.available(),
+            reservations: self.reservations,
+            request,
+        }
+    }
+
     /// What a new reservation may take on this GPU now: the smaller of rules 1 and 2.
     pub fn available(&self) -> u64 {
         let by_capacity = self.total.saturating_sub(self.headroom).saturating_sub(self.reserved);
@@ -536,7 +547,7 @@ fn decide_placement(
         return Decision::Queued { ahead };
     }
     let bytes = fitting[0].0.bytes;
-    let offered: Vec<Candidate> = fitting.iter().map(|(s, a)| Candidate::of(a, s.bytes)).collect();
+    let offered: Vec<Candidate> = fitting.iter().map(|(s, a)| a.candidate(s.bytes)).collect();
     let chosen = placement::choose(rules.strategy, &offered, count as usize).expect("enough fit");
     let shares = chosen
         .iter()

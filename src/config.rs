@@ -6,16 +6,19 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// The `[inventory]` table's types are the inventory's own; this file parses them.
+pub use crate::inventory::settings::{Backend, InventoryConfig, StaticGpu, SIMULATED_GPU_TOTAL, SIMULATED_GPU_UUID};
 use crate::quantity::{self, Quantity};
+/// The policy is the request's word (`vramgate.dev/policy`); the config gives its default.
+pub use crate::request::Policy;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vramgate/config.toml";
 /// Overrides the config path (for tests, demos and hosts that keep config elsewhere).
 pub const CONFIG_ENV: &str = "VRAMGATE_CONFIG";
+/// Where the toolkit's spec is looked for besides the driver's own CDI directory: `[enforce]
+/// cdi_spec_dirs`'s default, and where the DRA driver looks (`crate::dra::cdi::STATIC_DIRS`).
+pub const CDI_STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_STATE_DIR: &str = "/run/vramgate";
-/// The card of the published experiment (an RTX 3090): the simulated GPU of a host without NVML.
-pub const SIMULATED_GPU_TOTAL: u64 = 24_265 << 20;
-pub const SIMULATED_GPU_UUID: &str = "GPU-00000000-0000-0000-0000-000000003090";
-
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {source}")]
@@ -31,32 +34,6 @@ pub enum ConfigError {
     },
 }
 
-/// What a container gets when the spec says nothing about a policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Refuse at once when the request does not fit now.
-    Reject,
-    /// Queue in the hook, in fair order, until it fits or the timeout passes.
-    Wait,
-}
-
-impl Policy {
-    pub fn parse(value: &str) -> Option<Policy> {
-        match value.trim() {
-            "reject" => Some(Policy::Reject),
-            "wait" => Some(Policy::Wait),
-            _ => None,
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Reject => "reject",
-            Policy::Wait => "wait",
-        }
-    }
-}
-
 /// What the hook does when its own state (the ledger) cannot be read or trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -65,27 +42,6 @@ pub enum OnStateError {
     FailClosed,
     /// Let containers start unaccounted, logging the error (keeps a host running, risks OOM).
     FailOpen,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backend {
-    /// NVML when the driver library loads, else the static list (the simulated GPU by default).
-    Auto,
-    Nvml,
-    Static,
-}
-
-/// One GPU of the static inventory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StaticGpu {
-    pub index: u32,
-    pub uuid: String,
-    pub total: u64,
-    /// Memory used by things vramgate does not account (display, daemons, other tenants).
-    pub used_outside: u64,
-    /// Minor number of `/dev/nvidiaN`; defaults to the index.
-    pub minor: u32,
 }
 
 /// The whole file: the top-level keys, and one struct per table.
@@ -132,15 +88,6 @@ pub struct QueueConfig {
     /// the GPU's memory (`"50%"` is 500,000; at most 100%). 0, the default, keeps today's
     /// rule: a container whose limit is above its request needs room for its limit.
     pub limit_overcommit_ppm: u32,
-}
-
-/// The `[inventory]` table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InventoryConfig {
-    pub backend: Backend,
-    pub nvml_library: String,
-    /// `[[inventory.gpus]]`: the static backend's GPUs; empty means the simulated one.
-    pub gpus: Vec<StaticGpu>,
 }
 
 /// How a container is held to its reservation once admitted (`[enforce] limit`). One mechanism
@@ -279,7 +226,7 @@ impl Default for EnforceConfig {
             mps_log_directory: PathBuf::from("/tmp/nvidia-log"),
             mps_shm_directory: PathBuf::from("/dev/shm"),
             mps_device_key: MpsDeviceKey::Uuid,
-            cdi_spec_dirs: crate::dra::cdi::STATIC_DIRS.iter().map(PathBuf::from).collect(),
+            cdi_spec_dirs: CDI_STATIC_DIRS.iter().map(PathBuf::from).collect(),
             tensorflow_allow_growth: true,
             jax_disable_preallocation: true,
             jax_memory_fraction: true,
@@ -298,16 +245,6 @@ impl Default for QueueConfig {
             backfill_order: crate::queue::BackfillOrder::Arrival,
             poll_interval: Duration::from_secs(1),
             limit_overcommit_ppm: 0,
-        }
-    }
-}
-
-impl Default for InventoryConfig {
-    fn default() -> Self {
-        InventoryConfig {
-            backend: Backend::Auto,
-            nvml_library: "libnvidia-ml.so.1".to_string(),
-            gpus: Vec::new(),
         }
     }
 }
@@ -436,6 +373,23 @@ pub fn path_from_env() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
+/// The inventory opens its backend from the config its caller read.
+impl crate::inventory::Settings for Config {
+    fn inventory(&self) -> &InventoryConfig {
+        &self.inventory
+    }
+    fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+    fn static_reader(&self) -> crate::inventory::StaticReader {
+        |path| {
+            Config::load_from(path)
+                .map(|config| config.inventory.static_gpus_or_simulated())
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
 impl Config {
     /// Loads the config at `path`. A missing file means defaults; anything else wrong is an error.
     pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
@@ -464,7 +418,7 @@ impl Config {
         let mut config = Config::top_level(&raw, &keys)?;
         config.source = Some(path.to_path_buf());
         config.queue = QueueConfig::parse(raw.queue, &keys)?;
-        config.inventory = InventoryConfig::parse(raw.inventory, &keys)?;
+        config.inventory = parse_inventory(raw.inventory, &keys)?;
         config.runtime = RuntimeConfig::parse(raw.runtime, &keys)?;
         config.placement = PlacementConfig::parse(raw.placement, &keys)?;
         config.enforce = EnforceConfig::parse(raw.enforce, &keys)?;
@@ -565,81 +519,63 @@ impl QueueConfig {
     }
 }
 
-impl InventoryConfig {
-    fn parse(raw: RawInventory, keys: &Keys) -> Result<InventoryConfig, ConfigError> {
-        let mut inventory = InventoryConfig::default();
-        if let Some(v) = raw.backend {
-            inventory.backend = v;
-        }
-        if let Some(v) = raw.nvml_library {
-            inventory.nvml_library = v;
-        }
-        for (n, gpu) in raw.gpus.into_iter().enumerate() {
-            let gpu = StaticGpu::parse(gpu, n, keys)?;
-            if inventory
-                .gpus
-                .iter()
-                .any(|g| g.index == gpu.index || g.uuid == gpu.uuid)
-            {
-                return Err(keys.bad(
-                    &format!("inventory.gpus[{n}].index"),
-                    &gpu.index.to_string(),
-                    "another GPU has the same index or uuid",
-                ));
-            }
-            inventory.gpus.push(gpu);
-        }
-        Ok(inventory)
+/// The `[inventory]` table (its types are the inventory's: [`crate::inventory::settings`]).
+fn parse_inventory(raw: RawInventory, keys: &Keys) -> Result<InventoryConfig, ConfigError> {
+    let mut inventory = InventoryConfig::default();
+    if let Some(v) = raw.backend {
+        inventory.backend = v;
     }
-
-    /// The static GPU list in effect: the configured one, else the built-in simulated card.
-    pub fn static_gpus_or_simulated(&self) -> Vec<StaticGpu> {
-        if self.gpus.is_empty() {
-            vec![StaticGpu {
-                index: 0,
-                uuid: SIMULATED_GPU_UUID.to_string(),
-                total: SIMULATED_GPU_TOTAL,
-                used_outside: 0,
-                minor: 0,
-            }]
-        } else {
-            self.gpus.clone()
-        }
+    if let Some(v) = raw.nvml_library {
+        inventory.nvml_library = v;
     }
+    for (n, gpu) in raw.gpus.into_iter().enumerate() {
+        let gpu = parse_static_gpu(gpu, n, keys)?;
+        if inventory
+            .gpus
+            .iter()
+            .any(|g| g.index == gpu.index || g.uuid == gpu.uuid)
+        {
+            return Err(keys.bad(
+                &format!("inventory.gpus[{n}].index"),
+                &gpu.index.to_string(),
+                "another GPU has the same index or uuid",
+            ));
+        }
+        inventory.gpus.push(gpu);
+    }
+    Ok(inventory)
 }
 
-impl StaticGpu {
-    /// One `[[inventory.gpus]]` entry, the `n`th of the file.
-    fn parse(gpu: RawGpu, n: usize, keys: &Keys) -> Result<StaticGpu, ConfigError> {
-        let key = |field: &str| format!("inventory.gpus[{n}].{field}");
-        let total = match quantity::parse_quantity(&gpu.total) {
-            Ok(Quantity::Bytes(b)) => b,
-            Ok(Quantity::PartsPerMillion(_)) => {
-                return Err(keys.bad(
-                    &key("total"),
-                    &gpu.total,
-                    "must be an absolute amount, not a percentage",
-                ))
-            }
-            Err(e) => return Err(keys.bad(&key("total"), &gpu.total, e.to_string())),
-        };
-        let used_outside = match gpu.used_outside.as_deref().map(str::trim) {
-            None | Some("0") => 0,
-            Some(v) => quantity::parse_quantity(v)
-                .map_err(|e| keys.bad(&key("used_outside"), v, e.to_string()))?
-                .bytes_on(total),
-        };
-        if gpu.uuid.trim().is_empty() || gpu.uuid.len() > 128 {
-            return Err(keys.bad(&key("uuid"), &gpu.uuid, "must be a non-empty GPU UUID"));
+/// One `[[inventory.gpus]]` entry, the `n`th of the file.
+fn parse_static_gpu(gpu: RawGpu, n: usize, keys: &Keys) -> Result<StaticGpu, ConfigError> {
+    let key = |field: &str| format!("inventory.gpus[{n}].{field}");
+    let total = match quantity::parse_quantity(&gpu.total) {
+        Ok(Quantity::Bytes(b)) => b,
+        Ok(Quantity::PartsPerMillion(_)) => {
+            return Err(keys.bad(
+                &key("total"),
+                &gpu.total,
+                "must be an absolute amount, not a percentage",
+            ))
         }
-        Ok(StaticGpu {
-            index: gpu.index,
-            uuid: gpu.uuid,
-            total,
-            used_outside,
-            minor: gpu.minor.unwrap_or(gpu.index),
-        })
+        Err(e) => return Err(keys.bad(&key("total"), &gpu.total, e.to_string())),
+    };
+    let used_outside = match gpu.used_outside.as_deref().map(str::trim) {
+        None | Some("0") => 0,
+        Some(v) => quantity::parse_quantity(v)
+            .map_err(|e| keys.bad(&key("used_outside"), v, e.to_string()))?
+            .bytes_on(total),
+    };
+    if gpu.uuid.trim().is_empty() || gpu.uuid.len() > 128 {
+        return Err(keys.bad(&key("uuid"), &gpu.uuid, "must be a non-empty GPU UUID"));
     }
+    Ok(StaticGpu {
+        index: gpu.index,
+        uuid: gpu.uuid,
+        total,
+        used_outside,
+        minor: gpu.minor.unwrap_or(gpu.index),
+    })
 }
 
 impl RuntimeConfig {

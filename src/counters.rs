@@ -49,7 +49,7 @@ pub struct Counters {
     pub wait: WaitHistogram,
     /// Counters of a newer vramgate, kept on rewrite.
     #[serde(flatten)]
-    pub extra: crate::ledger::Extra,
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A histogram in the shape Prometheus exposes one, in milliseconds.
@@ -121,11 +121,11 @@ impl Counters {
         self.released = self.released.saturating_add(1);
     }
 
-    /// What a reclaim pass removed: reservations of dead containers and tickets of dead
-    /// waiters.
-    pub fn record_reclaimed(&mut self, reclaimed: &crate::ledger::Reclaimed) {
-        self.reclaimed = self.reclaimed.saturating_add(reclaimed.reservations.len() as u64);
-        self.abandoned = self.abandoned.saturating_add(reclaimed.tickets.len() as u64);
+    /// What a reclaim pass removed: `reservations` of dead containers and `tickets` of dead
+    /// waiters (counts, so that the counters, which the ledger keeps, name nothing of it).
+    pub fn record_reclaimed(&mut self, reservations: usize, tickets: usize) {
+        self.reclaimed = self.reclaimed.saturating_add(reservations as u64);
+        self.abandoned = self.abandoned.saturating_add(tickets as u64);
     }
 }
 
@@ -182,8 +182,7 @@ mod tests {
         c.record_refuse();
         c.record_timeout();
         c.record_release();
-        let reclaimed = crate::ledger::Reclaimed::default();
-        c.record_reclaimed(&reclaimed);
+        c.record_reclaimed(0, 0);
         assert_eq!(
             (c.admitted, c.admitted_after_wait, c.refused, c.timed_out, c.released),
             (1, 1, 1, 1, 1)

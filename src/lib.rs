@@ -41,6 +41,8 @@ pub mod service;
 pub mod setup;
 pub mod spec;
 pub mod status;
+pub mod tier;
+pub mod watch;
 
 // The edge, behind the `cli` feature (on by default): the binaries' argument definitions, the
 // demo, and the scratch hosts the demo, the tests and the benches run on. They bring clap and

@@ -15,8 +15,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::admission::GpuAccount;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
@@ -47,7 +45,8 @@ impl Strategy {
 pub struct Candidate {
     pub uuid: String,
     pub index: u32,
-    /// Bytes available to new requests ([`GpuAccount::available`]).
+    /// Bytes available to new requests ([`crate::admission::GpuAccount::available`]; the admission
+    /// makes candidates, so placement names nothing above it).
     pub available: u64,
     pub reservations: usize,
     /// Bytes the request takes on this GPU: a share of each GPU's own size for a `N%`
@@ -58,17 +57,6 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// `account`'s GPU as a candidate for a request of `request` bytes there.
-    pub fn of(account: &GpuAccount, request: u64) -> Candidate {
-        Candidate {
-            uuid: account.uuid.clone(),
-            index: account.index,
-            available: account.available(),
-            reservations: account.reservations,
-            request,
-        }
-    }
-
     /// What would be left on this GPU after the request.
     pub fn left(&self) -> u64 {
         self.available.saturating_sub(self.request)

@@ -34,8 +34,9 @@
 
 use std::time::Duration;
 
-use crate::config::Policy;
 use crate::inventory::{GpuMemory, Snapshot};
+// The device node numbers are the inventory's vocabulary; the wrapper reads them from here too.
+pub(crate) use crate::inventory::{mig_cap_minor, nvidia_minor};
 use crate::quantity::{self, Quantity};
 use crate::spec::SpecView;
 
@@ -90,6 +91,32 @@ const MAX_NVIDIA_MIB: u64 = u64::MAX >> 20;
 
 /// Longest device list we parse; 64 GPUs written as UUIDs fit in well under this.
 const MAX_DEVICE_LIST_LEN: usize = 4096;
+
+/// What a container gets when the spec says nothing about a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Refuse at once when the request does not fit now.
+    Reject,
+    /// Queue in the hook, in fair order, until it fits or the timeout passes.
+    Wait,
+}
+
+impl Policy {
+    pub fn parse(value: &str) -> Option<Policy> {
+        match value.trim() {
+            "reject" => Some(Policy::Reject),
+            "wait" => Some(Policy::Wait),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reject => "reject",
+            Policy::Wait => "wait",
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
@@ -531,7 +558,7 @@ fn container_name(spec: &SpecView) -> Option<&str> {
 
 /// True when the spec's NVIDIA variables are vramgate-runtime's own: under `limit = "toolkit"`
 /// it replaces them with the reservation's values for the toolkit's hook (and records the tier
-/// in [`crate::hook::ENFORCEMENT_ANNOTATION`], which it removes from any spec that brings it),
+/// in [`crate::tier::ENFORCEMENT_ANNOTATION`], which it removes from any spec that brings it),
 /// so the hook that confirms must not read them back as the container's request.
 fn nvidia_env_written_by_vramgate(spec: &SpecView) -> bool {
     // The wrapper writes the toolkit's variables only for a container it admitted on a request
@@ -539,9 +566,9 @@ fn nvidia_env_written_by_vramgate(spec: &SpecView) -> bool {
     // on the hook's path that brings the annotation itself but asks only in NVIDIA's words
     // still has its variables read as its request: the annotation never takes a request away.
     spec.annotations
-        .get(crate::hook::ENFORCEMENT_ANNOTATION)
+        .get(crate::tier::ENFORCEMENT_ANNOTATION)
         .map(String::as_str)
-        == Some(crate::enforce::Tier::ToolkitLimit.as_str())
+        == Some(crate::tier::Tier::ToolkitLimit.as_str())
         && annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV).is_some()
 }
 
@@ -1056,25 +1083,6 @@ fn parse_device(item: &str) -> Option<DeviceRef> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/');
     is_uuid.then(|| DeviceRef::Uuid(item.to_string()))
-}
-
-/// `/dev/nvidia-caps/nvidia-cap12` is MIG capability 12.
-pub(crate) fn mig_cap_minor(path: &str) -> Option<u32> {
-    device_number(path, "/dev/nvidia-caps/nvidia-cap")
-}
-
-/// `/dev/nvidia3` is GPU minor 3; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not GPUs.
-pub(crate) fn nvidia_minor(path: &str) -> Option<u32> {
-    device_number(path, "/dev/nvidia")
-}
-
-/// The number that follows `prefix` in a device node's path, when only digits follow.
-fn device_number(path: &str, prefix: &str) -> Option<u32> {
-    let digits = path.strip_prefix(prefix)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 #[cfg(test)]

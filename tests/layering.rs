@@ -7,17 +7,20 @@
 //! outside comment lines, `#[cfg(test)]` items and `tests.rs` files (a unit test may reach
 //! anywhere). `src/bin/` is the binaries, which sit above everything.
 //!
-//! Left for later: the modules in [`NOT_YET`] are not checked yet (a circle through one of them
-//! is not reported); the test fails once one of them is no longer a module, so the list only
-//! shrinks.
+//! Left for later: the edges in [`NOT_YET`] are left out of the graph checked (each says why);
+//! the test fails once one of them is gone from the sources, so the list only shrinks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Modules not yet checked, each with why: the DRA driver and the CDI files it reads are being
-/// rewritten, and `enforce::toolkit`'s look for the toolkit's hook reads CDI files through
-/// `dra::cdi`; `runtime`, `hook` and `kubelet` are callers that the DRA driver reaches down into.
-const NOT_YET: &[&str] = &["dra", "hook", "runtime", "kubelet"];
+/// Edges not yet checked, `(from, to, why)`.
+const NOT_YET: &[(&str, &str, &str)] = &[(
+    "enforce",
+    "dra",
+    "enforce::toolkit looks for the toolkit's hook in the node's CDI spec files with dra::cdi's reader \
+     (spec_files, read_node_spec), and the DRA driver uses enforce's tiers; the reader belongs below \
+     both, and moves there once the rewrite of src/dra/ has landed",
+)];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -196,29 +199,30 @@ fn circles(graph: &Graph) -> Vec<String> {
     spelled
 }
 
-/// The graph among the modules checked: every module but [`NOT_YET`].
+/// The graph checked: all of it but the edges in [`NOT_YET`].
 fn checked(graph: &Graph) -> Graph {
-    graph
-        .iter()
-        .filter(|(m, _)| !NOT_YET.contains(&m.as_str()))
-        .map(|(m, to)| {
-            let to = to
-                .iter()
-                .filter(|t| !NOT_YET.contains(&t.as_str()) && graph.contains_key(*t))
-                .cloned();
-            (m.clone(), to.collect())
-        })
-        .collect()
+    let mut checked = graph.clone();
+    for (from, to, _) in NOT_YET {
+        if let Some(targets) = checked.get_mut(*from) {
+            targets.remove(*to);
+        }
+    }
+    // Only the library's own modules: `crate::` paths to macros or re-exports at the root are
+    // no floor of their own.
+    for targets in checked.values_mut() {
+        targets.retain(|t| graph.contains_key(t));
+    }
+    checked
 }
 
 #[test]
 fn the_library_modules_form_no_circle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let graph = module_graph(&src);
-    for module in NOT_YET {
+    for (from, to, _) in NOT_YET {
         assert!(
-            graph.contains_key(*module),
-            "{module} is in NOT_YET but no longer a module of src/: remove it there"
+            graph.get(*from).is_some_and(|t| t.contains(*to)),
+            "{from} no longer uses {to}: remove that edge from NOT_YET in tests/layering.rs"
         );
     }
     let found = circles(&checked(&graph));

@@ -67,7 +67,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // Keeps what attribution and stopping a container need, nothing else.
             vramgate::privilege::drop_for_watch()?;
             eprintln!("vramgate watch: watching {}", config_path.display());
-            vramgate::enforce::over_use::run(config_path, |line| eprintln!("{line}"))
+            vramgate::watch::run(config_path, |line| eprintln!("{line}"))
         }
         Command::Ledger {
             command: LedgerCommand::Show,

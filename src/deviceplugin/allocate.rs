@@ -135,10 +135,7 @@ pub fn preferred(
         })
         .filter_map(|(uuid, _)| {
             let gpu = view.snapshot.by_uuid(uuid)?;
-            Some(Candidate::of(
-                &admission::account(ledger, gpu, &view.allocated, &view.rules),
-                bytes,
-            ))
+            Some(admission::account(ledger, gpu, &view.allocated, &view.rules).candidate(bytes))
         })
         .collect();
     let fitting: Vec<Candidate> = candidates.iter().filter(|c| c.available >= bytes).cloned().collect();

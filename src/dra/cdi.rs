@@ -287,8 +287,7 @@ fn prepared_in(spec: &serde_json::Value) -> std::collections::HashMap<String, Pr
 
 /// NVIDIA's CDI kind, as `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit) writes it.
 pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
-/// Where the toolkit's spec is looked for besides the driver's own CDI directory.
-pub const STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+pub use crate::config::CDI_STATIC_DIRS as STATIC_DIRS;
 
 /// The largest spec file read for NVIDIA's devices: the toolkit's spec lists each GPU's files,
 /// tens of KiB.

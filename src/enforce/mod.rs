@@ -13,7 +13,7 @@
 //! | [`Tier::Guardrails`] | the wrapper writes env ([`guardrails`]) | TensorFlow and JAX allocators, in the container |
 //!
 //! The wrapper calls [`spec_edits`] (pure) and [`apply_spec_edits`] (the JSON tree) at
-//! `create`, once the container is placed; the hook ([`hook_only`]) sets the driver limit at
+//! `create`, once the container is placed; the hook ([`crate::hook::hook_only`]) sets the driver limit at
 //! createRuntime when the limit is `driver`, and the limit is cleared when the container ends
 //! ([`lifecycle`]).
 //!
@@ -30,10 +30,8 @@
 pub mod apply;
 pub mod driver_limit;
 pub mod guardrails;
-pub mod hook_only;
 pub mod lifecycle;
 pub mod mps;
-pub mod over_use;
 pub mod toolkit;
 
 use std::path::PathBuf;
@@ -41,45 +39,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use crate::config::{EnforceConfig, LimitMechanism, MpsDeviceKey};
+pub use crate::tier::Tier;
 pub use apply::apply_spec_edits;
 pub use driver_limit::{apply_driver_limit, driver_limit_available, AppliedLimit, Availability};
 pub use mps::mps_control_running;
-
-/// What holds a container to its reservation, strongest first: reported per container by
-/// `vramgate status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Tier {
-    /// The driver refuses allocations beyond the reservation (per cgroup).
-    DriverLimit,
-    /// Handed to the NVIDIA toolkit's CDI hook, which makes the same driver call; vramgate
-    /// cannot see whether that hook ran.
-    ToolkitLimit,
-    /// The MPS server refuses allocations beyond the client's pinned limit.
-    MpsLimit,
-    /// Only framework settings (TensorFlow growth, JAX fraction): advice a program can ignore.
-    Guardrails,
-    /// Nothing: admission only.
-    None,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::DriverLimit => "driver_limit",
-            Tier::ToolkitLimit => "toolkit_limit",
-            Tier::MpsLimit => "mps_limit",
-            Tier::Guardrails => "guardrails",
-            Tier::None => "none",
-        }
-    }
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// One GPU (or MIG device) a container was placed on, with what it reserved there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

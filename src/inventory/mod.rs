@@ -7,6 +7,7 @@
 pub mod mig_caps;
 mod nvml;
 mod recorded;
+pub mod settings;
 mod static_list;
 
 use std::path::{Path, PathBuf};
@@ -16,7 +17,8 @@ pub use nvml::NvmlInventory;
 pub use recorded::{RecordedHost, RecordedInventory};
 pub use static_list::StaticInventory;
 
-use crate::config::{Backend, Config};
+use settings::Backend;
+pub use settings::{Settings, StaticReader};
 
 /// One memory domain that containers are admitted against: a whole GPU, or a MIG device
 /// (which has memory of its own).
@@ -183,12 +185,12 @@ impl Inventory for NotNeeded {
 /// it (outside the ledger lock) before an attempt that reads the GPUs, and a hook that only
 /// confirms a reservation `vramgate-runtime` made at create never loads NVML.
 pub struct OpenOnUse<'c> {
-    config: &'c Config,
+    config: &'c dyn Settings,
     opened: std::cell::OnceCell<Box<dyn Inventory>>,
 }
 
 impl<'c> OpenOnUse<'c> {
-    pub fn new(config: &'c Config) -> OpenOnUse<'c> {
+    pub fn new(config: &'c dyn Settings) -> OpenOnUse<'c> {
         OpenOnUse {
             config,
             opened: std::cell::OnceCell::new(),
@@ -242,30 +244,30 @@ impl Inventory for OpenOnUse<'_> {
 /// a silent fall back to simulated numbers on a real GPU host. The same holds for a static
 /// list under `auto` (the shipped config's commented example, uncommented): only on a host
 /// without an NVIDIA GPU; where the driver shows one, it is an error naming the list.
-pub fn open(config: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+pub fn open(config: &dyn Settings) -> Result<Box<dyn Inventory>, InventoryError> {
     open_at(config, Path::new("/"))
 }
 
 /// [`open`] on the host whose `/dev` and `/proc` are under `root`.
-fn open_at(config: &Config, root: &Path) -> Result<Box<dyn Inventory>, InventoryError> {
-    match config.inventory.backend {
+fn open_at(config: &dyn Settings, root: &Path) -> Result<Box<dyn Inventory>, InventoryError> {
+    let settings = config.inventory();
+    match settings.backend {
         Backend::Static => Ok(Box::new(StaticInventory::from_config(config))),
-        Backend::Nvml => Ok(Box::new(NvmlInventory::open(&config.inventory.nvml_library)?)),
+        Backend::Nvml => Ok(Box::new(NvmlInventory::open(&settings.nvml_library)?)),
         Backend::Auto => {
-            if !config.inventory.gpus.is_empty() {
+            if !settings.gpus.is_empty() {
                 if let Some(evidence) = nvidia_gpu_evidence(root) {
                     return Err(InventoryError::StaticListOnGpuHost {
                         config: config
-                            .source
-                            .as_deref()
+                            .source()
                             .map_or_else(|| "the config".to_string(), |p| p.display().to_string()),
-                        count: config.inventory.gpus.len(),
+                        count: settings.gpus.len(),
                         evidence,
                     });
                 }
                 return Ok(Box::new(StaticInventory::from_config(config)));
             }
-            match NvmlInventory::open(&config.inventory.nvml_library) {
+            match NvmlInventory::open(&settings.nvml_library) {
                 Ok(nvml) => Ok(Box::new(nvml)),
                 // The simulated GPU is for hosts without one. Where the driver shows a GPU, a
                 // library that does not load is a broken host, never a 24 GiB simulated card
@@ -301,13 +303,33 @@ pub fn nvidia_gpu_evidence(root: &Path) -> Option<PathBuf> {
         .filter_map(Result::ok)
         .find_map(|entry| {
             let name = entry.file_name();
-            crate::request::nvidia_minor(&format!("/dev/{}", name.to_string_lossy())).map(|_| entry.path())
+            nvidia_minor(&format!("/dev/{}", name.to_string_lossy())).map(|_| entry.path())
         })
+}
+
+/// `/dev/nvidia-caps/nvidia-cap12` is MIG capability 12.
+pub fn mig_cap_minor(path: &str) -> Option<u32> {
+    device_number(path, "/dev/nvidia-caps/nvidia-cap")
+}
+
+/// `/dev/nvidia3` is GPU minor 3; `/dev/nvidiactl`, `/dev/nvidia-uvm` and the like are not GPUs.
+pub fn nvidia_minor(path: &str) -> Option<u32> {
+    device_number(path, "/dev/nvidia")
+}
+
+/// The number that follows `prefix` in a device node's path, when only digits follow.
+fn device_number(path: &str, prefix: &str) -> Option<u32> {
+    let digits = path.strip_prefix(prefix)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn auto_takes_a_static_list_only_on_a_host_without_a_gpu() {

@@ -109,7 +109,7 @@ pub struct Reservation {
     /// What holds the container to this reservation once it runs (see [`crate::enforce`]),
     /// as the hook recorded it when it confirmed; absent where nothing said (the hook alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub enforcement: Option<crate::enforce::Tier>,
+    pub enforcement: Option<crate::tier::Tier>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,

@@ -15,7 +15,6 @@ use serde_json::{json, Map, Value};
 use super::{Result, RuntimeError};
 use crate::atomic_file;
 use crate::config::{Config, ConfigError, RuntimeConfig, CONFIG_ENV, DEFAULT_CONFIG_PATH};
-use crate::hook::HOOK_TIMEOUT_MARGIN;
 use crate::request;
 use crate::spec::{self, array_at, json_type, object_at, SpecError, SpecView, MAX_SPEC_BYTES};
 
@@ -25,6 +24,11 @@ pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/vramgate-hook";
 /// [`HOOK_TIMEOUT_MARGIN`] before the runtime would kill it, and the rest covers reading the
 /// GPU inventory and the ledger on a loaded host.
 pub const HOOK_TIMEOUT_SLACK: Duration = Duration::from_secs(60);
+/// Time kept between the end of the longest wait and the runtime's hook timeout, so the hook
+/// always answers with a clear refusal before the runtime kills it (the hook reads it as
+/// `crate::hook::HOOK_TIMEOUT_MARGIN`; it lives here, beside the timeout it is taken from, so
+/// that the wrapper below the hook never reaches up into it).
+pub const HOOK_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 /// The stages the wrapper adds: admission as soon as the init pid exists, release on delete.
 pub const ADMISSION_STAGE: &str = "createRuntime";
 pub const RELEASE_STAGE: &str = "poststop";
@@ -225,7 +229,7 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
     // brought along (`--annotation vramgate.dev/enforcement=driver_limit` would make status
     // and the metrics claim a limit no one set, and read usage from a driver figure that is
     // not there): whatever the spec carried under that key goes, and `enforce` writes it anew.
-    let mut edited = remove_annotation(&mut spec, crate::hook::ENFORCEMENT_ANNOTATION);
+    let mut edited = remove_annotation(&mut spec, crate::tier::ENFORCEMENT_ANNOTATION);
     // A request in NVIDIA's words is written in vramgate's for the hook that confirms it: the
     // enforcement below may replace NVIDIA's variables with the reservation's (`toolkit`) or
     // remove them (`driver`), and the hook must read the same amount this wrapper admitted.
@@ -303,7 +307,7 @@ fn enforce(
     if let Value::Object(root) = spec {
         if let Some(annotations) = object_at(root, "annotations") {
             annotations.insert(
-                crate::hook::ENFORCEMENT_ANNOTATION.to_string(),
+                crate::tier::ENFORCEMENT_ANNOTATION.to_string(),
                 Value::String(edits.tier.as_str().to_string()),
             );
             changed = true;

@@ -119,7 +119,9 @@ impl Service<'_> {
             let mut log = Vec::new();
             let on_disk = progress.ticket;
             let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
-            tx.ledger.counters.record_reclaimed(&reclaimed);
+            tx.ledger
+                .counters
+                .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
             // A request error still commits: the reclaim happened, and its ticket is dropped.
             let committed = match tx.commit() {
                 Ok(committed) => committed,
@@ -154,7 +156,9 @@ impl Service<'_> {
                 let detail = format!("ticket {ticket}: {error}");
                 log.push(self.event(Kind::Cancel, container, &t.gpus, detail));
             }
-            tx.ledger.counters.record_reclaimed(&reclaimed);
+            tx.ledger
+                .counters
+                .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
             let committed = tx.commit()?;
             self.reclaim_events(&reclaimed, &mut log);
             events::append(&self.dir, &log);

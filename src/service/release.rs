@@ -57,7 +57,9 @@ impl Service<'_> {
         }
         // A ticket whose waiting hook is already gone (killed at the runtime's hook timeout)
         // stays an abandoned ticket in the log: this stop did not end a live wait.
-        tx.ledger.counters.record_reclaimed(&reclaimed);
+        tx.ledger
+            .counters
+            .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
         if released.reservation.is_some() {
             tx.ledger.counters.record_release();
         }
@@ -115,7 +117,9 @@ impl Service<'_> {
     pub fn gc_within(&self, lock_timeout: Duration) -> Result<Reclaimed> {
         let mut tx = self.dir.begin_within(lock_timeout)?;
         let reclaimed = tx.ledger.reclaim_all(self.liveness);
-        tx.ledger.counters.record_reclaimed(&reclaimed);
+        tx.ledger
+            .counters
+            .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
         let _committed = tx.commit()?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);

@@ -1,19 +1,19 @@
-//! The hook's own enforcement path, beside the wrapper's ([`super::spec_edits`] and
-//! [`super::apply_spec_edits`] at `create`): what the OCI hook does to hold a container to its
+//! The hook's own enforcement path, beside the wrapper's ([`crate::enforce::spec_edits`] and
+//! [`crate::enforce::apply_spec_edits`] at `create`): what the OCI hook does to hold a container to its
 //! reservation when it can no longer change the spec (runc has read it). Before anything is
 //! reserved it refuses what would undo the reservation; once the container is placed, a
 //! device rule that reaches GPUs it holds nothing on; at createRuntime it sets the driver limit
-//! (`[enforce] limit = "driver"`), and at poststop clears it ([`super::lifecycle`]).
+//! (`[enforce] limit = "driver"`), and at poststop clears it ([`crate::enforce::lifecycle`]).
 //! A container the hook refuses after it was admitted gives its reservation back at once.
 //! [`crate::hook`] only calls these in order and reports.
 
 use std::path::{Path, PathBuf};
 
-use super::driver_limit::{container_cgroup, whole_gpus, CGROUP_V2_ROOT};
-use super::{lifecycle, AppliedLimit, EnforceError, PlacedShare};
 use crate::clock::SystemClock;
 use crate::config::{Config, OnStateError};
 use crate::device_rules::{self, DeviceRule};
+use crate::enforce::driver_limit::{container_cgroup, whole_gpus, CGROUP_V2_ROOT};
+use crate::enforce::{lifecycle, AppliedLimit, EnforceError, PlacedShare};
 use crate::inventory::GpuMemory;
 use crate::ledger::{GpuShare, StateDir};
 use crate::request::{GpuSelection, Request};
@@ -52,7 +52,7 @@ pub fn refuse_before_admission(
     driver_limit: bool,
 ) -> Result<(), HookOnlyError> {
     if driver_limit {
-        if let Some(conflict) = super::toolkit::conflicting_request(spec.env_entries()) {
+        if let Some(conflict) = crate::enforce::toolkit::conflicting_request(spec.env_entries()) {
             return Err(HookOnlyError::ToolkitConflict {
                 container: container.to_string(),
                 variables: conflict,
@@ -126,7 +126,12 @@ pub fn driver_limit(
     match set {
         Ok(applied) if applied.is_empty() => Ok(()),
         Ok(applied) => {
-            service.set_enforcement(container, Some(bundle), super::Tier::DriverLimit, &describe(&applied))?;
+            service.set_enforcement(
+                container,
+                Some(bundle),
+                crate::enforce::Tier::DriverLimit,
+                &describe(&applied),
+            )?;
             Ok(())
         }
         Err(source) => {

@@ -11,17 +11,18 @@ use std::time::Duration;
 
 use crate::clock::SystemClock;
 use crate::config::{Config, ConfigError, LimitMechanism, OnStateError};
-use crate::enforce::hook_only::{self, HookOnlyError};
+pub mod hook_only;
+
 use crate::inventory::{self, InventoryError};
 use crate::ledger::{LedgerError, StateDir};
 use crate::procfs::{ProcLiveness, ProcessIdentity};
 use crate::request::{self, Request, RequestError};
 use crate::service::{self, Admission, AdmitRequest, Refusal, Service, ServiceError};
 use crate::spec::{ContainerState, SpecError, SpecView};
+use hook_only::HookOnlyError;
 
-/// Time kept between the end of the longest wait and the runtime's hook timeout, so the hook
-/// always answers with a clear refusal before the runtime kills it.
-pub const HOOK_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+/// The margin is set beside the hook timeout the wrapper writes; the hook keeps to it.
+pub use crate::runtime::spec_edit::HOOK_TIMEOUT_MARGIN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -68,7 +69,7 @@ pub enum HookError {
     /// A failed attempt whose queue ticket could not be removed: refused, never failed open.
     #[error("{0}")]
     TicketStands(ServiceError),
-    /// Refused by the hook's own enforcement ([`crate::enforce::hook_only`]).
+    /// Refused by the hook's own enforcement ([`hook_only`]).
     #[error("{0}")]
     HookOnly(HookOnlyError),
 }
@@ -206,9 +207,7 @@ fn release(state: &ContainerState, dir: StateDir, config: &Config) -> Result<Out
     })
 }
 
-/// Where vramgate-runtime records, in the spec, what holds the container to its reservation
-/// ([`crate::enforce::Tier`]); the hook records it in the ledger when it confirms.
-pub const ENFORCEMENT_ANNOTATION: &str = "vramgate.dev/enforcement";
+pub use crate::tier::ENFORCEMENT_ANNOTATION;
 
 fn admit(
     state: &ContainerState,

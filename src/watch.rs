@@ -24,6 +24,9 @@
 //! that shares the host's pid namespace cannot be measured (attribution is by pid namespace),
 //! so it is never reported or stopped; the driver limit's per-cgroup figure covers it where
 //! that driver runs.
+//!
+//! It reads the service's snapshot, so it sits above the service and `vramgate status`, not in
+//! [`crate::enforce`], which they use.
 
 use std::collections::HashMap;
 use std::path::Path;
