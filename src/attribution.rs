@@ -106,21 +106,14 @@ mod tests {
     fn processes_are_attributed_by_pid_namespace() {
         let mut ledger = Ledger::default();
         for (id, pid) in [("a", 100), ("b", 200)] {
-            ledger.reservations.push(Reservation {
-                container_id: id.into(),
-                gpus: vec![GpuShare {
-                    uuid: "G".into(),
-                    bytes: 1 << 30,
-                    limit: None,
-                }],
-                init: ProcessIdentity { pid, start_time: 1 },
-                created_unix_ms: 0,
-                waited_ms: 0,
-                bundle: None,
-                pending: false,
-                enforcement: None,
-                extra: Default::default(),
-            });
+            let gpus = vec![GpuShare {
+                uuid: "G".into(),
+                bytes: 1 << 30,
+                limit: None,
+            }];
+            ledger
+                .reservations
+                .push(Reservation::held(id, gpus, ProcessIdentity { pid, start_time: 1 }));
         }
         let me = std::process::id();
         let ns = move |pid: u32| match pid {

@@ -28,21 +28,12 @@ fn hook(h: &HookHarness, bundle: &Path, stage: &str, id: &str, pid: u32) -> (boo
 }
 
 fn reservation(id: &str, init: ProcessIdentity, bytes: u64) -> Reservation {
-    Reservation {
-        container_id: id.into(),
-        gpus: vec![GpuShare {
-            uuid: vramgate::config::SIMULATED_GPU_UUID.into(),
-            bytes,
-            limit: None,
-        }],
-        init,
-        created_unix_ms: 0,
-        waited_ms: 0,
-        bundle: None,
-        pending: false,
-        enforcement: None,
-        extra: Default::default(),
-    }
+    let gpus = vec![GpuShare {
+        uuid: vramgate::config::SIMULATED_GPU_UUID.into(),
+        bytes,
+        limit: None,
+    }];
+    Reservation::held(id, gpus, init)
 }
 
 /// An identity that was a real process and is gone now.

@@ -36,29 +36,6 @@ fn rules() -> Rules {
     }
 }
 
-/// The admission rule for a request that names its GPUs (no placement).
-fn decide(
-    ledger: &vramgate::ledger::Ledger,
-    snapshot: &vramgate::inventory::Snapshot,
-    allocated: &admission::Allocated,
-    rules: &Rules,
-    shares: &[vramgate::ledger::GpuShare],
-    ticket: Option<u64>,
-    now_unix_ms: u64,
-) -> Decision {
-    admission::decide(
-        ledger,
-        snapshot,
-        allocated,
-        rules,
-        shares,
-        None,
-        ticket,
-        None,
-        vramgate::clock::Stamp::wall(now_unix_ms),
-    )
-}
-
 fn allocated(host: &RecordedHost) -> attribution::Attribution {
     attribution::attribute(&host.ledger, &host.snapshot.processes, host.pid_namespace())
 }
@@ -208,7 +185,7 @@ fn recorded_queue_moment_admission_counts_allocation_once() {
 
     // The head of the queue (6848 MiB) does not fit yet; it must wait, not be admitted.
     let head = &host.ledger.queue[0];
-    let d = decide(
+    let d = admission::decide_named(
         &host.ledger,
         &host.snapshot,
         &a.allocated,
@@ -224,7 +201,7 @@ fn recorded_queue_moment_admission_counts_allocation_once() {
         bytes: 1 << 30,
         limit: None,
     }];
-    let d = decide(&host.ledger, &host.snapshot, &a.allocated, &rules(), &small, None, 0);
+    let d = admission::decide_named(&host.ledger, &host.snapshot, &a.allocated, &rules(), &small, None, 0);
     assert_eq!(d, Decision::Queued { ahead: 4 });
     // The sum of reservations never exceeded the card.
     assert!(host.ledger.reserved_on(&gpu.uuid) <= gpu.total);
@@ -293,7 +270,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     };
     let small_mig = "MIG-5c6a31e2-0001-5000-8000-000000000001";
     // 12 GiB can never fit a 1g.10gb device, however empty the rest of the card is.
-    let d = decide(
+    let d = admission::decide_named(
         &host.ledger,
         snapshot,
         &a.allocated,
@@ -304,7 +281,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     );
     assert!(matches!(d, Decision::Never { .. }), "{d:?}");
     // 8 GiB fits its 9984 MiB less the 1 GiB the outside process holds.
-    let d = decide(
+    let d = admission::decide_named(
         &host.ledger,
         snapshot,
         &a.allocated,
@@ -314,7 +291,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
         0,
     );
     assert!(matches!(d, Decision::Admit { .. }), "{d:?}");
-    let d = decide(
+    let d = admission::decide_named(
         &host.ledger,
         snapshot,
         &a.allocated,
@@ -329,7 +306,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     let account = admission::account(&host.ledger, &snapshot.gpus[0], &a.allocated, &rules());
     assert_eq!(account.unallocated, 2 << 30);
     let fits = account.available();
-    let d = decide(
+    let d = admission::decide_named(
         &host.ledger,
         snapshot,
         &a.allocated,
@@ -340,7 +317,7 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     );
     assert!(matches!(d, Decision::Admit { .. }), "{d:?}");
     assert!(matches!(
-        decide(
+        admission::decide_named(
             &host.ledger,
             snapshot,
             &a.allocated,

@@ -26,6 +26,25 @@ pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
 pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
 
+impl Reservation {
+    /// A confirmed reservation of `gpus` for `container_id`, held by `init` since the epoch,
+    /// with nothing else recorded: what tests and benches build ledgers from, in one place so
+    /// that a field added to a reservation is added to them once.
+    pub fn held(container_id: &str, gpus: Vec<GpuShare>, init: crate::procfs::ProcessIdentity) -> Reservation {
+        Reservation {
+            container_id: container_id.to_string(),
+            gpus,
+            init,
+            created_unix_ms: 0,
+            waited_ms: 0,
+            bundle: None,
+            pending: false,
+            enforcement: None,
+            extra: Extra::default(),
+        }
+    }
+}
+
 /// Whether an admission with a limit must reserve the limit whole, because a hook of a release
 /// without limits waits in the queue and will read the ledger (see `ledger/compat.rs`).
 pub fn limits_must_be_reserved(ledger: &Ledger) -> bool {
