@@ -1,5 +1,5 @@
 //! The `[inventory]` table as the inventory reads it: which backend, and the static list.
-//! `config.rs` parses the file into these types and hands them over through [`Settings`],
+//! [`crate::config`] parses the file into these types and hands them over through [`Settings`],
 //! so the inventory, below the config, never reads the config file itself.
 
 use std::path::Path;

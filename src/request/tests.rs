@@ -1,0 +1,416 @@
+use super::*;
+use crate::inventory::GpuMemory;
+use std::path::Path;
+
+pub(super) fn spec(json: &str) -> SpecView {
+    SpecView::parse(json.as_bytes(), Path::new("/b/config.json")).unwrap()
+}
+
+#[test]
+fn a_claims_container_takes_the_claims_amount_or_is_refused() {
+    let one = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+        "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]}}"#;
+    let request = Request::from_spec(&spec(one)).unwrap().expect("a request");
+    assert_eq!(request.memory, Quantity::Bytes(6 << 30));
+    let two = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+        "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0:5ecret1","VRAMGATE_DRA_DEVICE_u2_gpu_1=u2-gpu-1:5ecret2"]}}"#;
+    let err = Request::from_spec(&spec(two)).unwrap_err();
+    assert!(
+        matches!(err, RequestError::SeveralClaimDevices { count: 2, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("u1-gpu-0, u2-gpu-1"), "{err}");
+    assert!(
+        !err.to_string().contains("5ecret"),
+        "a marker's secret never goes into a message: {err}"
+    );
+    let annotated = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+        "VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]},"annotations":{"vramgate.dev/memory":"1Gi"}}"#;
+    let err = Request::from_spec(&spec(annotated)).unwrap_err();
+    assert!(matches!(err, RequestError::ClaimAndAnnotation { .. }), "{err}");
+    assert!(err.to_string().contains("remove the annotation"), "{err}");
+    // A limit of its own beside the claim: by annotation refused; by env (before the
+    // claim's, as CDI appends its edits) the claim's wins.
+    let widened = r#"{"process":{"env":["VRAMGATE_MEMORY=6Gi","VRAMGATE_GPUS=GPU-aaaa",
+        "VRAMGATE_MEMORY_LIMIT=6Gi","VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0"]},
+        "annotations":{"vramgate.dev/memory-limit":"60Gi"}}"#;
+    let err = Request::from_spec(&spec(widened)).unwrap_err();
+    assert!(
+        matches!(&err, RequestError::ClaimAndAnnotation { annotation, .. } if annotation == MEMORY_LIMIT_ANNOTATION),
+        "{err}"
+    );
+    let own_env = r#"{"process":{"env":["VRAMGATE_MEMORY_LIMIT=60Gi","VRAMGATE_MEMORY=6Gi",
+        "VRAMGATE_GPUS=GPU-aaaa","VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0","VRAMGATE_MEMORY_LIMIT=6442450944"]}}"#;
+    let request = Request::from_spec(&spec(own_env)).unwrap().expect("a request");
+    // The claim's limit, equal to its request, is no limit above it: not the 60Gi.
+    assert_eq!(request.limit.unwrap_or(request.memory), Quantity::Bytes(6 << 30));
+}
+
+pub(super) fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
+    GpuMemory::for_test(index, mig, uuid)
+}
+
+pub(super) fn host() -> Snapshot {
+    Snapshot {
+        gpus: vec![gpu(0, None, "GPU-aaaa"), gpu(1, None, "GPU-bbbb")],
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn no_request_is_none() {
+    assert_eq!(
+        Request::from_spec(&spec(r#"{"process":{"env":["PATH=/bin"]}}"#)),
+        Ok(None)
+    );
+    assert!(!has_request(&spec("{}")));
+}
+
+#[test]
+fn annotation_wins_over_env_with_a_note() {
+    let r = Request::from_spec(&spec(
+        r#"{"annotations":{"vramgate.dev/memory":"2Gi"},"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.memory, Quantity::Bytes(2 << 30));
+    assert_eq!(r.memory_source, MEMORY_ANNOTATION);
+    assert_eq!(r.notes.len(), 1);
+    assert!(r.notes[0].contains("overrides"));
+}
+
+#[test]
+fn env_only_request_with_policy_and_timeout() {
+    let r = Request::from_spec(&spec(
+        r#"{"process":{"env":["VRAMGATE_MEMORY=1205Mi","VRAMGATE_POLICY=wait","VRAMGATE_TIMEOUT=90s","NVIDIA_VISIBLE_DEVICES=all"]}}"#,
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.policy, Some(Policy::Wait));
+    assert_eq!(r.timeout, Some(Duration::from_secs(90)));
+    assert_eq!(r.gpus.selection, GpuSelection::All);
+}
+
+#[test]
+fn bad_values_name_their_source() {
+    let cases = [
+        (
+            r#"{"annotations":{"vramgate.dev/memory":"lots"}}"#,
+            "vramgate.dev/memory",
+        ),
+        (
+            r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/policy":"maybe","vramgate.dev/gpus":"0"}}"#,
+            "vramgate.dev/policy",
+        ),
+        (
+            r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_TIMEOUT=soon","NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+            "VRAMGATE_TIMEOUT",
+        ),
+        (
+            r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=0,gpu7"]}}"#,
+            "NVIDIA_VISIBLE_DEVICES",
+        ),
+        (
+            r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi","NVIDIA_VISIBLE_DEVICES=none"]}}"#,
+            "names no GPU",
+        ),
+        (r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi"]}}"#, "names no GPU"),
+    ];
+    for (json, needle) in cases {
+        let err = Request::from_spec(&spec(json)).expect_err(json).to_string();
+        assert!(err.contains(needle), "{json}: {err}");
+    }
+}
+
+#[test]
+fn a_pod_sandbox_never_has_a_request() {
+    // What containerd's CRI plugin and CRI-O write into a sandbox's spec: the pod's
+    // annotations and the marker.
+    for marker in CRI_CONTAINER_TYPE_ANNOTATIONS {
+        let s = spec(&format!(
+            r#"{{"annotations":{{"vramgate.dev/memory":"1205Mi","vramgate.dev/gpus":"0","{marker}":"sandbox"}},"process":{{"env":["VRAMGATE_MEMORY=1Gi"]}}}}"#
+        ));
+        assert_eq!(pod_role(&s), PodRole::Sandbox, "{marker}");
+        assert!(!has_request(&s), "{marker}");
+        assert_eq!(Request::from_spec(&s), Ok(None), "{marker}");
+    }
+}
+
+#[test]
+fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
+    let container = |extra: &str, env: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"vramgate.dev/memory":"1205Mi","io.kubernetes.cri.container-type":"container"{extra}}},"process":{{"env":["PATH=/bin"{env}]}}}}"#
+        ))
+    };
+    // The pod names the GPU for all its containers, or the device plugin for one.
+    for s in [
+        container(r#","vramgate.dev/gpus":"0""#, ""),
+        container("", r#","NVIDIA_VISIBLE_DEVICES=0""#),
+    ] {
+        assert_eq!(pod_role(&s), PodRole::Container);
+        let r = Request::from_spec(&s).unwrap().unwrap();
+        assert_eq!(r.memory, Quantity::Bytes(1205 << 20));
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-aaaa"]);
+    }
+    // A sidecar with no GPU: no request, where outside a pod the same spec is refused.
+    for env in ["", r#","NVIDIA_VISIBLE_DEVICES=none""#] {
+        let sidecar = container("", env);
+        assert!(!has_request(&sidecar));
+        assert_eq!(Request::from_spec(&sidecar), Ok(None));
+    }
+    let outside = spec(r#"{"annotations":{"vramgate.dev/memory":"1205Mi"}}"#);
+    assert_eq!(pod_role(&outside), PodRole::NotInPod);
+    assert!(matches!(Request::from_spec(&outside), Err(RequestError::NoGpu { .. })));
+    // A bad device list is still reported, and a container's own env request keeps the rule.
+    let bad = container("", r#","NVIDIA_VISIBLE_DEVICES=gpu7""#);
+    assert!(matches!(Request::from_spec(&bad), Err(RequestError::Invalid { .. })));
+    let own = container("", r#","VRAMGATE_MEMORY=1Gi""#);
+    assert!(matches!(Request::from_spec(&own), Err(RequestError::NoGpu { .. })));
+}
+
+/// NVIDIA's variables and KAI's annotations are a request: the request with the limit beside
+/// it (either alone stands for both), parsed as strictly as the toolkit's hook, and refused
+/// where vramgate's word disagrees.
+#[test]
+fn nvidia_vocabulary_is_a_request() {
+    let env = |vars: &str| {
+        spec(&format!(
+            r#"{{"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{vars}]}}}}"#
+        ))
+    };
+    let memory = |s: &SpecView| Request::from_spec(s).map(|r| r.map(|r| (r.memory, r.from_nvidia)));
+    assert!(has_request(&env(r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#)));
+    assert_eq!(
+        memory(&env(r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#)),
+        Ok(Some((Quantity::Bytes(2 << 30), true)))
+    );
+    assert_eq!(
+        memory(&env(r#","NVIDIA_GPU_MEMORY_REQUEST=1024""#)),
+        Ok(Some((Quantity::Bytes(1 << 30), true)))
+    );
+    // Both: the request is reserved, the limit kept beside it.
+    let both = Request::from_spec(&env(
+        r#","NVIDIA_GPU_MEMORY_REQUEST=0512","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+    ))
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (both.memory, both.from_nvidia, both.limit, both.limit_from_nvidia),
+        (Quantity::Bytes(512 << 20), true, Some(Quantity::Bytes(3 << 30)), true)
+    );
+    // vramgate's word beside the same amount: one request, vramgate's.
+    assert_eq!(
+        memory(&env(r#","VRAMGATE_MEMORY=3Gi","NVIDIA_GPU_MEMORY_LIMIT=3072""#)),
+        Ok(Some((Quantity::Bytes(3 << 30), false)))
+    );
+    // Disagreeing: one line naming both.
+    for vars in [
+        r#","VRAMGATE_MEMORY=2Gi","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+        r#","VRAMGATE_MEMORY=25%","NVIDIA_GPU_MEMORY_LIMIT=3072""#,
+    ] {
+        let err = Request::from_spec(&env(vars)).unwrap_err();
+        assert!(
+            matches!(err, RequestError::VocabulariesDisagree { .. }),
+            "{vars}: {err}"
+        );
+        let line = err.to_string();
+        assert!(
+            line.contains("VRAMGATE_MEMORY = ") && line.contains("NVIDIA_GPU_MEMORY_LIMIT = \"3072\""),
+            "{line}"
+        );
+    }
+    // As strict as Go's strconv.ParseUint(v, 10, 64), and the bytes must fit.
+    for bad in [
+        "",
+        "1Gi",
+        "1024Mi",
+        "+5",
+        "-1",
+        " 5",
+        "5 ",
+        "1.5",
+        "0x10",
+        "1_000",
+        "18446744073709551616",
+        "17592186044416",
+    ] {
+        let err = Request::from_spec(&env(&format!(r#","NVIDIA_GPU_MEMORY_LIMIT={bad}""#))).unwrap_err();
+        assert!(
+            matches!(&err, RequestError::Invalid { source_name, .. } if source_name == NVIDIA_LIMIT_ENV),
+            "{bad:?}: {err}"
+        );
+    }
+    // Request above the limit, and zero, refused as the toolkit's hook and VRAMGATE_MEMORY do.
+    let err = Request::from_spec(&env(
+        r#","NVIDIA_GPU_MEMORY_REQUEST=4096","NVIDIA_GPU_MEMORY_LIMIT=1024""#,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("cannot exceed the limit"), "{err}");
+    let err = Request::from_spec(&env(r#","NVIDIA_GPU_MEMORY_REQUEST=0""#))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is zero"), "{err}");
+    // NVIDIA's variables with no GPU: refused like VRAMGATE_MEMORY.
+    let s = spec(r#"{"process":{"env":["NVIDIA_GPU_MEMORY_LIMIT=1024"]}}"#);
+    assert!(matches!(Request::from_spec(&s), Err(RequestError::NoGpu { .. })));
+    // The variables vramgate-runtime wrote for the toolkit's hook are not read back.
+    let written = spec(
+        r#"{"annotations":{"vramgate.dev/enforcement":"toolkit_limit","vramgate.dev/memory":"3221225472"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_GPU_MEMORY_REQUEST=0","NVIDIA_GPU_MEMORY_LIMIT=3071"]}}"#,
+    );
+    assert_eq!(memory(&written), Ok(Some((Quantity::Bytes(3 << 30), false))));
+    // A container that brings the annotation itself, asking only in NVIDIA's words (the
+    // hook's path: no wrapper wrote anything), is still a request: the annotation never
+    // takes one away.
+    let brought = spec(
+        r#"{"annotations":{"vramgate.dev/enforcement":"toolkit_limit"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_GPU_MEMORY_LIMIT=40960"]}}"#,
+    );
+    assert_eq!(memory(&brought), Ok(Some((Quantity::Bytes(40 << 30), true))));
+}
+
+#[test]
+fn a_limit_beside_the_request() {
+    let with = |annotations: &str, env: &str| {
+        Request::from_spec(&spec(&format!(
+            r#"{{"annotations":{{{annotations}}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{env}]}}}}"#
+        )))
+    };
+    let r = with(r#""vramgate.dev/memory":"2Gi","vramgate.dev/memory-limit":"6Gi""#, "")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.memory, r.limit),
+        (Quantity::Bytes(2 << 30), Some(Quantity::Bytes(6 << 30)))
+    );
+    assert_eq!(r.limit_source, MEMORY_LIMIT_ANNOTATION);
+    assert_eq!(
+        (r.limit_on(8 << 30), r.from_nvidia, r.limit_from_nvidia),
+        (Ok(6 << 30), false, false)
+    );
+    // The env, and the annotation over it with a note.
+    let r = with("", r#","VRAMGATE_MEMORY=1Gi","VRAMGATE_MEMORY_LIMIT=50%""#)
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.limit, Some(Quantity::PartsPerMillion(500_000)));
+    assert_eq!(r.limit_on(8 << 30), Ok(4 << 30));
+    let err = r.limit_on(1 << 30).unwrap_err().to_string();
+    assert!(
+        err.starts_with(
+            "VRAMGATE_MEMORY_LIMIT = \"50%\" (512 MiB) is less than the request VRAMGATE_MEMORY (1024 MiB)"
+        ),
+        "{err}"
+    );
+    let r = with(
+        r#""vramgate.dev/memory-limit":"3Gi""#,
+        r#","VRAMGATE_MEMORY=1Gi","VRAMGATE_MEMORY_LIMIT=2Gi""#,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(r.limit, Some(Quantity::Bytes(3 << 30)));
+    assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    // No limit, or one equal to the request: limit = request.
+    let r = with(
+        r#""vramgate.dev/memory":"2Gi","vramgate.dev/memory-limit":"2048Mi""#,
+        "",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!((r.limit, r.limit_on(8 << 30)), (None, Ok(2 << 30)));
+    // Below the request: one line naming both.
+    let err = with(r#""vramgate.dev/memory":"6Gi","vramgate.dev/memory-limit":"2Gi""#, "").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "vramgate.dev/memory-limit = \"2Gi\" (2048 MiB) is less than the request vramgate.dev/memory (6144 MiB): a limit is what the container may use at most, so it must be at least its request; raise the limit or leave it out (no limit means limit = request)"
+    );
+    // A bad quantity names its key.
+    let err = with(r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"lots""#, "").unwrap_err();
+    assert!(
+        matches!(&err, RequestError::Invalid { source_name, .. } if source_name == MEMORY_LIMIT_ANNOTATION),
+        "{err}"
+    );
+    // vramgate's limit and NVIDIA's disagreeing: refused; agreeing: one request and limit.
+    let err = with(
+        r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"4Gi""#,
+        r#","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+    )
+    .unwrap_err();
+    assert!(matches!(err, RequestError::VocabulariesDisagree { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("(request 1024 MiB, limit 4096 MiB and request 1024 MiB, limit 2048 MiB)"),
+        "{err}"
+    );
+    let err = with("", r#","VRAMGATE_MEMORY_LIMIT=4Gi","NVIDIA_GPU_MEMORY_LIMIT=2048""#).unwrap_err();
+    assert!(matches!(err, RequestError::VocabulariesDisagree { .. }), "{err}");
+    let r = with(
+        r#""vramgate.dev/memory":"1Gi","vramgate.dev/memory-limit":"2Gi""#,
+        r#","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (r.memory, r.limit, r.from_nvidia),
+        (Quantity::Bytes(1 << 30), Some(Quantity::Bytes(2 << 30)), false)
+    );
+    // NVIDIA's request beside vramgate's limit: the limit is vramgate's.
+    let r = with(
+        "",
+        r#","VRAMGATE_MEMORY_LIMIT=2Gi","NVIDIA_GPU_MEMORY_REQUEST=1024","NVIDIA_GPU_MEMORY_LIMIT=2048""#,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!((r.from_nvidia, r.limit_from_nvidia), (true, false));
+}
+
+#[test]
+fn kai_annotations_name_one_container_of_the_pod() {
+    let pod = |name: &str, env: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.container-name":"{name}","nvidia.com/container.trainer.gpu-memory.request":"1024","nvidia.com/container.trainer.gpu-memory.limit":"2048"}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"{env}]}}}}"#
+        ))
+    };
+    let r = Request::from_spec(&pod("trainer", "")).unwrap().unwrap();
+    assert_eq!(
+        (r.memory, r.from_nvidia, r.limit),
+        (Quantity::Bytes(1 << 30), true, Some(Quantity::Bytes(2 << 30)))
+    );
+    assert!(
+        r.memory_source
+            .contains("nvidia.com/container.trainer.gpu-memory.limit = \"2048\""),
+        "{}",
+        r.memory_source
+    );
+    // Another container of the pod: not its request.
+    assert!(!has_request(&pod("sidecar", "")));
+    assert_eq!(Request::from_spec(&pod("sidecar", "")), Ok(None));
+    // KAI's injected variables beside them, the same: no note; different: a note.
+    let r = Request::from_spec(&pod("trainer", r#","NVIDIA_GPU_MEMORY_LIMIT=2048""#))
+        .unwrap()
+        .unwrap();
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+    let r = Request::from_spec(&pod("trainer", r#","NVIDIA_GPU_MEMORY_LIMIT=9999""#))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.memory, r.limit),
+        (Quantity::Bytes(1 << 30), Some(Quantity::Bytes(2 << 30)))
+    );
+    assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    // The pod's vramgate.dev/memory disagreeing: refused.
+    let s = spec(
+        r#"{"annotations":{"vramgate.dev/memory":"1Gi","io.kubernetes.cri.container-type":"container","io.kubernetes.container.name":"trainer","nvidia.com/container.trainer.gpu-memory.limit":"2048"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+    );
+    assert!(matches!(
+        Request::from_spec(&s),
+        Err(RequestError::VocabulariesDisagree { .. })
+    ));
+    // A DRA claim's container: NVIDIA's word may not override the claim's amount.
+    let claim = spec(
+        r#"{"process":{"env":["VRAMGATE_DRA_DEVICE_x=uid-gpu-0:s","VRAMGATE_MEMORY=1073741824","VRAMGATE_GPUS=GPU-aaaa","NVIDIA_GPU_MEMORY_LIMIT=2048"]}}"#,
+    );
+    assert!(matches!(
+        Request::from_spec(&claim),
+        Err(RequestError::VocabulariesDisagree { .. })
+    ));
+}
