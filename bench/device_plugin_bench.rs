@@ -28,21 +28,7 @@ fn uuid(i: usize) -> String {
 }
 
 fn reservation(id: String, gpu: usize, init: ProcessIdentity) -> Reservation {
-    Reservation {
-        container_id: id,
-        gpus: vec![GpuShare {
-            uuid: uuid(gpu),
-            bytes: GIB,
-            limit: None,
-        }],
-        init,
-        created_unix_ms: 1,
-        waited_ms: 0,
-        bundle: None,
-        pending: false,
-        enforcement: None,
-        extra: Default::default(),
-    }
+    Reservation::new(id, vec![GpuShare::new(uuid(gpu), GIB, 0)], init, 1)
 }
 
 /// GPU 0's healthy units in a list.

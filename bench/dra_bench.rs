@@ -289,21 +289,10 @@ fn main() {
         let want = want.as_str();
         let mut tx = state.begin().unwrap();
         if adding {
-            tx.ledger.reservations.push(Reservation {
-                container_id: "outside-k8s".into(),
-                gpus: vec![GpuShare {
-                    uuid: gpu0_uuid.clone(),
-                    bytes: GIB,
-                    limit: None,
-                }],
-                init,
-                created_unix_ms: 1,
-                waited_ms: 0,
-                bundle: None,
-                pending: false,
-                enforcement: None,
-                extra: Default::default(),
-            });
+            let gpus = vec![GpuShare::new(gpu0_uuid.clone(), GIB, 0)];
+            tx.ledger
+                .reservations
+                .push(Reservation::new("outside-k8s", gpus, init, 1));
         } else {
             tx.ledger.reservations.retain(|r| r.container_id != "outside-k8s");
         }

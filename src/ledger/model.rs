@@ -122,25 +122,35 @@ impl Reservation {
         self.gpus.iter().map(|g| g.bytes).fold(0u64, u64::saturating_add)
     }
 
-    /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
-    /// tests build ledgers from.
-    #[cfg(test)]
-    pub(crate) fn for_test(container_id: &str, uuid: &str, bytes: u64) -> Reservation {
+    /// An admitted reservation of `gpus` for `container_id`, held by `init` since
+    /// `created_unix_ms`: no wait, no bundle, not pending, no tier recorded, no newer fields.
+    /// The one place a reservation is built field by field (admission, tests, benches); a
+    /// caller sets what differs with `..Reservation::new(..)`.
+    pub fn new(
+        container_id: impl Into<String>,
+        gpus: Vec<GpuShare>,
+        init: ProcessIdentity,
+        created_unix_ms: u64,
+    ) -> Reservation {
         Reservation {
             container_id: container_id.into(),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes,
-                limit: None,
-            }],
-            init: crate::procfs::ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 1,
+            gpus,
+            init,
+            created_unix_ms,
             waited_ms: 0,
             bundle: None,
             pending: false,
             enforcement: None,
             extra: Extra::new(),
         }
+    }
+
+    /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
+    /// tests build ledgers from.
+    #[cfg(test)]
+    pub(crate) fn for_test(container_id: &str, uuid: &str, bytes: u64) -> Reservation {
+        let init = ProcessIdentity { pid: 1, start_time: 1 };
+        Reservation::new(container_id, vec![GpuShare::new(uuid, bytes, 0)], init, 1)
     }
 
     /// Whether a stop of the container `container_id` with `bundle` releases this reservation.
@@ -443,17 +453,8 @@ mod tests {
             bytes,
             limit: None,
         };
-        let reservation = |id: &str, bytes| Reservation {
-            container_id: id.into(),
-            gpus: vec![share(bytes)],
-            init: ProcessIdentity { pid: 1, start_time: 7 },
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        };
+        let reservation =
+            |id: &str, bytes| Reservation::new(id, vec![share(bytes)], ProcessIdentity { pid: 1, start_time: 7 }, 1);
         let ledger = Ledger {
             reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
             ..Ledger::default()
@@ -490,15 +491,8 @@ mod tests {
     #[test]
     fn a_stop_releases_only_the_reservation_of_its_own_bundle() {
         let reservation = |bundle: Option<&str>| Reservation {
-            container_id: "c".into(),
-            gpus: vec![],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 0,
-            waited_ms: 0,
             bundle: bundle.map(PathBuf::from),
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
+            ..Reservation::new("c", vec![], ProcessIdentity { pid: 1, start_time: 1 }, 0)
         };
         let live = reservation(Some("/run/containerd/ns-a/c"));
         assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));
