@@ -12,24 +12,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-if [ -z "${WRAPPER:-}" ] && command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
-wrapper=${WRAPPER:-$PWD/target/release/vramgate-runtime}
+source bench/lib.sh
+need_hyperfine_and_jq
+find_wrapper
 # Bundles and state on tmpfs, as engines and /run/vramgate have them.
 work=$(mktemp -d -p /dev/shm)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-{
-  echo "state_dir = \"$work/state\""
-  echo "[runtime]"
-  echo "runtimes = [\"/bin/true\"]"
-  echo "[inventory]"
-  echo "backend = \"static\""
-  for i in 0 1 2 3 4 5 6 7; do
-    printf '[[inventory.gpus]]\nindex = %d\nuuid = "GPU-bench-%d"\nminor = %d\ntotal = "80Gi"\n' "$i" "$i" "$i"
-  done
-} >"$work/config.toml"
+true_runtime_config "$work" 8 >"$work/config.toml"
 export VRAMGATE_CONFIG=$work/config.toml
 
 # 500 live reservations (owned by pid 1, which lives as long as the machine), spread over the

@@ -10,21 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-if [ -z "${WRAPPER:-}" ] && command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
-wrapper=${WRAPPER:-$PWD/target/release/vramgate-runtime}
+source bench/lib.sh
+need_hyperfine_and_jq
+find_wrapper
 work=$(mktemp -d -p /dev/shm)
 trap 'rm -rf "$work"' EXIT
-{
-  echo "state_dir = \"$work/state\""
-  echo "[runtime]"
-  echo "runtimes = [\"/bin/true\"]"
-  echo "[inventory]"
-  echo "backend = \"static\""
-  printf '[[inventory.gpus]]\nindex = 0\nuuid = "GPU-bench-0"\nminor = 0\ntotal = "80Gi"\n'
-} >"$work/config.toml"
+true_runtime_config "$work" 1 >"$work/config.toml"
 export VRAMGATE_CONFIG=$work/config.toml
 mkdir -m 0700 "$work/state"
 for policy in wait reject; do

@@ -8,23 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-wrapper=$PWD/target/release/vramgate-runtime
-# A machine with the binaries but no toolchain (a quiet benchmark host) skips the build.
-if command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
+source bench/lib.sh
+need_hyperfine_and_jq
+find_wrapper
 # Engines keep bundles on tmpfs (/run/containerd/..., /run/docker/...), where the fsyncs of
 # the atomic rewrite are cheap: /dev/shm stands in for it. A second bundle on the disk of the
 # repository shows the cost where /run is not tmpfs.
 work=$(mktemp -d -p /dev/shm)
 disk=$(mktemp -d -p "$PWD/target")
 trap 'rm -rf "$work" "$disk"' EXIT
-cat >"$work/config.toml" <<TOML
-state_dir = "$work/state"
-[runtime]
-runtimes = ["/bin/true"]
-TOML
+true_runtime_config "$work" >"$work/config.toml"
 export VRAMGATE_CONFIG=$work/config.toml
 # runc 1.1's default spec with a request in env and annotations (bench/spec-request.json), and
 # the same without the request.
