@@ -92,3 +92,36 @@ if ! runc_ run --bundle "$probe_dir" vramgate-probe-$$ </dev/null >"$probe_dir/l
         { echo "cannot run a GPU container here: $(cat "$probe_dir/log")" >&2; exit 1; }
 fi
 echo "container probe: $(cat "$probe_dir/log") ${RUN_FLAGS[*]}" >&2
+
+# PASS/FAIL/INFO lines of the checks, also appended to $SUMMARY where a script keeps one
+# (summary_in); `failures` counts the FAILs for the exit status.
+failures=0
+say() { if [ -n "${SUMMARY:-}" ]; then echo "$*" | tee -a "$SUMMARY"; else echo "$*"; fi; }
+pass() { say "PASS $*"; }
+fail() { say "FAIL $*"; failures=$((failures + 1)); }
+info() { say "INFO $*"; }
+
+# Results go to the directory $1, with an empty summary.txt that say/pass/fail/info fill.
+summary_in() {
+    R=$1
+    mkdir -p "$R"
+    SUMMARY=$R/summary.txt
+    : >"$SUMMARY"
+}
+
+# MPS's control binary (on PATH or in /usr/local/nvidia/bin) in MPS_CONTROL, or a FAIL and exit.
+find_mps_control() {
+    export PATH="$PATH:/usr/local/nvidia/bin"
+    MPS_CONTROL=$(command -v nvidia-cuda-mps-control) || { say "FAIL nvidia-cuda-mps-control not found"; exit 1; }
+}
+
+# Waits (60 s at most) until `vramgate status` under the config $1 lists $2 reservations.
+wait_for_reservations() {
+    local config=$1 want=$2 n
+    for _ in $(seq 1 60); do
+        sleep 1
+        n=$(VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
+            "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
+        [ "$n" -ge "$want" ] && break
+    done
+}

@@ -14,18 +14,8 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-R=${1:-${OUT:-$WORK/overuse}}
-mkdir -p "$R"
-SUMMARY=$R/summary.txt
-: >"$SUMMARY"
-failures=0
-say() { echo "$*" | tee -a "$SUMMARY"; }
-pass() { say "PASS $*"; }
-fail() { say "FAIL $*"; failures=$((failures + 1)); }
-info() { say "INFO $*"; }
-
-export PATH="$PATH:/usr/local/nvidia/bin"
-MPS_CONTROL=$(command -v nvidia-cuda-mps-control) || { echo "FAIL nvidia-cuda-mps-control not found" | tee -a "$SUMMARY"; exit 1; }
+summary_in "${1:-${OUT:-$WORK/overuse}}"
+find_mps_control
 N=${NEIGHBOURS:-6}
 T=$WORK/overuse-run
 PIPE=$WORK/mps-pipe
