@@ -125,3 +125,9 @@ wait_for_reservations() {
         [ "$n" -ge "$want" ] && break
     done
 }
+
+# How many reservations and tickets the ledger under the config $1 still holds.
+left_in_ledger() {
+    VRAMGATE_CONFIG=$1 "$BIN/vramgate" status --json |
+        "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))'
+}
