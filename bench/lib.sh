@@ -32,3 +32,22 @@ true_runtime_config() {
     done
   fi
 }
+
+# What each of these benches starts with, called with the script's arguments after the
+# number of static GPUs $1: the tools, the wrapper, `runs` (`--runs N`, default 300), and
+# `work`, a new directory on /dev/shm (engines keep bundles and state on tmpfs, as
+# /run/vramgate is) with the wrapper's config, exported as VRAMGATE_CONFIG, and an empty
+# private state directory; removed at exit unless KEEP is set (for profiling).
+start_wrapper_bench() {
+  local gpus=$1
+  shift
+  runs=300
+  if [ "${1:-}" = --runs ]; then runs=${2:?--runs N}; fi
+  need_hyperfine_and_jq
+  find_wrapper
+  work=$(mktemp -d -p /dev/shm)
+  trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+  true_runtime_config "$work" "$gpus" >"$work/config.toml"
+  export VRAMGATE_CONFIG=$work/config.toml
+  mkdir -m 0700 "$work/state"
+}

@@ -11,19 +11,11 @@
 #        for before/after comparisons); KEEP=1 keeps the work dir on /dev/shm for profiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
 source bench/lib.sh
-need_hyperfine_and_jq
-find_wrapper
-# Bundles and state on tmpfs, as engines and /run/vramgate have them.
-work=$(mktemp -d -p /dev/shm)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-true_runtime_config "$work" 8 >"$work/config.toml"
-export VRAMGATE_CONFIG=$work/config.toml
+start_wrapper_bench 8 "$@"
 
 # 500 live reservations (owned by pid 1, which lives as long as the machine), spread over the
 # 8 GPUs, written as a ledger the state directory starts from before every run.
-mkdir -m 0700 "$work/state"
 python3 - "$work/ledger.json" <<'PY'
 import json, sys
 start = int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19])

@@ -9,15 +9,8 @@
 # Usage: bench/queue-guard.sh [--runs N]   (builds the release binaries first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
 source bench/lib.sh
-need_hyperfine_and_jq
-find_wrapper
-work=$(mktemp -d -p /dev/shm)
-trap 'rm -rf "$work"' EXIT
-true_runtime_config "$work" 1 >"$work/config.toml"
-export VRAMGATE_CONFIG=$work/config.toml
-mkdir -m 0700 "$work/state"
+start_wrapper_bench 1 "$@"
 for policy in wait reject; do
   jq -c --arg p "$policy" '.annotations["vramgate.dev/gpus"] = "0" | .annotations["vramgate.dev/memory"] = "1Gi" | .annotations["vramgate.dev/policy"] = $p' \
     bench/spec-request.json >"$work/$policy.json"

@@ -7,18 +7,13 @@
 # Usage: bench/runtime.sh [--runs N]   (builds the release binaries first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
 source bench/lib.sh
-need_hyperfine_and_jq
-find_wrapper
 # Engines keep bundles on tmpfs (/run/containerd/..., /run/docker/...), where the fsyncs of
 # the atomic rewrite are cheap: /dev/shm stands in for it. A second bundle on the disk of the
 # repository shows the cost where /run is not tmpfs.
-work=$(mktemp -d -p /dev/shm)
+start_wrapper_bench 0 "$@"
 disk=$(mktemp -d -p "$PWD/target")
 trap 'rm -rf "$work" "$disk"' EXIT
-true_runtime_config "$work" >"$work/config.toml"
-export VRAMGATE_CONFIG=$work/config.toml
 # runc 1.1's default spec with a request in env and annotations (bench/spec-request.json), and
 # the same without the request.
 mkdir -p "$work/bundle" "$work/plain" "$disk/bundle"
