@@ -131,3 +131,19 @@ left_in_ledger() {
     VRAMGATE_CONFIG=$1 "$BIN/vramgate" status --json |
         "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))'
 }
+
+# The set-up of an MPS check named $1 (enforce, overuse): results in $2 (else $OUT, else
+# $WORK/$1) with its summary, MPS's control binary, and fresh directories: T for its runs,
+# PIPE and LOGD for the MPS daemon (not under /tmp: the containers get a /tmp of their own),
+# and the state directories of earlier runs gone. mps_env runs a command against that daemon.
+start_mps_check() {
+    local name=$1
+    summary_in "${2:-${OUT:-$WORK/$name}}"
+    find_mps_control
+    T=$WORK/$name-run
+    PIPE=$WORK/mps-pipe
+    LOGD=$WORK/mps-log
+    rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE/$name"-*
+    mkdir -p "$T" "$PIPE" "$LOGD"
+}
+mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }

@@ -30,17 +30,10 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-summary_in "${1:-${OUT:-$WORK/enforce}}"
-find_mps_control
+start_mps_check enforce "${1:-}"
 N=${NEIGHBOURS:-20}
-T=$WORK/enforce-run
-PIPE=$WORK/mps-pipe          # not under /tmp: the containers get a /tmp of their own
-LOGD=$WORK/mps-log
 PREFIX=enf$$
-rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE"/enforce-*
-mkdir -p "$T" "$PIPE" "$LOGD"
 
-mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }
 cleanup() {
     set +e
     runc_ list -q 2>/dev/null | grep "^$PREFIX-" | while read -r id; do runc_ delete --force "$id" >/dev/null 2>&1; done

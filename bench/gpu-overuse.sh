@@ -14,17 +14,10 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-summary_in "${1:-${OUT:-$WORK/overuse}}"
-find_mps_control
+start_mps_check overuse "${1:-}"
 N=${NEIGHBOURS:-6}
-T=$WORK/overuse-run
-PIPE=$WORK/mps-pipe
-LOGD=$WORK/mps-log
 PREFIX=ovu$$
-rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE"/overuse-*
-mkdir -p "$T" "$PIPE" "$LOGD"
 cp "$here/gpu_two_procs.sh" "$WORK/gpu_two_procs.sh"
-mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }
 WATCH_PID=
 cleanup() {
     set +e
