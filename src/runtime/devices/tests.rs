@@ -5,17 +5,15 @@ fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {
     GpuMemory::for_test(index, mig, uuid)
 }
 
-/// [`narrow_to`] on a host without MIG capabilities, for a spec at path "c".
+/// [`narrow_to`] on a host without MIG capabilities or DRM nodes, for a spec at `path`.
+fn try_narrow(spec: &mut Value, path: &str, chosen: &[GpuMemory], none_given: WhenNoneGiven) -> Result<()> {
+    let host = HostPaths::default();
+    narrow_to(spec, Path::new(path), chosen, none_given, &MigMinors::default(), &host)
+}
+
+/// [`try_narrow`] for a spec at path "c", which must succeed.
 fn narrow(spec: &mut Value, chosen: &[GpuMemory], none_given: WhenNoneGiven) {
-    narrow_to(
-        spec,
-        Path::new("c"),
-        chosen,
-        none_given,
-        &MigMinors::default(),
-        &HostPaths::default(),
-    )
-    .unwrap();
+    try_narrow(spec, "c", chosen, none_given).unwrap();
 }
 
 fn node(n: &str, minor: u64) -> Value {
@@ -284,13 +282,11 @@ fn a_rule_over_every_character_device_is_refused_and_the_spec_left_alone() {
                       "resources": {"devices": [wide]}}
         });
         let mut spec = before.clone();
-        let err = narrow_to(
+        let err = try_narrow(
             &mut spec,
-            Path::new("/b/config.json"),
+            "/b/config.json",
             &[gpu(1, None, "GPU-b")],
             WhenNoneGiven::Leave,
-            &MigMinors::default(),
-            &HostPaths::default(),
         )
         .unwrap_err()
         .to_string();
@@ -373,13 +369,11 @@ fn drm_nodes_of_gpus_not_chosen_go_with_their_rules() {
 fn a_null_process_or_env_is_taken_as_missing() {
     for spec in [json!({"process": null}), json!({"process": {"env": null}})] {
         let mut spec = spec;
-        narrow_to(
+        try_narrow(
             &mut spec,
-            Path::new("/b/config.json"),
+            "/b/config.json",
             &[gpu(0, None, "GPU-a")],
             WhenNoneGiven::Give,
-            &MigMinors::default(),
-            &HostPaths::default(),
         )
         .unwrap();
         assert_eq!(spec["process"]["env"], json!(["NVIDIA_VISIBLE_DEVICES=GPU-a"]));
@@ -395,13 +389,11 @@ fn misshapen_specs_are_errors_and_left_alone() {
         json!({"linux": {"resources": {"devices": 1}}}),
     ] {
         let mut spec = bad.clone();
-        let err = narrow_to(
+        let err = try_narrow(
             &mut spec,
-            Path::new("/b/config.json"),
+            "/b/config.json",
             &[gpu(0, None, "GPU-a")],
             WhenNoneGiven::Give,
-            &MigMinors::default(),
-            &HostPaths::default(),
         )
         .unwrap_err();
         assert!(err.to_string().contains("/b/config.json"), "{err}");
