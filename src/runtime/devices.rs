@@ -331,39 +331,31 @@ fn gives_no_gpu(value: &str) -> bool {
 
 /// The fields [`narrow_to`] edits must have the types the OCI spec gives them.
 fn check_shapes(root: &Map<String, Value>, path: &Path) -> Result<()> {
-    let want = |field: &str, value: Option<&Value>, ok: fn(&Value) -> bool, expected| match value {
-        Some(v) if !v.is_null() && !ok(v) => Err(shape(path, field, v, expected)),
-        _ => Ok(()),
-    };
-    want("process", root.get("process"), Value::is_object, "object")?;
-    let process = root.get("process");
-    want(
-        "process.env",
-        process.and_then(|p| p.get("env")),
-        Value::is_array,
-        "array",
-    )?;
-    want("annotations", root.get("annotations"), Value::is_object, "object")?;
-    want("linux", root.get("linux"), Value::is_object, "object")?;
-    let linux = root.get("linux");
-    want(
-        "linux.devices",
-        linux.and_then(|l| l.get("devices")),
-        Value::is_array,
-        "array",
-    )?;
-    want(
-        "linux.resources",
-        linux.and_then(|l| l.get("resources")),
-        Value::is_object,
-        "object",
-    )?;
-    want(
-        "linux.resources.devices",
-        linux.and_then(|l| l.get("resources")).and_then(|r| r.get("devices")),
-        Value::is_array,
-        "array",
-    )?;
+    // Each field with whether it is an array (else an object); parents before their children,
+    // so a child is looked up only under a parent of the right shape (or none).
+    const FIELDS: [(&str, bool); 7] = [
+        ("process", false),
+        ("process.env", true),
+        ("annotations", false),
+        ("linux", false),
+        ("linux.devices", true),
+        ("linux.resources", false),
+        ("linux.resources.devices", true),
+    ];
+    for (field, array) in FIELDS {
+        let mut keys = field.split('.');
+        let top = root.get(keys.next().unwrap_or_default());
+        let value = keys.fold(top, |v, key| v.and_then(|v| v.get(key)));
+        let (ok, expected): (fn(&Value) -> bool, _) = if array {
+            (Value::is_array, "array")
+        } else {
+            (Value::is_object, "object")
+        };
+        match value {
+            Some(v) if !v.is_null() && !ok(v) => return Err(shape(path, field, v, expected)),
+            _ => {}
+        }
+    }
     Ok(())
 }
 
