@@ -204,6 +204,25 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// A ticket of `container_id` for `gpus`, waited on by pid 1 (start time 1), enqueued and
+    /// due at time 0, nothing else recorded: what unit tests build queues from.
+    #[cfg(test)]
+    pub(crate) fn for_test(container_id: &str, gpus: Vec<GpuShare>) -> Ticket {
+        Ticket {
+            ticket: 0,
+            container_id: container_id.into(),
+            gpus,
+            waiter: ProcessIdentity { pid: 1, start_time: 1 },
+            enqueued_unix_ms: 0,
+            enqueued_boot_ms: None,
+            deadline_unix_ms: 0,
+            bundle: None,
+            choose: None,
+            expected_ms: None,
+            extra: Extra::new(),
+        }
+    }
+
     /// Whether a stop of the container `container_id` with `bundle` ends this wait.
     pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
         same_container(&self.container_id, self.bundle.as_deref(), container_id, bundle)

@@ -33,19 +33,7 @@ fn reserved_sum_saturates_instead_of_wrapping() {
 #[test]
 fn enqueue_numbers_tickets_in_order() {
     let mut ledger = Ledger::default();
-    let ticket = Ticket {
-        ticket: 0,
-        container_id: "c".into(),
-        gpus: vec![],
-        waiter: ProcessIdentity { pid: 1, start_time: 1 },
-        enqueued_unix_ms: 0,
-        enqueued_boot_ms: None,
-        deadline_unix_ms: 0,
-        bundle: None,
-        choose: None,
-        expected_ms: None,
-        extra: Default::default(),
-    };
+    let ticket = Ticket::for_test("c", vec![]);
     assert_eq!(ledger.enqueue(ticket.clone()), 1);
     assert_eq!(ledger.enqueue(ticket), 2);
     assert_eq!(ledger.next_ticket, 3);
