@@ -17,32 +17,14 @@ use vramgate::deviceplugin::api;
 use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use vramgate::ledger::{GpuShare, Reservation, StateDir};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::bench::{arg, built_binary, report};
+use vramgate::testbed::bench::{arg, built_binary, gpu_uuid as uuid, report, static_config};
 use vramgate::testbed::kubelet::{list_and_watch, Kubelet};
 
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;
 
-fn uuid(i: usize) -> String {
-    format!("GPU-bench-{i}")
-}
-
 fn reservation(id: String, gpu: usize, init: ProcessIdentity) -> Reservation {
-    Reservation {
-        container_id: id,
-        gpus: vec![GpuShare {
-            uuid: uuid(gpu),
-            bytes: GIB,
-            limit: None,
-        }],
-        init,
-        created_unix_ms: 1,
-        waited_ms: 0,
-        bundle: None,
-        pending: false,
-        enforcement: None,
-        extra: Default::default(),
-    }
+    Reservation::new(id, vec![GpuShare::new(uuid(gpu), GIB, 0)], init, 1)
 }
 
 /// GPU 0's healthy units in a list.
@@ -68,17 +50,7 @@ fn main() {
     let state_dir = work.path().join("state");
     let plugin_dir = work.path().join("device-plugins");
     let config = work.path().join("config.toml");
-    let mut toml = format!(
-        "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
-        state_dir.display().to_string()
-    );
-    for i in 0..GPUS {
-        toml += &format!(
-            "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
-            uuid(i)
-        );
-    }
-    std::fs::write(&config, toml).unwrap();
+    std::fs::write(&config, static_config(&state_dir, GPUS)).unwrap();
     let state = StateDir::open_or_create(&state_dir).unwrap();
     let init = ProcessIdentity::of(1).expect("pid 1 is readable");
     let mut tx = state.begin().unwrap();

@@ -27,35 +27,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use tonic::transport::{Endpoint, Uri};
 use vramgate::dra::api::registration::registration_client::RegistrationClient;
 use vramgate::dra::api::registration::{InfoRequest, RegistrationStatus};
 use vramgate::dra::api::v1;
 use vramgate::dra::DRIVER;
 use vramgate::ledger::{GpuShare, Reservation, StateDir};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::bench::{arg, built_binary, report};
+use vramgate::testbed::bench::{arg, built_binary, gpu_uuid as uuid, report, static_config};
 
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;
 const NODE: &str = "bench-node";
 
-fn uuid(i: usize) -> String {
-    format!("GPU-bench-{i}")
-}
-
+/// A channel to the driver's socket at `path`, dialed as the plugins dial kubelet's.
 async fn dial(path: std::path::PathBuf) -> tonic::transport::Channel {
-    Endpoint::try_from("http://localhost")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .unwrap()
+    vramgate::kubelet::connect(path).await.unwrap()
 }
 
 fn now_ns() -> u128 {
@@ -85,17 +71,7 @@ fn main() {
     let (config, state_dir) = if given_config.is_empty() {
         let state_dir = work.path().join("state");
         let config = work.path().join("config.toml");
-        let mut toml = format!(
-            "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
-            state_dir.display().to_string()
-        );
-        for i in 0..GPUS {
-            toml += &format!(
-                "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
-                uuid(i)
-            );
-        }
-        std::fs::write(&config, toml).unwrap();
+        std::fs::write(&config, static_config(&state_dir, GPUS)).unwrap();
         (config, state_dir)
     } else {
         let config = std::path::PathBuf::from(&given_config);
@@ -289,21 +265,10 @@ fn main() {
         let want = want.as_str();
         let mut tx = state.begin().unwrap();
         if adding {
-            tx.ledger.reservations.push(Reservation {
-                container_id: "outside-k8s".into(),
-                gpus: vec![GpuShare {
-                    uuid: gpu0_uuid.clone(),
-                    bytes: GIB,
-                    limit: None,
-                }],
-                init,
-                created_unix_ms: 1,
-                waited_ms: 0,
-                bundle: None,
-                pending: false,
-                enforcement: None,
-                extra: Default::default(),
-            });
+            let gpus = vec![GpuShare::new(gpu0_uuid.clone(), GIB, 0)];
+            tx.ledger
+                .reservations
+                .push(Reservation::new("outside-k8s", gpus, init, 1));
         } else {
             tx.ledger.reservations.retain(|r| r.container_id != "outside-k8s");
         }

@@ -92,3 +92,58 @@ if ! runc_ run --bundle "$probe_dir" vramgate-probe-$$ </dev/null >"$probe_dir/l
         { echo "cannot run a GPU container here: $(cat "$probe_dir/log")" >&2; exit 1; }
 fi
 echo "container probe: $(cat "$probe_dir/log") ${RUN_FLAGS[*]}" >&2
+
+# PASS/FAIL/INFO lines of the checks, also appended to $SUMMARY where a script keeps one
+# (summary_in); `failures` counts the FAILs for the exit status.
+failures=0
+say() { if [ -n "${SUMMARY:-}" ]; then echo "$*" | tee -a "$SUMMARY"; else echo "$*"; fi; }
+pass() { say "PASS $*"; }
+fail() { say "FAIL $*"; failures=$((failures + 1)); }
+info() { say "INFO $*"; }
+
+# Results go to the directory $1, with an empty summary.txt that say/pass/fail/info fill.
+summary_in() {
+    R=$1
+    mkdir -p "$R"
+    SUMMARY=$R/summary.txt
+    : >"$SUMMARY"
+}
+
+# MPS's control binary (on PATH or in /usr/local/nvidia/bin) in MPS_CONTROL, or a FAIL and exit.
+find_mps_control() {
+    export PATH="$PATH:/usr/local/nvidia/bin"
+    MPS_CONTROL=$(command -v nvidia-cuda-mps-control) || { say "FAIL nvidia-cuda-mps-control not found"; exit 1; }
+}
+
+# Waits (60 s at most) until `vramgate status` under the config $1 lists $2 reservations.
+wait_for_reservations() {
+    local config=$1 want=$2 n
+    for _ in $(seq 1 60); do
+        sleep 1
+        n=$(VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
+            "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
+        [ "$n" -ge "$want" ] && break
+    done
+}
+
+# How many reservations and tickets the ledger under the config $1 still holds.
+left_in_ledger() {
+    VRAMGATE_CONFIG=$1 "$BIN/vramgate" status --json |
+        "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))'
+}
+
+# The set-up of an MPS check named $1 (enforce, overuse): results in $2 (else $OUT, else
+# $WORK/$1) with its summary, MPS's control binary, and fresh directories: T for its runs,
+# PIPE and LOGD for the MPS daemon (not under /tmp: the containers get a /tmp of their own),
+# and the state directories of earlier runs gone. mps_env runs a command against that daemon.
+start_mps_check() {
+    local name=$1
+    summary_in "${2:-${OUT:-$WORK/$name}}"
+    find_mps_control
+    T=$WORK/$name-run
+    PIPE=$WORK/mps-pipe
+    LOGD=$WORK/mps-log
+    rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE/$name"-*
+    mkdir -p "$T" "$PIPE" "$LOGD"
+}
+mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }

@@ -30,27 +30,10 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-R=${1:-${OUT:-$WORK/enforce}}
-mkdir -p "$R"
-SUMMARY=$R/summary.txt
-: >"$SUMMARY"
-failures=0
-say() { echo "$*" | tee -a "$SUMMARY"; }
-pass() { say "PASS $*"; }
-fail() { say "FAIL $*"; failures=$((failures + 1)); }
-info() { say "INFO $*"; }
-
-export PATH="$PATH:/usr/local/nvidia/bin"
-MPS_CONTROL=$(command -v nvidia-cuda-mps-control) || { echo "FAIL nvidia-cuda-mps-control not found" | tee -a "$SUMMARY"; exit 1; }
+start_mps_check enforce "${1:-}"
 N=${NEIGHBOURS:-20}
-T=$WORK/enforce-run
-PIPE=$WORK/mps-pipe          # not under /tmp: the containers get a /tmp of their own
-LOGD=$WORK/mps-log
 PREFIX=enf$$
-rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE"/enforce-*
-mkdir -p "$T" "$PIPE" "$LOGD"
 
-mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }
 cleanup() {
     set +e
     runc_ list -q 2>/dev/null | grep "^$PREFIX-" | while read -r id; do runc_ delete --force "$id" >/dev/null 2>&1; done
@@ -144,12 +127,7 @@ neighbours_status() {   # CONFIG LABEL: runs N neighbours, saves status mid-run 
         vrun "$config" "$T/$label$i" "$PREFIX-$label$i" &
         npids+=($!)
     done
-    for _ in $(seq 1 60); do
-        sleep 1
-        n=$(VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
-            "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
-        [ "$n" -ge "$N" ] && break
-    done
+    wait_for_reservations "$config" "$N"
     sleep "${MID_DELAY:-8}"
     VRAMGATE_CONFIG=$config timeout 20 "$BIN/vramgate" status --json >"$R/status-$label.json" 2>&1 || true
     for p in "${npids[@]}"; do wait "$p" || true; done
@@ -210,12 +188,7 @@ vrun "$cfg" "$T/hog" "$PREFIX-hog" &
 pids+=($!)
 
 # Mid-run: once every neighbour holds its reservation and has had time to grow.
-for _ in $(seq 1 60); do
-    sleep 1
-    n=$(VRAMGATE_CONFIG=$cfg timeout 20 "$BIN/vramgate" status --json 2>/dev/null |
-        "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) for g in json.load(sys.stdin)["gpus"]))' 2>/dev/null || echo 0)
-    [ "$n" -ge "$N" ] && break
-done
+wait_for_reservations "$cfg" "$N"
 sleep "${MID_DELAY:-8}"
 VRAMGATE_CONFIG=$cfg timeout 20 "$BIN/vramgate" status --json >"$R/status-mid.json" 2>&1 || true
 VRAMGATE_CONFIG=$cfg timeout 20 "$BIN/vramgate" status >"$R/status-mid.txt" 2>&1 || true

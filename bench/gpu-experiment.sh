@@ -83,22 +83,21 @@ run_batch() {
     wait "$sampler"
     local leftover=0
     if [ "$config" != - ]; then
-        leftover=$(VRAMGATE_CONFIG=$config "$BIN/vramgate" status --json | "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))')
+        leftover=$(left_in_ledger "$config")
         cp "$state/events.jsonl" "$dir/events.jsonl" 2>/dev/null
     fi
     runc_ list -q 2>/dev/null | grep "^$label-" | xargs -r -n1 "$RUNC" --root "$RUNC_ROOT" delete --force 2>/dev/null
-    "$PY" - "$dir" "$n" "$t0" "$t1" "$(cat "$dir/peak")" "$leftover" <<'PY'
+    PYTHONPATH="$here" "$PY" - "$dir" "$n" "$t0" "$t1" "$(cat "$dir/peak")" "$leftover" <<'PY'
 import sys
+from gpu_outcome import containers
 d, n, t0, t1, peak, leftover = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
 ok = failed = refused = 0
 durations = []
 reasons = {}
-for i in range(1, n + 1):
-    rc, s, e = open(f"{d}/c{i}/rc").read().split()
-    log = open(f"{d}/c{i}/log", errors="replace").read()
-    if rc == "0" and "\nok " in "\n" + log:
+for log, done, seconds in containers(d, n):
+    if done:
         ok += 1
-        durations.append(float(e) - float(s))
+        durations.append(seconds)
     elif "vramgate: refused" in log:
         refused += 1
     else:

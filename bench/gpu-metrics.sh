@@ -24,9 +24,6 @@ rm -rf "$T" $STATE_BASE/metrics
 mkdir -p "$T"
 exec > >(tee "$RESULTS") 2>&1
 echo "# bench/gpu-metrics.sh $N $JOB_GIB   $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0)"
-failures=0
-pass() { echo "PASS $*"; }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 cfg=$T/config.toml
 write_config "$cfg" $STATE_BASE/metrics wait

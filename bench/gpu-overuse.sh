@@ -14,27 +14,10 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-R=${1:-${OUT:-$WORK/overuse}}
-mkdir -p "$R"
-SUMMARY=$R/summary.txt
-: >"$SUMMARY"
-failures=0
-say() { echo "$*" | tee -a "$SUMMARY"; }
-pass() { say "PASS $*"; }
-fail() { say "FAIL $*"; failures=$((failures + 1)); }
-info() { say "INFO $*"; }
-
-export PATH="$PATH:/usr/local/nvidia/bin"
-MPS_CONTROL=$(command -v nvidia-cuda-mps-control) || { echo "FAIL nvidia-cuda-mps-control not found" | tee -a "$SUMMARY"; exit 1; }
+start_mps_check overuse "${1:-}"
 N=${NEIGHBOURS:-6}
-T=$WORK/overuse-run
-PIPE=$WORK/mps-pipe
-LOGD=$WORK/mps-log
 PREFIX=ovu$$
-rm -rf "$T" "$PIPE" "$LOGD" "$STATE_BASE"/overuse-*
-mkdir -p "$T" "$PIPE" "$LOGD"
 cp "$here/gpu_two_procs.sh" "$WORK/gpu_two_procs.sh"
-mps_env() { CUDA_MPS_PIPE_DIRECTORY=$PIPE CUDA_MPS_LOG_DIRECTORY=$LOGD "$@"; }
 WATCH_PID=
 cleanup() {
     set +e

@@ -143,17 +143,16 @@ print(f"{time.time() - t0:.1f}," + ",".join(cells) + f",{queued}")
     wait "$sampler" 2>/dev/null
     cp "$state/events.jsonl" "$dir/events.jsonl" 2>/dev/null
     local left
-    left=$(VRAMGATE_CONFIG=$config "$BIN/vramgate" status --json | "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))')
+    left=$(left_in_ledger "$config")
     runc_ list -q 2>/dev/null | grep "^pl-$label-" | xargs -r -n1 "$RUNC" --root "$RUNC_ROOT" delete --force 2>/dev/null
-    "$PY" - "$dir" "$N" "$t0" "$t1" "$G" "$left" <<'PY'
+    PYTHONPATH="$here" "$PY" - "$dir" "$N" "$t0" "$t1" "$G" "$left" <<'PY'
 import csv, sys
+from gpu_outcome import containers
 d, n, t0, t1, g, left = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 ok = oom = failed = 0
 reasons = {}
-for i in range(1, n + 1):
-    rc, s, e = open(f"{d}/c{i}/rc").read().split()
-    log = open(f"{d}/c{i}/log", errors="replace").read()
-    if rc == "0" and "\nok " in "\n" + log:
+for log, done, _ in containers(d, n):
+    if done:
         ok += 1
         continue
     if "out of memory" in log:

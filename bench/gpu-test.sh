@@ -10,9 +10,6 @@ mkdir -p "$RECORD_DIR"
 T=$WORK/test
 rm -rf "$T" $STATE_BASE/gputest
 mkdir -p "$T"
-failures=0
-pass() { echo "PASS $*"; }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 cfg=$T/config.toml
 write_config "$cfg" $STATE_BASE/gputest reject
 export VRAMGATE_CONFIG=$cfg

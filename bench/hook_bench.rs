@@ -88,21 +88,12 @@ fn latency(args: &[String]) {
     let mut tx = dir.begin().unwrap();
     tx.ledger = Ledger::default();
     for n in 0..live {
-        tx.ledger.reservations.push(Reservation {
-            container_id: format!("{:064x}", n),
-            gpus: vec![GpuShare {
-                uuid: "GPU-bench".into(),
-                bytes: 1 << 30,
-                limit: None,
-            }],
-            init: ids[n % ids.len()],
-            created_unix_ms: vramgate::ledger::now_unix_ms(),
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        });
+        tx.ledger.reservations.push(Reservation::new(
+            format!("{:064x}", n),
+            vec![GpuShare::new("GPU-bench", 1 << 30, 0)],
+            ids[n % ids.len()],
+            vramgate::ledger::now_unix_ms(),
+        ));
     }
     drop(tx.commit().unwrap());
 

@@ -85,21 +85,10 @@ fn main() {
     tx.ledger = Ledger::default();
     let now = vramgate::ledger::now_unix_ms();
     for n in 0..live {
-        tx.ledger.reservations.push(Reservation {
-            container_id: format!("{:064x}", n),
-            gpus: vec![GpuShare {
-                uuid: uuid(n),
-                bytes: 1 << 30,
-                limit: None,
-            }],
-            init: ids[n % ids.len()],
-            created_unix_ms: now,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        });
+        let gpus = vec![GpuShare::new(uuid(n), 1 << 30, 0)];
+        tx.ledger
+            .reservations
+            .push(Reservation::new(format!("{:064x}", n), gpus, ids[n % ids.len()], now));
     }
     // A queue on each GPU, and counters that have seen some traffic.
     for n in 0..2 * gpus {

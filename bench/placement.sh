@@ -11,30 +11,11 @@
 #        for before/after comparisons); KEEP=1 keeps the work dir on /dev/shm for profiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-if [ -z "${WRAPPER:-}" ] && command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
-wrapper=${WRAPPER:-$PWD/target/release/vramgate-runtime}
-# Bundles and state on tmpfs, as engines and /run/vramgate have them.
-work=$(mktemp -d -p /dev/shm)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-{
-  echo "state_dir = \"$work/state\""
-  echo "[runtime]"
-  echo "runtimes = [\"/bin/true\"]"
-  echo "[inventory]"
-  echo "backend = \"static\""
-  for i in 0 1 2 3 4 5 6 7; do
-    printf '[[inventory.gpus]]\nindex = %d\nuuid = "GPU-bench-%d"\nminor = %d\ntotal = "80Gi"\n' "$i" "$i" "$i"
-  done
-} >"$work/config.toml"
-export VRAMGATE_CONFIG=$work/config.toml
+source bench/lib.sh
+start_wrapper_bench 8 "$@"
 
 # 500 live reservations (owned by pid 1, which lives as long as the machine), spread over the
 # 8 GPUs, written as a ledger the state directory starts from before every run.
-mkdir -m 0700 "$work/state"
 python3 - "$work/ledger.json" <<'PY'
 import json, sys
 start = int(open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19])

@@ -9,24 +9,8 @@
 # Usage: bench/queue-guard.sh [--runs N]   (builds the release binaries first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-if [ -z "${WRAPPER:-}" ] && command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
-wrapper=${WRAPPER:-$PWD/target/release/vramgate-runtime}
-work=$(mktemp -d -p /dev/shm)
-trap 'rm -rf "$work"' EXIT
-{
-  echo "state_dir = \"$work/state\""
-  echo "[runtime]"
-  echo "runtimes = [\"/bin/true\"]"
-  echo "[inventory]"
-  echo "backend = \"static\""
-  printf '[[inventory.gpus]]\nindex = 0\nuuid = "GPU-bench-0"\nminor = 0\ntotal = "80Gi"\n'
-} >"$work/config.toml"
-export VRAMGATE_CONFIG=$work/config.toml
-mkdir -m 0700 "$work/state"
+source bench/lib.sh
+start_wrapper_bench 1 "$@"
 for policy in wait reject; do
   jq -c --arg p "$policy" '.annotations["vramgate.dev/gpus"] = "0" | .annotations["vramgate.dev/memory"] = "1Gi" | .annotations["vramgate.dev/policy"] = $p' \
     bench/spec-request.json >"$work/$policy.json"

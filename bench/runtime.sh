@@ -7,25 +7,13 @@
 # Usage: bench/runtime.sh [--runs N]   (builds the release binaries first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${2:-300}
-hyperfine=${HYPERFINE:-hyperfine}
-command -v "$hyperfine" >/dev/null || apt-get install -y -qq hyperfine >/dev/null || { echo "hyperfine is required (apt-get install hyperfine)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is required (apt-get install jq)"; exit 1; }
-wrapper=$PWD/target/release/vramgate-runtime
-# A machine with the binaries but no toolchain (a quiet benchmark host) skips the build.
-if command -v cargo >/dev/null; then cargo build --release --quiet --bin vramgate-runtime; fi
+source bench/lib.sh
 # Engines keep bundles on tmpfs (/run/containerd/..., /run/docker/...), where the fsyncs of
 # the atomic rewrite are cheap: /dev/shm stands in for it. A second bundle on the disk of the
 # repository shows the cost where /run is not tmpfs.
-work=$(mktemp -d -p /dev/shm)
+start_wrapper_bench 0 "$@"
 disk=$(mktemp -d -p "$PWD/target")
 trap 'rm -rf "$work" "$disk"' EXIT
-cat >"$work/config.toml" <<TOML
-state_dir = "$work/state"
-[runtime]
-runtimes = ["/bin/true"]
-TOML
-export VRAMGATE_CONFIG=$work/config.toml
 # runc 1.1's default spec with a request in env and annotations (bench/spec-request.json), and
 # the same without the request.
 mkdir -p "$work/bundle" "$work/plain" "$disk/bundle"

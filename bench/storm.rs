@@ -154,22 +154,13 @@ fn run_big_ledger(live: usize, samples: usize) {
         let dir = bench.open_state();
         let mut tx = dir.begin().unwrap();
         for i in 0..prefill {
-            tx.ledger.reservations.push(Reservation {
-                // Ids as long as Docker's (64 hex characters), so the file has a real size.
-                container_id: format!("{i:064x}"),
-                gpus: vec![GpuShare {
-                    uuid: "GPU-storm".into(),
-                    bytes: 1 << 30,
-                    limit: None,
-                }],
-                init: identity,
-                created_unix_ms: vramgate::ledger::now_unix_ms(),
-                waited_ms: 0,
-                bundle: None,
-                pending: false,
-                enforcement: None,
-                extra: Default::default(),
-            });
+            // Ids as long as Docker's (64 hex characters), so the file has a real size.
+            tx.ledger.reservations.push(Reservation::new(
+                format!("{i:064x}"),
+                vec![GpuShare::new("GPU-storm", 1 << 30, 0)],
+                identity,
+                vramgate::ledger::now_unix_ms(),
+            ));
         }
         drop(tx.commit().unwrap());
         let size = std::fs::metadata(dir.ledger_path()).map(|m| m.len()).unwrap_or(0);

@@ -236,32 +236,26 @@ pub fn ledger(data: &[u8]) {
             bytes: 1 << 30,
             limit: None,
         }];
-        let ticket = ledger.queue.first().map(|t| t.ticket);
-        let _ = admission::decide(
-            &ledger,
-            &snap,
-            &Allocated::new(),
-            &rules,
-            &share,
-            None,
-            ticket,
-            Some(u64::MAX),
-            Stamp {
-                unix_ms: u64::MAX,
-                boot_ms: Some(u64::MAX),
-            },
-        );
-        let _ = admission::decide(
-            &ledger,
-            &snap,
-            &Allocated::new(),
-            &rules,
-            &share,
-            None,
-            None,
-            Some(0),
-            Stamp::wall(0),
-        );
+        let decide = |ticket, bound, at| {
+            admission::decide(
+                &ledger,
+                &snap,
+                &Allocated::new(),
+                &rules,
+                &share,
+                None,
+                ticket,
+                bound,
+                at,
+            )
+        };
+        // At the far ends of the clock and the backfill bound.
+        let far = Stamp {
+            unix_ms: u64::MAX,
+            boot_ms: Some(u64::MAX),
+        };
+        let _ = decide(ledger.queue.first().map(|t| t.ticket), Some(u64::MAX), far);
+        let _ = decide(None, Some(0), Stamp::wall(0));
     }
     let mut copy = ledger.clone();
     let reclaimed = copy.reclaim_with(|p| p.pid % 2 == 0);

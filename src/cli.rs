@@ -2,6 +2,7 @@
 //! shell completions are generated from the same source the binaries parse with.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -380,6 +381,25 @@ pub struct DraCli {
     /// nothing, whatever this says
     #[arg(long, value_name = "DURATION", default_value = "5m")]
     pub startup_timeout: String,
+}
+
+/// The device plugin's and the DRA driver's `--poll-interval` and `--startup-timeout`, read
+/// and checked. Below 10ms a plugin spends its time querying the driver; above 1s the
+/// scheduler hears late of memory used outside vramgate. Below a second of startup even a
+/// static inventory's first read could miss it on a loaded node.
+pub fn plugin_timings(poll_interval: &str, startup_timeout: &str) -> anyhow::Result<(Duration, Duration)> {
+    use anyhow::Context;
+    let poll =
+        crate::quantity::parse_duration(poll_interval).with_context(|| format!("--poll-interval {poll_interval:?}"))?;
+    if poll < Duration::from_millis(10) || poll > Duration::from_secs(1) {
+        anyhow::bail!("--poll-interval {poll_interval:?}: must be between 10ms and 1s");
+    }
+    let startup = crate::quantity::parse_duration(startup_timeout)
+        .with_context(|| format!("--startup-timeout {startup_timeout:?}"))?;
+    if startup < Duration::from_secs(1) {
+        anyhow::bail!("--startup-timeout {startup_timeout:?}: must be at least 1s");
+    }
+    Ok((poll, startup))
 }
 
 /// The line a binary prints for an error that ended it: the error and each cause that its

@@ -90,7 +90,7 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
 
     /// Name, HELP, and the value of one GPU's series.
     type GpuGauge = (&'static str, &'static str, fn(&crate::status::GpuStatus) -> u64);
-    let gpu_gauges: [GpuGauge; 7] = [
+    let gpu_gauges: [GpuGauge; 8] = [
         (
             "vramgate_gpu_memory_total_bytes",
             "Memory of the GPU (of the MIG device, for one).",
@@ -126,6 +126,11 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
             "Reservations that hold memory on the GPU.",
             |g| g.account.reservations as u64,
         ),
+        (
+            "vramgate_queue_length",
+            "Containers waiting for room on the GPU.",
+            |g| g.queue.len() as u64,
+        ),
     ];
     for (name, help, value) in gpu_gauges {
         out.family(name, "gauge", help);
@@ -135,19 +140,6 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
         }
     }
 
-    out.family(
-        "vramgate_queue_length",
-        "gauge",
-        "Containers waiting for room on the GPU.",
-    );
-    for gpu in &report.gpus {
-        let index = gpu.account.index.to_string();
-        out.sample_int(
-            "vramgate_queue_length",
-            &[("gpu", &index), ("gpu_uuid", &gpu.account.uuid)],
-            gpu.queue.len() as u64,
-        );
-    }
     out.family(
         "vramgate_queue_oldest_wait_seconds",
         "gauge",
@@ -163,83 +155,50 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
         );
     }
 
-    out.family(
-        "vramgate_container_reserved_bytes",
-        "gauge",
-        "Memory a container has reserved on the GPU.",
+    /// Name, HELP, and the value of one container's series on one GPU (`None`: no sample).
+    type ContainerGauge = (
+        &'static str,
+        &'static str,
+        fn(&crate::status::ReservationStatus) -> Option<u64>,
     );
-    for gpu in &report.gpus {
-        let index = gpu.account.index.to_string();
-        for r in &gpu.reservations {
-            out.sample_int(
-                "vramgate_container_reserved_bytes",
-                &[
-                    ("container_id", &r.container_id),
-                    ("gpu", &index),
-                    ("gpu_uuid", &gpu.account.uuid),
-                ],
-                r.bytes,
-            );
-        }
-    }
-    out.family(
-        "vramgate_container_limit_bytes",
-        "gauge",
-        "Memory a container may use at most on the GPU: its limit, or what it reserved where it asked for no more.",
-    );
-    for gpu in &report.gpus {
-        let index = gpu.account.index.to_string();
-        for r in &gpu.reservations {
-            out.sample_int(
-                "vramgate_container_limit_bytes",
-                &[
-                    ("container_id", &r.container_id),
-                    ("gpu", &index),
-                    ("gpu_uuid", &gpu.account.uuid),
-                ],
-                r.limit,
-            );
-        }
-    }
-    // Only where NVML lists processes: on a host without it a 0 would claim knowledge.
-    out.family(
-        "vramgate_container_used_bytes",
-        "gauge",
-        "Memory a container's processes hold on the GPU now (hosts where NVML lists processes only).",
-    );
-    for gpu in &report.gpus {
-        let index = gpu.account.index.to_string();
-        for r in &gpu.reservations {
-            if let Some(used) = r.used {
-                out.sample_int(
-                    "vramgate_container_used_bytes",
-                    &[
-                        ("container_id", &r.container_id),
+    let container_gauges: [ContainerGauge; 4] = [
+        (
+            "vramgate_container_reserved_bytes",
+            "Memory a container has reserved on the GPU.",
+            |r| Some(r.bytes),
+        ),
+        (
+            "vramgate_container_limit_bytes",
+            "Memory a container may use at most on the GPU: its limit, or what it reserved where it asked for no more.",
+            |r| Some(r.limit),
+        ),
+        // These two only where NVML lists processes: on a host without it a 0 would claim
+        // knowledge.
+        (
+            "vramgate_container_used_bytes",
+            "Memory a container's processes hold on the GPU now (hosts where NVML lists processes only).",
+            |r| r.used,
+        ),
+        (
+            "vramgate_container_over_reservation",
+            "1 when a container's processes hold more than its limit on the GPU (what it reserved where it asked for no more), else 0 (hosts where NVML lists processes only).",
+            |r| r.used.map(|_| u64::from(r.over_reservation)),
+        ),
+    ];
+    for (name, help, value) in container_gauges {
+        out.family(name, "gauge", help);
+        for gpu in &report.gpus {
+            let index = gpu.account.index.to_string();
+            for r in &gpu.reservations {
+                if let Some(v) = value(r) {
+                    let labels = [
+                        ("container_id", r.container_id.as_str()),
                         ("gpu", &index),
                         ("gpu_uuid", &gpu.account.uuid),
-                    ],
-                    used,
-                );
+                    ];
+                    out.sample_int(name, &labels, v);
+                }
             }
-        }
-    }
-    out.family(
-        "vramgate_container_over_reservation",
-        "gauge",
-        "1 when a container's processes hold more than its limit on the GPU (what it reserved where it asked for no more), else 0 (hosts where NVML lists processes only).",
-    );
-    for gpu in &report.gpus {
-        let index = gpu.account.index.to_string();
-        for r in gpu.reservations.iter().filter(|r| r.used.is_some()) {
-            out.sample_int(
-                "vramgate_container_over_reservation",
-                &[
-                    ("container_id", &r.container_id),
-                    ("gpu", &index),
-                    ("gpu_uuid", &gpu.account.uuid),
-                ],
-                u64::from(r.over_reservation),
-            );
         }
     }
 
@@ -368,252 +327,4 @@ fn escape_label_value(out: &mut String, value: &str) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::admission::GpuAccount;
-    use crate::status::{GpuStatus, ReservationStatus, TicketStatus};
-    use std::time::Duration;
-
-    const GI: u64 = 1 << 30;
-
-    fn reservation(id: &str, bytes: u64, used: Option<u64>) -> ReservationStatus {
-        ReservationStatus {
-            container_id: id.into(),
-            bytes,
-            limit: bytes,
-            used,
-            over_reservation: used.is_some_and(|u| u > bytes),
-            age_ms: 1_000,
-            waited_ms: 0,
-            pid: 42,
-            alive: None,
-            pending: false,
-            tier: None,
-        }
-    }
-
-    fn ticket(id: &str, waited_ms: u64) -> TicketStatus {
-        TicketStatus {
-            position: 1,
-            ticket: 1,
-            container_id: id.into(),
-            bytes: GI,
-            limit: GI,
-            waited_ms,
-            deadline_in_ms: 60_000,
-            waiter_pid: 43,
-            alive: None,
-            choose: None,
-        }
-    }
-
-    fn report(reservations: Vec<ReservationStatus>, queue: Vec<TicketStatus>) -> StatusReport {
-        let reserved = reservations.iter().map(|r| r.bytes).sum();
-        let account = GpuAccount {
-            uuid: "GPU-a".into(),
-            index: 0,
-            total: 16 * GI,
-            free: 12 * GI,
-            reserved,
-            unallocated: reserved,
-            headroom: 0,
-            reservations: reservations.len(),
-            limits: reserved,
-            limit_overcommit: 0,
-        };
-        StatusReport {
-            snapshot: Default::default(),
-            allocated: Default::default(),
-            inventory: "test".into(),
-            state_dir: "/run/vramgate".into(),
-            generation: 1,
-            gpus: vec![GpuStatus {
-                gpu: crate::inventory::GpuMemory::for_test(0, None, "GPU-0"),
-                available: account.available(),
-                used_outside: account.used_outside(),
-                account,
-                reservations,
-                queue,
-                outside_processes: vec![],
-            }],
-        }
-    }
-
-    fn value(text: &str, series: &str) -> Option<String> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_string))
-    }
-
-    #[test]
-    fn gpu_container_and_queue_series() {
-        let text = render(
-            &report(
-                vec![reservation("a", 2 * GI, None), reservation("b", GI, Some(3 * GI))],
-                vec![ticket("w1", 1_500), ticket("w2", 20_250)],
-            ),
-            &Counters::default(),
-            1_700_000_000_123,
-        );
-        let gpu = r#"{gpu="0",gpu_uuid="GPU-a"}"#;
-        assert_eq!(
-            value(&text, &format!("vramgate_gpu_memory_total_bytes{gpu}")).as_deref(),
-            Some("17179869184")
-        );
-        assert_eq!(
-            value(&text, &format!("vramgate_gpu_memory_reserved_bytes{gpu}")).as_deref(),
-            Some("3221225472")
-        );
-        assert_eq!(
-            value(&text, &format!("vramgate_gpu_reservations{gpu}")).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value(&text, &format!("vramgate_queue_length{gpu}")).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value(&text, &format!("vramgate_queue_oldest_wait_seconds{gpu}")).as_deref(),
-            Some("20.25")
-        );
-        let a = r#"{container_id="a",gpu="0",gpu_uuid="GPU-a"}"#;
-        let b = r#"{container_id="b",gpu="0",gpu_uuid="GPU-a"}"#;
-        assert_eq!(
-            value(&text, &format!("vramgate_container_reserved_bytes{a}")).as_deref(),
-            Some("2147483648")
-        );
-        // Used and the flag only where usage is known.
-        assert_eq!(value(&text, &format!("vramgate_container_used_bytes{a}")), None);
-        assert_eq!(value(&text, &format!("vramgate_container_over_reservation{a}")), None);
-        assert_eq!(
-            value(&text, &format!("vramgate_container_used_bytes{b}")).as_deref(),
-            Some("3221225472")
-        );
-        assert_eq!(
-            value(&text, &format!("vramgate_container_over_reservation{b}")).as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            value(&text, "vramgate_snapshot_timestamp_seconds").as_deref(),
-            Some("1700000000.123")
-        );
-    }
-
-    #[test]
-    fn every_family_has_help_and_type_once_and_its_samples_together() {
-        let mut counters = Counters::default();
-        counters.record_admit(Some(Duration::from_millis(30)));
-        let text = render(&report(vec![reservation("a", GI, Some(1))], vec![]), &counters, 0);
-        let mut seen = std::collections::HashSet::new();
-        let mut current = String::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# HELP ") {
-                let name = rest.split(' ').next().unwrap().to_string();
-                assert!(name.starts_with("vramgate_"), "{line}");
-                assert!(seen.insert(name.clone()), "{name} twice");
-                current = name;
-            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
-                assert!(rest.starts_with(&format!("{current} ")), "{line}");
-            } else {
-                let series = line.split(['{', ' ']).next().unwrap();
-                let family = ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .find_map(|s| series.strip_suffix(s).filter(|f| *f == current))
-                    .unwrap_or(series);
-                assert_eq!(family, current, "{line} outside its family");
-            }
-        }
-        assert!(text.ends_with('\n'));
-    }
-
-    #[test]
-    fn counters_and_histogram() {
-        let mut c = Counters::default();
-        c.record_admit(None);
-        c.record_admit(None);
-        c.record_admit(Some(Duration::from_millis(40)));
-        c.record_admit(Some(Duration::from_secs(7_200)));
-        c.record_refuse();
-        c.record_release();
-        let text = render(&report(vec![], vec![]), &c, 0);
-        assert_eq!(
-            value(&text, r#"vramgate_requests_total{outcome="admitted"}"#).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_requests_total{outcome="admitted_after_wait"}"#).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_requests_total{outcome="timed_out"}"#).as_deref(),
-            Some("0")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_reservations_ended_total{how="released"}"#).as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_queue_wait_seconds_bucket{le="0.01"}"#).as_deref(),
-            Some("0")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_queue_wait_seconds_bucket{le="0.05"}"#).as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_queue_wait_seconds_bucket{le="3600"}"#).as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            value(&text, r#"vramgate_queue_wait_seconds_bucket{le="+Inf"}"#).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value(&text, "vramgate_queue_wait_seconds_sum").as_deref(),
-            Some("7200.04")
-        );
-        assert_eq!(value(&text, "vramgate_queue_wait_seconds_count").as_deref(), Some("2"));
-        // No reservation, no per-container series: only the family's HELP and TYPE.
-        assert!(!text.contains("vramgate_container_reserved_bytes{"));
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        let text = render(
-            &report(vec![reservation(r#"we"ird\id"#, GI, None)], vec![]),
-            &Counters::default(),
-            0,
-        );
-        assert!(
-            text.contains(r#"vramgate_container_reserved_bytes{container_id="we\"ird\\id",gpu="0""#),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn seconds_are_exact_decimals() {
-        assert_eq!(seconds(0), "0");
-        assert_eq!(seconds(10), "0.01");
-        assert_eq!(seconds(250), "0.25");
-        assert_eq!(seconds(1_000), "1");
-        assert_eq!(seconds(3_600_001), "3600.001");
-        assert_eq!(seconds(u64::MAX), "18446744073709551.615");
-    }
-
-    #[test]
-    fn textfile_is_replaced_whole_and_readable_by_others() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = write_textfile(dir.path(), "a 1\n").unwrap();
-        assert_eq!(path, dir.path().join(TEXTFILE_NAME));
-        write_textfile(dir.path(), "a 2\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from(TEXTFILE_NAME)]);
-        let err = write_textfile(&dir.path().join("missing"), "").unwrap_err();
-        assert!(err.to_string().contains("missing/vramgate.prom"), "{err}");
-    }
-}
+mod tests;

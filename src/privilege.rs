@@ -192,12 +192,7 @@ mod tests {
     /// A line of `/proc/thread-self/status`, such as `CapEff`.
     fn status_field(name: &str) -> String {
         let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .unwrap()
-            .trim()
-            .to_string()
+        crate::procfs::status_field(&status, name).unwrap().to_string()
     }
 
     /// These tests drop and raise capabilities, which only root has: without it they fail

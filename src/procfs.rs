@@ -161,6 +161,15 @@ pub fn pid_namespace(pid: u32) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
+/// The value of the field `name` (such as `CapEff`) in the text of a `/proc/<pid>/status`
+/// file, trimmed.
+pub fn status_field<'s>(status: &'s str, name: &str) -> Option<&'s str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,7 +108,6 @@ pub fn position(ledger: &Ledger, ticket: Option<u64>, gpus: &[GpuShare]) -> usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::ProcessIdentity;
 
     fn share(uuid: &str) -> GpuShare {
         GpuShare {
@@ -121,19 +120,7 @@ mod tests {
     fn ledger_with(tickets: &[(&str, &[&str])]) -> Ledger {
         let mut ledger = Ledger::default();
         for (id, gpus) in tickets {
-            ledger.enqueue(Ticket {
-                ticket: 0,
-                container_id: id.to_string(),
-                gpus: gpus.iter().map(|g| share(g)).collect(),
-                waiter: ProcessIdentity { pid: 1, start_time: 1 },
-                enqueued_unix_ms: 0,
-                enqueued_boot_ms: None,
-                deadline_unix_ms: 0,
-                bundle: None,
-                choose: None,
-                expected_ms: None,
-                extra: Default::default(),
-            });
+            ledger.enqueue(Ticket::for_test(id, gpus.iter().map(|g| share(g)).collect()));
         }
         ledger
     }

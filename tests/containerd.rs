@@ -32,6 +32,19 @@ fn setup_cmd(args: &[&str]) -> Command {
     cmd
 }
 
+/// `vramgate setup containerd`'s flags for the main config `main` and the drop-in `drop_in`,
+/// with the built wrapper as the runtime.
+fn setup_paths<'a>(main: &'a std::path::Path, drop_in: &'a std::path::Path) -> [&'a str; 6] {
+    [
+        "--config-path",
+        drop_in.to_str().unwrap(),
+        "--containerd-config",
+        main.to_str().unwrap(),
+        "--runtime-path",
+        RUNTIME,
+    ]
+}
+
 #[test]
 fn setup_writes_a_config_containerd_reads() {
     require("containerd");
@@ -39,14 +52,7 @@ fn setup_writes_a_config_containerd_reads() {
     let main = dir.path().join("config.toml");
     let drop_in = dir.path().join("conf.d/vramgate.toml");
     std::fs::write(&main, HOST_CONFIG).unwrap();
-    let paths = [
-        "--config-path",
-        drop_in.to_str().unwrap(),
-        "--containerd-config",
-        main.to_str().unwrap(),
-        "--runtime-path",
-        RUNTIME,
-    ];
+    let paths = setup_paths(&main, &drop_in);
 
     // --dry-run prints the drop-in and writes nothing.
     let printed = run_ok(setup_cmd(&paths).arg("--dry-run"));
@@ -278,14 +284,7 @@ fn setup_then_remove_gives_default_configs_back_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let main = dir.path().join("config.toml");
     let drop_in = dir.path().join("conf.d/vramgate.toml");
-    let paths = [
-        "--config-path",
-        drop_in.to_str().unwrap(),
-        "--containerd-config",
-        main.to_str().unwrap(),
-        "--runtime-path",
-        RUNTIME,
-    ];
+    let paths = setup_paths(&main, &drop_in);
     for (name, default) in default_configs() {
         assert!(default.contains("\nimports = []\n"), "{name}: {default}");
         let with_imports = default.replace("\nimports = []\n", "\nimports = [\"/etc/containerd/site.toml\"]\n");
@@ -342,14 +341,7 @@ fn setup_for_containerd_2_takes_the_default_runtimes_options_from_imported_files
         "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n  NoNewKeyring = true\n  BinaryName = \"/usr/local/sbin/runc-site\"\n",
     )
     .unwrap();
-    let paths = [
-        "--config-path",
-        drop_in.to_str().unwrap(),
-        "--containerd-config",
-        main.to_str().unwrap(),
-        "--runtime-path",
-        RUNTIME,
-    ];
+    let paths = setup_paths(&main, &drop_in);
     let with_2 = format!("{}:{}", two.parent().unwrap().display(), path_with_sbin());
     for (case, path, says) in [
         ("containerd 2.1 on PATH", with_2.as_str(), "config dump`"),

@@ -553,17 +553,7 @@ fn ledger_queue(tb: &Testbed) -> Vec<String> {
 
 /// `vramgate status` as an operator reads it.
 fn status_table(tb: &Testbed) -> String {
-    let out = std::process::Command::new(VRAMGATE)
-        .arg("status")
-        .env("VRAMGATE_CONFIG", &tb.config_path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vramgate status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    status_output(&tb.config_path, &[])
 }
 
 /// The processes whose command line has `word`, for a failure's message.

@@ -206,6 +206,20 @@ fn a_crio_restart_with_pods_running_keeps_each_reservation_once() {
     assert_eq!(reservations(&crio.tb), []);
 }
 
+/// The host's 20 GiB GPU held by the running container of pod "big" (returned with its id),
+/// and the pod "queued" whose 10 GiB container may wait `timeout` for it.
+fn full_gpu_and_a_waiting_pod(crio: &Crio, timeout: &str) -> (Pod, String, Pod) {
+    let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
+    let big_id = crio.create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    crio.start_one(&big_id).unwrap();
+    let queued = crio.run_pod(gpu_pod(
+        "queued",
+        "10Gi",
+        &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", timeout)],
+    ));
+    (big, big_id, queued)
+}
+
 /// kubelet puts a deadline on each CRI call (2 min). Under CRI-O a queued admission is in
 /// CreateContainer, and CRI-O does not end the creation when the call's deadline passes: it
 /// goes on, keeps the result, and hands the container to kubelet's next CreateContainer of
@@ -215,14 +229,7 @@ fn a_crio_restart_with_pods_running_keeps_each_reservation_once() {
 #[test]
 fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container() {
     let crio = crio_host("vramgate-crio-deadline", STATIC_GPU);
-    let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
-    let big_id = crio.create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]));
-    crio.start_one(&big_id).unwrap();
-    let pod = crio.run_pod(gpu_pod(
-        "queued",
-        "10Gi",
-        &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "60s")],
-    ));
+    let (big, _, pod) = full_gpu_and_a_waiting_pod(&crio, "60s");
     let config = container_config("app", RUN_UNTIL_STOPPED, &[]);
 
     // A 3 s deadline stands for kubelet's 2 min.
@@ -384,14 +391,7 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
 #[test]
 fn a_pod_removed_while_its_create_is_queued_holds_its_ticket_until_the_wait_times_out() {
     let crio = crio_host("vramgate-crio-removed", STATIC_GPU);
-    let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
-    let big_id = crio.create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]));
-    crio.start_one(&big_id).unwrap();
-    let pod = crio.run_pod(gpu_pod(
-        "queued",
-        "10Gi",
-        &[("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "10s")],
-    ));
+    let (big, big_id, pod) = full_gpu_and_a_waiting_pod(&crio, "10s");
     let asked = Instant::now();
     let err = crio
         .try_create_within(

@@ -113,6 +113,26 @@ impl Host {
 
     /// `vramgate status --json`, on cgroup v2 as the hook sees it (the driver's figures are
     /// read for each container's cgroup).
+    /// `runc create` of the container `id` from `bundle`, with runc's log in `runc-<id>.log`
+    /// (where the wrapper's warnings go); returns the log's path too.
+    fn create_logged(&self, bundle: &Path, id: &str) -> (Output, PathBuf) {
+        let log = self.bed.dir.join(format!("runc-{id}.log"));
+        let out = self.runc(&[
+            "--log",
+            log.to_str().unwrap(),
+            "create",
+            "--bundle",
+            bundle.to_str().unwrap(),
+            id,
+        ]);
+        (out, log)
+    }
+
+    /// `runc create` of the container `id` from `bundle`.
+    fn create(&self, bundle: &Path, id: &str) -> Output {
+        self.runc(&["create", "--bundle", bundle.to_str().unwrap(), id])
+    }
+
     fn status(&self) -> Value {
         let (key, value) = self.bed.env();
         let out = in_cgroup_v2(
@@ -189,6 +209,11 @@ impl Drop for Host {
     }
 }
 
+/// The cgroup (systemd-less path) of this test process's container `id`.
+fn drv_cgroup(id: &str) -> String {
+    format!("/vramgate-drv/{}/{id}", std::process::id())
+}
+
 /// The calls that clear a limit, as the stub logged them: "clear <uuid> <cgroup> present" when
 /// the cgroup directory still existed at the call, "... gone" when it did not.
 fn clears(calls: &[String]) -> Vec<&str> {
@@ -221,9 +246,9 @@ fn sets(calls: &[String]) -> Vec<&str> {
 fn the_hook_alone_sets_the_driver_limit_with_the_privilege_it_keeps() {
     let host = Host::new("drv-hook", false, true, "");
     // cgroupfs's shape of a container's cgroup (runc's own, Docker with cgroupfs).
-    let cgroup = format!("/vramgate-drv/{}/c1", std::process::id());
+    let cgroup = drv_cgroup("c1");
     let bundle = host.bundle("c1", &["sleep", "30"], "2Gi", &[], &cgroup, true);
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "c1"]);
+    let out = host.create(&bundle, "c1");
     assert!(out.status.success(), "create: {}", stderr(&out));
 
     let dir = format!("/sys/fs/cgroup{cgroup}");
@@ -357,14 +382,14 @@ fn a_request_only_in_nvidias_variables_gets_the_driver_limit_through_the_wrapper
 #[test]
 fn the_hook_alone_sets_soft_to_the_request_and_hard_to_the_limit_and_judges_use_by_the_limit() {
     let host = Host::new("drv-limit", false, true, "");
-    let cgroup = format!("/vramgate-drv/{}/l1", std::process::id());
+    let cgroup = drv_cgroup("l1");
     let asks = [
         ("vramgate.dev/memory", "1Gi"),
         ("vramgate.dev/memory-limit", "4Gi"),
         ("vramgate.dev/gpus", "0"),
     ];
     let bundle = host.bundle_with("l1", &["sleep", "30"], &asks, &[], &cgroup, true);
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "l1"]);
+    let out = host.create(&bundle, "l1");
     assert!(out.status.success(), "create: {}", stderr(&out));
     let dir = format!("/sys/fs/cgroup{cgroup}");
     let calls = host.calls();
@@ -392,7 +417,7 @@ fn the_hook_alone_sets_soft_to_the_request_and_hard_to_the_limit_and_judges_use_
 #[test]
 fn the_hook_alone_refuses_a_container_that_asks_the_toolkit_for_its_own_limit() {
     let host = Host::new("drv-conflict", false, true, "");
-    let cgroup = format!("/vramgate-drv/{}/t1", std::process::id());
+    let cgroup = drv_cgroup("t1");
     let bundle = host.bundle(
         "t1",
         &["sleep", "30"],
@@ -401,7 +426,7 @@ fn the_hook_alone_refuses_a_container_that_asks_the_toolkit_for_its_own_limit() 
         &cgroup,
         true,
     );
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "t1"]);
+    let out = host.create(&bundle, "t1");
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
@@ -417,9 +442,9 @@ fn a_driver_without_the_symbol_is_refused_with_the_reason_or_fails_open() {
     // Fail-closed (the default): the start is refused, naming what the host lacks, and the
     // memory is not left reserved.
     let host = Host::new("drv-580", false, false, "");
-    let cgroup = format!("/vramgate-drv/{}/o1", std::process::id());
+    let cgroup = drv_cgroup("o1");
     let bundle = host.bundle("o1", &["sleep", "30"], "1Gi", &[], &cgroup, true);
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "o1"]);
+    let out = host.create(&bundle, "o1");
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
@@ -432,7 +457,7 @@ fn a_driver_without_the_symbol_is_refused_with_the_reason_or_fails_open() {
     // Fail-open: the container starts without the limit, and the event log says why.
     let host = Host::new("drv-580-open", false, false, "on_state_error = \"fail-open\"");
     let bundle = host.bundle("o2", &["sleep", "30"], "1Gi", &[], &cgroup.replace("o1", "o2"), true);
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "o2"]);
+    let out = host.create(&bundle, "o2");
     assert!(out.status.success(), "{}", stderr(&out));
     let (bytes, tier, _) = host.reservation("o2").expect("reserved, without a limit");
     assert_eq!((bytes, tier), (GIB, Value::Null));
@@ -454,35 +479,15 @@ fn a_driver_without_the_symbol_is_refused_with_the_reason_or_fails_open() {
 #[test]
 fn a_waiting_hook_under_the_driver_tier_holds_sys_admin_permitted_not_effective() {
     let host = Host::new("drv-caps", false, true, "policy = \"wait\"");
-    let full = host.bundle(
-        "full",
-        &["sleep", "30"],
-        "20Gi",
-        &[],
-        &format!("/vramgate-drv/{}/full", std::process::id()),
-        true,
-    );
-    let out = host.runc(&["create", "--bundle", full.to_str().unwrap(), "full"]);
+    let full = host.bundle("full", &["sleep", "30"], "20Gi", &[], &drv_cgroup("full"), true);
+    let out = host.create(&full, "full");
     assert!(out.status.success(), "{}", stderr(&out));
-    let waiter = host.bundle(
-        "waiter",
-        &["sleep", "30"],
-        "10Gi",
-        &[],
-        &format!("/vramgate-drv/{}/waiter", std::process::id()),
-        true,
-    );
+    let waiter = host.bundle("waiter", &["sleep", "30"], "10Gi", &[], &drv_cgroup("waiter"), true);
     let (key, value) = host.bed.env();
     let mut args: Vec<&OsStr> = vec![OsStr::new("--root"), host.bed.runc_root.as_os_str()];
     let verb = ["create", "--bundle", waiter.to_str().unwrap(), "waiter"];
     args.extend(verb.iter().map(OsStr::new));
-    let mut create = in_cgroup_v2(&host.bed.runc, &args)
-        .env(key, value)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut create = support::spawn_quiet(&mut in_cgroup_v2(&host.bed.runc, &args), key, value);
     // runc runs hooks as its children; `unshare` and `sh` exec runc in the spawned process.
     let hook = support::wait_until("the waiting hook", std::time::Duration::from_secs(20), || {
         let pid = hook_pids(create.id()).into_iter().next();
@@ -495,12 +500,7 @@ fn a_waiting_hook_under_the_driver_tier_holds_sys_admin_permitted_not_effective(
         (queued, ())
     });
     let status = std::fs::read_to_string(format!("/proc/{hook}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .map(|v| v.trim().to_string())
-    };
+    let field = |name: &str| vramgate::procfs::status_field(&status, name).map(str::to_string);
     let (ptrace, admin) = (1u64 << 19, 1u64 << 21);
     let eff = field("CapEff");
     let prm = field("CapPrm");
@@ -543,10 +543,10 @@ fn the_wrapper_clears_the_limit_at_delete_while_the_cgroup_still_exists() {
         "GPU-00000000-0000-0000-0000-00000000000b",
     );
     let host = Host::with_gpus("drv-delete", true, true, "", &two_gpus(a, b));
-    let cgroup = format!("/vramgate-drv/{}/d1", std::process::id());
+    let cgroup = drv_cgroup("d1");
     let bundle = host.bundle("d1", &["sleep", "30"], "2Gi", &[], &cgroup, false);
     on_gpus(&bundle, "0,1");
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "d1"]);
+    let out = host.create(&bundle, "d1");
     assert!(out.status.success(), "create: {}", stderr(&out));
     let dir = format!("/sys/fs/cgroup{cgroup}");
     let calls = host.calls();
@@ -594,10 +594,10 @@ fn a_failed_set_on_the_second_gpu_clears_the_first() {
     );
     let host = Host::with_gpus("drv-half", false, true, "", &two_gpus(a, b));
     std::fs::write(format!("{}.fail-set", host.log.display()), b).unwrap();
-    let cgroup = format!("/vramgate-drv/{}/h1", std::process::id());
+    let cgroup = drv_cgroup("h1");
     let bundle = host.bundle("h1", &["sleep", "30"], "1Gi", &[], &cgroup, true);
     on_gpus(&bundle, "0,1");
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "h1"]);
+    let out = host.create(&bundle, "h1");
     assert!(!out.status.success(), "refused");
     let err = stderr(&out);
     assert!(err.contains("NVML_ERROR_NOT_SUPPORTED") && err.contains(b), "{err}");
@@ -624,9 +624,9 @@ fn a_failed_set_on_the_second_gpu_clears_the_first() {
 #[test]
 fn the_hook_alone_asks_the_driver_at_poststop_about_the_gone_cgroup() {
     let host = Host::new("drv-poststop", false, true, "");
-    let cgroup = format!("/vramgate-drv/{}/p1", std::process::id());
+    let cgroup = drv_cgroup("p1");
     let bundle = host.bundle("p1", &["sleep", "30"], "1Gi", &[], &cgroup, true);
-    let out = host.runc(&["create", "--bundle", bundle.to_str().unwrap(), "p1"]);
+    let out = host.create(&bundle, "p1");
     assert!(out.status.success(), "create: {}", stderr(&out));
     assert_eq!(host.records().len(), 1);
     let out = host.runc(&["delete", "--force", "p1"]);
@@ -657,15 +657,8 @@ fn the_hook_alone_asks_the_driver_at_poststop_about_the_gone_cgroup() {
 #[test]
 fn a_container_without_a_limit_loads_no_nvml_at_delete() {
     let host = Host::new("drv-plain", true, true, "");
-    let limited = host.bundle(
-        "lim",
-        &["sleep", "30"],
-        "1Gi",
-        &[],
-        &format!("/vramgate-drv/{}/lim", std::process::id()),
-        false,
-    );
-    let out = host.runc(&["create", "--bundle", limited.to_str().unwrap(), "lim"]);
+    let limited = host.bundle("lim", &["sleep", "30"], "1Gi", &[], &drv_cgroup("lim"), false);
+    let out = host.create(&limited, "lim");
     assert!(out.status.success(), "create: {}", stderr(&out));
     let loads = host.loads();
     assert_eq!(loads.len(), 1, "the limited container's hook loaded NVML: {loads:?}");
@@ -674,7 +667,7 @@ fn a_container_without_a_limit_loads_no_nvml_at_delete() {
     let plain = host.bed.bundle("plain", &["sleep", "30"], &[], &[], false).unwrap();
     let path = plain.join("config.json");
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    spec["linux"]["cgroupsPath"] = json!(format!("/vramgate-drv/{}/plain", std::process::id()));
+    spec["linux"]["cgroupsPath"] = json!(drv_cgroup("plain"));
     std::fs::write(&path, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
     let calls = host.calls();
     for verb in [
@@ -840,7 +833,7 @@ fn spec_env(bundle: &Path, name: &str) -> Option<String> {
 fn the_toolkit_limit_hands_vramgates_values_to_the_cdi_hook_over_the_containers_own() {
     let node = ToolkitNode::new(true);
     let host = Host::with_enforce("tk-hook", true, true, "", "", &node.enforce("toolkit"));
-    let cgroup = format!("/vramgate-drv/{}/tk1", std::process::id());
+    let cgroup = drv_cgroup("tk1");
     // The container asks the toolkit for a limit of its own, in the spelling its hook reads
     // first.
     let bundle = host.bundle(
@@ -852,15 +845,7 @@ fn the_toolkit_limit_hands_vramgates_values_to_the_cdi_hook_over_the_containers_
         false,
     );
     inject_cdi_device(&bundle, &node.spec);
-    let runc_log = host.bed.dir.join("runc-tk1.log");
-    let out = host.runc(&[
-        "--log",
-        runc_log.to_str().unwrap(),
-        "create",
-        "--bundle",
-        bundle.to_str().unwrap(),
-        "tk1",
-    ]);
+    let (out, runc_log) = host.create_logged(&bundle, "tk1");
     assert!(out.status.success(), "create: {}", stderr(&out));
 
     let lines = node.lines();
@@ -907,18 +892,10 @@ fn sets_of(host: &Host) -> Vec<String> {
 fn the_toolkit_limit_without_the_hook_in_the_nodes_cdi_spec_records_no_limit_and_doctor_warns() {
     let node = ToolkitNode::new(false);
     let host = Host::with_enforce("tk-none", true, true, "", "", &node.enforce("toolkit"));
-    let cgroup = format!("/vramgate-drv/{}/tk2", std::process::id());
+    let cgroup = drv_cgroup("tk2");
     let bundle = host.bundle("tk2", &["sleep", "30"], "2Gi", &[], &cgroup, false);
     inject_cdi_device(&bundle, &node.spec);
-    let runc_log = host.bed.dir.join("runc-tk2.log");
-    let out = host.runc(&[
-        "--log",
-        runc_log.to_str().unwrap(),
-        "create",
-        "--bundle",
-        bundle.to_str().unwrap(),
-        "tk2",
-    ]);
+    let (out, runc_log) = host.create_logged(&bundle, "tk2");
     assert!(out.status.success(), "the container still starts: {}", stderr(&out));
 
     let (bytes, tier, _) = host.reservation("tk2").expect("reserved");
@@ -956,7 +933,7 @@ fn the_toolkit_limit_without_the_hook_in_the_nodes_cdi_spec_records_no_limit_and
 fn the_driver_limit_with_the_toolkits_hook_on_the_node_sets_one_limit() {
     let node = ToolkitNode::new(true);
     let host = Host::with_enforce("tk-drv", true, true, "", "", &node.enforce("driver"));
-    let cgroup = format!("/vramgate-drv/{}/tk3", std::process::id());
+    let cgroup = drv_cgroup("tk3");
     // The container asks the toolkit's hook for its own limit, in the spelling it reads first.
     let bundle = host.bundle(
         "tk3",
@@ -990,7 +967,7 @@ fn the_driver_limit_with_the_toolkits_hook_on_the_node_sets_one_limit() {
     // The hook alone (podman's and CRI-O's hooks.d) cannot remove them: it refuses the
     // container before the toolkit's hook runs.
     let alone = Host::with_enforce("tk-drv-alone", false, true, "", "", &node.enforce("driver"));
-    let cgroup = format!("/vramgate-drv/{}/tk4", std::process::id());
+    let cgroup = drv_cgroup("tk4");
     let bundle = alone.bundle(
         "tk4",
         &["true"],

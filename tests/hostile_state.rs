@@ -83,6 +83,16 @@ fn fresh_state(case: &Case) {
     std::fs::set_permissions(case.state(), std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
+/// A fresh state directory holding an empty ledger, for a case to make hostile.
+fn state_with_empty_ledger(case: &Case) {
+    fresh_state(case);
+    std::fs::write(
+        case.state().join("ledger.json"),
+        br#"{"schema":1,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#,
+    )
+    .unwrap();
+}
+
 fn set_mode(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
@@ -149,12 +159,7 @@ fn hostile_setups() -> Vec<(&'static str, Box<dyn Fn(&Case)>, &'static str)> {
         (
             "ledger owned by nobody",
             Box::new(move |c: &Case| {
-                fresh_state(c);
-                std::fs::write(
-                    ledger(c),
-                    br#"{"schema":1,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#,
-                )
-                .unwrap();
+                state_with_empty_ledger(c);
                 chown_nobody(&ledger(c));
             }),
             "is owned by uid 65534",
@@ -162,12 +167,7 @@ fn hostile_setups() -> Vec<(&'static str, Box<dyn Fn(&Case)>, &'static str)> {
         (
             "ledger world-writable",
             Box::new(move |c: &Case| {
-                fresh_state(c);
-                std::fs::write(
-                    ledger(c),
-                    br#"{"schema":1,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#,
-                )
-                .unwrap();
+                state_with_empty_ledger(c);
                 set_mode(&ledger(c), 0o666);
             }),
             "writable by group or others",
@@ -420,14 +420,7 @@ fn a_running_hook_holds_only_cap_sys_ptrace() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", hook.id())).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let field = |name: &str| vramgate::procfs::status_field(&status, name).unwrap().to_string();
     let _ = hook.kill();
     let _ = hook.wait();
     let sys_ptrace = format!("{:016x}", 1u64 << 19);

@@ -325,14 +325,8 @@ fn delete_of_a_container_never_held_reads_no_ledger_and_takes_no_lock() {
         )
         .unwrap();
     let (key, value) = bed.env();
-    let mut create = bed
-        .runc(&["create", "--bundle", &bundle.to_string_lossy(), "gaveup"])
-        .env(key, value)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut runc = bed.runc(&["create", "--bundle", &bundle.to_string_lossy(), "gaveup"]);
+    let mut create = support::spawn_quiet(&mut runc, key, value);
     eventually("gaveup queued", || ids(&ledger(&bed), "queue") == ["gaveup"]);
     create.kill().unwrap();
     create.wait().unwrap();

@@ -261,73 +261,39 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     assert_eq!(a.outside.len(), 1);
     assert_eq!(a.outside[0].gpu_uuid, "MIG-5c6a31e2-0001-5000-8000-000000000001");
 
-    let share = |uuid: &str, bytes: u64| {
-        vec![GpuShare {
-            uuid: uuid.into(),
-            bytes,
-            limit: None,
-        }]
+    let share = |uuid: &str, bytes: u64| vec![GpuShare::new(uuid, bytes, 0)];
+    // What the admission rule decides for `bytes` on `uuid` alone.
+    let decide_on = |uuid: &str, bytes: u64| {
+        admission::decide_named(&host.ledger, snapshot, &a.allocated, &rules(), &share(uuid, bytes), None, 0)
     };
     let small_mig = "MIG-5c6a31e2-0001-5000-8000-000000000001";
     // 12 GiB can never fit a 1g.10gb device, however empty the rest of the card is.
-    let d = admission::decide_named(
-        &host.ledger,
-        snapshot,
-        &a.allocated,
-        &rules(),
-        &share(small_mig, 12 << 30),
-        None,
-        0,
-    );
+    let d = decide_on(small_mig, 12 << 30);
     assert!(matches!(d, Decision::Never { .. }), "{d:?}");
     // 8 GiB fits its 9984 MiB less the 1 GiB the outside process holds.
-    let d = admission::decide_named(
-        &host.ledger,
-        snapshot,
-        &a.allocated,
-        &rules(),
-        &share(small_mig, 8 << 30),
-        None,
-        0,
-    );
+    let d = decide_on(small_mig, 8 << 30);
     assert!(matches!(d, Decision::Admit { .. }), "{d:?}");
-    let d = admission::decide_named(
-        &host.ledger,
-        snapshot,
-        &a.allocated,
-        &rules(),
-        &share(small_mig, 9 << 30),
-        None,
-        0,
-    );
+    let d = decide_on(small_mig, 9 << 30);
     assert!(matches!(d, Decision::NoRoom { .. }), "{d:?}");
     // On the 3g.40gb device x's 10 GiB promise counts, minus the 8 GiB it already took.
     let big_mig = "MIG-5c6a31e2-0000-5000-8000-000000000000";
     let account = admission::account(&host.ledger, &snapshot.gpus[0], &a.allocated, &rules());
     assert_eq!(account.unallocated, 2 << 30);
     let fits = account.available();
-    let d = admission::decide_named(
-        &host.ledger,
-        snapshot,
-        &a.allocated,
-        &rules(),
-        &share(big_mig, fits),
-        None,
-        0,
-    );
+    let d = decide_on(big_mig, fits);
     assert!(matches!(d, Decision::Admit { .. }), "{d:?}");
-    assert!(matches!(
-        admission::decide_named(
-            &host.ledger,
-            snapshot,
-            &a.allocated,
-            &rules(),
-            &share(big_mig, fits + MI),
-            None,
-            0
-        ),
-        Decision::NoRoom { .. }
-    ));
+    assert!(matches!(decide_on(big_mig, fits + MI), Decision::NoRoom { .. }));
+}
+
+/// `vramgate status --json` under `config`, which must succeed.
+fn status_json(config: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// An inventory section naming a driver library that does not exist.
@@ -364,13 +330,7 @@ fn missing_driver_is_one_clear_line_from_status() {
 
     // backend = "auto" on a host without the library is not an error: the static list is used.
     let config = missing_driver_config(dir.path(), "auto");
-    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &config)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("\"inventory\": \"static"));
+    assert!(status_json(&config).contains("\"inventory\": \"static"));
 }
 
 /// `program args` on a host that looks like a GPU host to the driver's own evidence: a private
@@ -467,12 +427,7 @@ fn auto_with_a_static_list_never_simulates_a_gpu_on_a_gpu_host() {
     let config = dir.path().join("config.toml");
     std::fs::write(&config, Testbed::default_config(dir.path(), listed)).unwrap();
     // Without the driver's evidence the list is the simulated host it was written for.
-    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &config)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    status_json(&config);
     let stderr = status_refused_on_a_gpu_host(&config);
     assert!(
         stderr.contains(&format!(

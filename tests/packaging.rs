@@ -69,6 +69,35 @@ fn installed() -> bool {
 /// Where the package puts the manual's HTML.
 const BOOK: &str = "/usr/share/doc/vramgate/book";
 
+/// A runc testbed in `dir` whose hooks are the installed `/usr/bin/vramgate-hook`, with the
+/// default config of a host under `state_base`.
+fn installed_hook_testbed(dir: &Path, state_base: &Path) -> Testbed {
+    let config = Testbed::default_config(state_base, "");
+    Testbed::create(dir, "runc", Path::new("/usr/bin/vramgate-hook"), &config).unwrap()
+}
+
+/// What both packages install at the same path (besides the binaries and the manual).
+const PACKAGED: &[&str] = &[
+    "/etc/vramgate/config.toml",
+    "/usr/lib/tmpfiles.d/vramgate.conf",
+    "/usr/lib/systemd/system/vramgate-exporter.service",
+    "/usr/lib/systemd/system/vramgate-device-plugin.service",
+    "/usr/lib/systemd/system/vramgate-dra.service",
+    "/usr/lib/systemd/system/vramgate-watch.service",
+    "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
+    "/usr/share/doc/vramgate/k8s/dra.yaml",
+    "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
+    "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
+    "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
+    "/usr/share/man/man8/vramgate.8.gz",
+    "/usr/share/man/man8/vramgate-hook.8.gz",
+    "/usr/share/man/man8/vramgate-runtime.8.gz",
+    "/usr/share/man/man8/vramgate-device-plugin.8.gz",
+    "/usr/share/man/man8/vramgate-dra.8.gz",
+    "/usr/share/man/man5/vramgate.toml.5.gz",
+    "/usr/share/bash-completion/completions/vramgate",
+];
+
 fn expected_binaries() -> Vec<String> {
     let mut bins: Vec<String> = std::fs::read_dir(root().join("src/bin"))
         .unwrap()
@@ -250,26 +279,8 @@ fn packages_install_gate_a_container_and_purge_clean() {
     let mut rpm_expected: Vec<String> = binaries.iter().map(|b| format!("/usr/bin/{b}")).collect();
     rpm_expected.extend(
         [
-            "/etc/vramgate/config.toml",
             "/usr/share/containers/oci/hooks.d/vramgate-prestart.json",
             "/usr/share/containers/oci/hooks.d/vramgate-poststop.json",
-            "/usr/lib/tmpfiles.d/vramgate.conf",
-            "/usr/lib/systemd/system/vramgate-exporter.service",
-            "/usr/lib/systemd/system/vramgate-device-plugin.service",
-            "/usr/lib/systemd/system/vramgate-dra.service",
-            "/usr/lib/systemd/system/vramgate-watch.service",
-            "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
-            "/usr/share/doc/vramgate/k8s/dra.yaml",
-            "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
-            "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
-            "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
-            "/usr/share/man/man8/vramgate.8.gz",
-            "/usr/share/man/man8/vramgate-hook.8.gz",
-            "/usr/share/man/man8/vramgate-runtime.8.gz",
-            "/usr/share/man/man8/vramgate-device-plugin.8.gz",
-            "/usr/share/man/man8/vramgate-dra.8.gz",
-            "/usr/share/man/man5/vramgate.toml.5.gz",
-            "/usr/share/bash-completion/completions/vramgate",
             "/usr/share/zsh/site-functions/_vramgate",
             "/usr/share/fish/vendor_completions.d/vramgate.fish",
             "/usr/share/doc/vramgate/README.md",
@@ -277,6 +288,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
         ]
         .map(String::from),
     );
+    rpm_expected.extend(PACKAGED.iter().map(|p| p.to_string()));
     for path in &rpm_expected {
         assert!(files.lines().any(|l| l == path), "the rpm lacks {path}:\n{files}");
     }
@@ -375,31 +387,13 @@ fn packages_install_gate_a_container_and_purge_clean() {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755, "{}", path.display());
     }
-    for path in [
-        "/etc/vramgate/config.toml",
-        "/usr/lib/tmpfiles.d/vramgate.conf",
-        "/usr/lib/systemd/system/vramgate-exporter.service",
-        "/usr/lib/systemd/system/vramgate-device-plugin.service",
-        "/usr/lib/systemd/system/vramgate-dra.service",
-        "/usr/lib/systemd/system/vramgate-watch.service",
-        "/usr/share/doc/vramgate/k8s/device-plugin.yaml",
-        "/usr/share/doc/vramgate/k8s/dra.yaml",
-        "/usr/share/doc/vramgate/k8s/dra-pod.yaml",
-        "/usr/share/doc/vramgate/contrib/grafana/vramgate.json",
-        "/usr/share/doc/vramgate/contrib/prometheus/vramgate-alerts.yml",
-        "/usr/share/man/man8/vramgate.8.gz",
-        "/usr/share/man/man8/vramgate-hook.8.gz",
-        "/usr/share/man/man8/vramgate-runtime.8.gz",
-        "/usr/share/man/man8/vramgate-device-plugin.8.gz",
-        "/usr/share/man/man8/vramgate-dra.8.gz",
-        "/usr/share/man/man5/vramgate.toml.5.gz",
-        "/usr/share/bash-completion/completions/vramgate",
+    for path in PACKAGED.iter().copied().chain([
         "/usr/share/zsh/vendor-completions/_vramgate",
         "/usr/share/fish/vendor_completions.d/vramgate.fish",
         "/usr/share/doc/vramgate/copyright",
         &format!("{BOOK}/index.html"),
         &format!("{BOOK}/reference.html"),
-    ] {
+    ]) {
         assert!(Path::new(path).is_file(), "{path} was not installed");
     }
     let state = std::fs::metadata("/run/vramgate").expect("postinst created /run/vramgate");
@@ -460,13 +454,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
 
     // 6. A real runc container through the installed hook, as hooks.d wires it.
     let scratch = tempfile::tempdir().unwrap();
-    let testbed = Testbed::create(
-        scratch.path(),
-        "runc",
-        Path::new("/usr/bin/vramgate-hook"),
-        &Testbed::default_config(scratch.path(), ""),
-    )
-    .unwrap();
+    let testbed = installed_hook_testbed(scratch.path(), scratch.path());
     let hooks = hooks_from_hooks_d();
     let bundle_with = |name: &str, memory: &str, args: &[&str]| {
         bundle_with_hooks(
@@ -795,13 +783,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
 
     // 2. Through the old installed hook (hooks.d, as podman and CRI-O run it) and real runc: a
     // container that fills the simulated GPU (24,265 MiB), and one that waits behind it.
-    let testbed = Testbed::create(
-        &scratch.path().join("bed"),
-        "runc",
-        Path::new("/usr/bin/vramgate-hook"),
-        &Testbed::default_config(scratch.path(), ""),
-    )
-    .unwrap();
+    let testbed = installed_hook_testbed(&scratch.path().join("bed"), scratch.path());
     let hooks = hooks_from_hooks_d();
     let bundle_with = |name: &str, memory: &str, args: &[&str]| {
         bundle_with_hooks(

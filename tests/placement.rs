@@ -8,7 +8,7 @@ mod support;
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -369,14 +369,11 @@ fn a_create_killed_before_its_hook_leaves_nothing_behind() {
     spec["hooks"] = json!({"createRuntime": [{"path": "/bin/sleep", "args": ["sleep", "30"]}]});
     std::fs::write(b.join("config.json"), serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
     let (key, value) = bed.env();
-    let mut create = bed
-        .runc(&["create", "--bundle", &b.display().to_string(), "killed"])
-        .env(key, value)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut create = spawn_quiet(
+        &mut bed.runc(&["create", "--bundle", &b.display().to_string(), "killed"]),
+        key,
+        value,
+    );
     wait_until(
         "the create holds a pending reservation",
         Duration::from_secs(20),

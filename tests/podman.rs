@@ -5,10 +5,10 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use support::*;
 use vramgate::testbed::Testbed;
 
@@ -42,14 +42,7 @@ impl Podman {
             ),
         )
         .unwrap();
-        // The repo's hooks.d files, as packaged, pointed at the built hook and the testbed.
-        let repo_hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
-        for name in ["vramgate-prestart.json", "vramgate-poststop.json"] {
-            let mut doc: Value = serde_json::from_slice(&std::fs::read(repo_hooks.join(name)).unwrap()).unwrap();
-            doc["hook"]["path"] = json!(HOOK);
-            doc["hook"]["env"] = json!([format!("VRAMGATE_CONFIG={}", tb.config_path.display())]);
-            std::fs::write(hooks.join(name), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-        }
+        write_packaged_hooks(&hooks, &tb);
         let podman = Podman {
             tb,
             dir,

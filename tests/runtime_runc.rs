@@ -188,13 +188,7 @@ fn runc_run_through_the_wrapper_is_accounted() {
 fn a_create_that_no_runtime_will_run_reserves_nothing() {
     let dir = tempfile::Builder::new().prefix("vg-rt-none").tempdir().unwrap();
     let config = Testbed::default_config(dir.path(), "[runtime]\nruntimes = [\"/nonexistent/runc\"]");
-    let bed = Testbed::create(
-        dir.path(),
-        support::RUNTIME,
-        std::path::Path::new(support::HOOK),
-        &config,
-    )
-    .unwrap();
+    let bed = support::wrapper_testbed_in(dir.path(), &config);
     let bundle = bed.bundle("n1", &["true"], &request(), &[], false).unwrap();
     let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "n1"]);
     assert!(!ok);
@@ -215,13 +209,7 @@ fn a_create_whose_runtime_cannot_be_executed_gives_back_what_it_reserved() {
         dir.path(),
         &format!("[runtime]\nruntimes = [{:?}]", broken.display().to_string()),
     );
-    let bed = Testbed::create(
-        dir.path(),
-        support::RUNTIME,
-        std::path::Path::new(support::HOOK),
-        &config,
-    )
-    .unwrap();
+    let bed = support::wrapper_testbed_in(dir.path(), &config);
     let bundle = bed.bundle("x1", &["true"], &request(), &[], false).unwrap();
     let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "x1"]);
     assert!(!ok, "{stderr}");

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -35,19 +34,7 @@ fn run() -> Result<()> {
         bytes("--default-request", &cli.default_request)?,
     )
     .map_err(|e| anyhow::anyhow!("--step {:?} --default-request {:?}: {e}", cli.step, cli.default_request))?;
-    let poll_interval = vramgate::quantity::parse_duration(&cli.poll_interval)
-        .with_context(|| format!("--poll-interval {:?}", cli.poll_interval))?;
-    // Below 10ms the driver spends its time querying the driver; above 1s the scheduler
-    // hears late of memory used outside vramgate.
-    if poll_interval < Duration::from_millis(10) || poll_interval > Duration::from_secs(1) {
-        bail!("--poll-interval {:?}: must be between 10ms and 1s", cli.poll_interval);
-    }
-    let startup_timeout = vramgate::quantity::parse_duration(&cli.startup_timeout)
-        .with_context(|| format!("--startup-timeout {:?}", cli.startup_timeout))?;
-    // Below a second even a static inventory's first read could miss it on a loaded node.
-    if startup_timeout < Duration::from_secs(1) {
-        bail!("--startup-timeout {:?}: must be at least 1s", cli.startup_timeout);
-    }
+    let (poll_interval, startup_timeout) = vramgate::cli::plugin_timings(&cli.poll_interval, &cli.startup_timeout)?;
     if cli.node_name.is_empty() {
         bail!("--node-name (or NODE_NAME) is empty: set it to this node's name");
     }

@@ -94,20 +94,10 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn reservation(bundle: &Path, uuid: &str, bytes: u64) -> Reservation {
+        let init = ProcessIdentity { pid: 1, start_time: 1 };
         Reservation {
-            container_id: "c1".into(),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes,
-                limit: None,
-            }],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 7,
-            waited_ms: 0,
             bundle: Some(bundle.to_path_buf()),
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
+            ..Reservation::new("c1", vec![GpuShare::new(uuid, bytes, 0)], init, 7)
         }
     }
 

@@ -293,6 +293,21 @@ mod tests {
         NodeView::compute(&facts, &[])
     }
 
+    /// The view of `snapshot` with nothing reserved, `granted` units, no headroom, after
+    /// `earlier`.
+    fn on_empty_ledger(snapshot: &Snapshot, granted: &BTreeSet<DeviceId>, earlier: &[GpuUnits]) -> NodeView {
+        let facts = Facts {
+            snapshot,
+            ledger: &Ledger::default(),
+            allocated: &Allocated::new(),
+            rules: &rules(0),
+            unit: &Unit::gib(),
+            granted,
+            plugin_held: &[],
+        };
+        NodeView::compute(&facts, earlier)
+    }
+
     fn health(v: &NodeView, id: &str) -> String {
         v.devices.iter().find(|d| d.id == id).unwrap().health.clone()
     }
@@ -354,17 +369,7 @@ mod tests {
             gpus: vec![gpu(0, 8, 0)],
             ..Default::default()
         };
-        let ledger = Ledger::default();
-        let facts = Facts {
-            snapshot: &snapshot,
-            ledger: &ledger,
-            allocated: &Allocated::new(),
-            rules: &rules(0),
-            unit: &Unit::gib(),
-            granted: &BTreeSet::new(),
-            plugin_held: &[],
-        };
-        let after = NodeView::compute(&facts, &before.gpus);
+        let after = on_empty_ledger(&snapshot, &BTreeSet::new(), &before.gpus);
         assert_eq!(after.devices.len(), 16);
         assert!(!after.gpus[1].present);
         assert_eq!(after.healthy_units(), 8);
@@ -389,17 +394,7 @@ mod tests {
             n: 7,
         }]
         .into();
-        let ledger = Ledger::default();
-        let facts = Facts {
-            snapshot: &snapshot,
-            ledger: &ledger,
-            allocated: &Allocated::new(),
-            rules: &rules(0),
-            unit: &Unit::gib(),
-            granted: &granted,
-            plugin_held: &[],
-        };
-        let v = NodeView::compute(&facts, &[]);
+        let v = on_empty_ledger(&snapshot, &granted, &[]);
         assert_eq!(v.gpus[0].healthy, 4);
         assert_eq!(health(&v, "GPU-0/7"), HEALTHY);
         assert_eq!(health(&v, "GPU-0/3"), UNHEALTHY);

@@ -122,25 +122,35 @@ impl Reservation {
         self.gpus.iter().map(|g| g.bytes).fold(0u64, u64::saturating_add)
     }
 
-    /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
-    /// tests build ledgers from.
-    #[cfg(test)]
-    pub(crate) fn for_test(container_id: &str, uuid: &str, bytes: u64) -> Reservation {
+    /// An admitted reservation of `gpus` for `container_id`, held by `init` since
+    /// `created_unix_ms`: no wait, no bundle, not pending, no tier recorded, no newer fields.
+    /// The one place a reservation is built field by field (admission, tests, benches); a
+    /// caller sets what differs with `..Reservation::new(..)`.
+    pub fn new(
+        container_id: impl Into<String>,
+        gpus: Vec<GpuShare>,
+        init: ProcessIdentity,
+        created_unix_ms: u64,
+    ) -> Reservation {
         Reservation {
             container_id: container_id.into(),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes,
-                limit: None,
-            }],
-            init: crate::procfs::ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 1,
+            gpus,
+            init,
+            created_unix_ms,
             waited_ms: 0,
             bundle: None,
             pending: false,
             enforcement: None,
             extra: Extra::new(),
         }
+    }
+
+    /// `bytes` on GPU `uuid` for `container_id`, held by pid 1 (start time 1): what unit
+    /// tests build ledgers from.
+    #[cfg(test)]
+    pub(crate) fn for_test(container_id: &str, uuid: &str, bytes: u64) -> Reservation {
+        let init = ProcessIdentity { pid: 1, start_time: 1 };
+        Reservation::new(container_id, vec![GpuShare::new(uuid, bytes, 0)], init, 1)
     }
 
     /// Whether a stop of the container `container_id` with `bundle` releases this reservation.
@@ -194,6 +204,25 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// A ticket of `container_id` for `gpus`, waited on by pid 1 (start time 1), enqueued and
+    /// due at time 0, nothing else recorded: what unit tests build queues from.
+    #[cfg(test)]
+    pub(crate) fn for_test(container_id: &str, gpus: Vec<GpuShare>) -> Ticket {
+        Ticket {
+            ticket: 0,
+            container_id: container_id.into(),
+            gpus,
+            waiter: ProcessIdentity { pid: 1, start_time: 1 },
+            enqueued_unix_ms: 0,
+            enqueued_boot_ms: None,
+            deadline_unix_ms: 0,
+            bundle: None,
+            choose: None,
+            expected_ms: None,
+            extra: Extra::new(),
+        }
+    }
+
     /// Whether a stop of the container `container_id` with `bundle` ends this wait.
     pub fn belongs_to(&self, container_id: &str, bundle: Option<&Path>) -> bool {
         same_container(&self.container_id, self.bundle.as_deref(), container_id, bundle)
@@ -423,190 +452,4 @@ fn newer(found: u32, path: &Path) -> LedgerError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exhausted_counters_are_corrupt() {
-        for field in ["next_ticket", "generation"] {
-            let mut json = serde_json::to_value(Ledger::default()).unwrap();
-            json[field] = serde_json::json!(u64::MAX);
-            let err = Ledger::parse(&serde_json::to_vec(&json).unwrap(), Path::new("/l")).unwrap_err();
-            assert!(err.to_string().contains("at its maximum"), "{err}");
-        }
-    }
-
-    #[test]
-    fn reserved_sum_saturates_instead_of_wrapping() {
-        let share = |bytes| GpuShare {
-            uuid: "GPU-a".into(),
-            bytes,
-            limit: None,
-        };
-        let reservation = |id: &str, bytes| Reservation {
-            container_id: id.into(),
-            gpus: vec![share(bytes)],
-            init: ProcessIdentity { pid: 1, start_time: 7 },
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        };
-        let ledger = Ledger {
-            reservations: vec![reservation("a", u64::MAX - 1), reservation("b", 5)],
-            ..Ledger::default()
-        };
-        assert_eq!(ledger.reserved_on("GPU-a"), u64::MAX);
-        assert_eq!(ledger.reserved_total(), u64::MAX);
-        let mut two_gpus = reservation("c", u64::MAX / 2 + 1);
-        two_gpus.gpus.push(share(u64::MAX / 2 + 1));
-        assert_eq!(two_gpus.bytes(), u64::MAX, "the CLI prints this sum (gc, status)");
-    }
-
-    #[test]
-    fn enqueue_numbers_tickets_in_order() {
-        let mut ledger = Ledger::default();
-        let ticket = Ticket {
-            ticket: 0,
-            container_id: "c".into(),
-            gpus: vec![],
-            waiter: ProcessIdentity { pid: 1, start_time: 1 },
-            enqueued_unix_ms: 0,
-            enqueued_boot_ms: None,
-            deadline_unix_ms: 0,
-            bundle: None,
-            choose: None,
-            expected_ms: None,
-            extra: Default::default(),
-        };
-        assert_eq!(ledger.enqueue(ticket.clone()), 1);
-        assert_eq!(ledger.enqueue(ticket), 2);
-        assert_eq!(ledger.next_ticket, 3);
-        assert_eq!(ledger.remove_tickets_of("c", None).len(), 2);
-    }
-
-    #[test]
-    fn a_stop_releases_only_the_reservation_of_its_own_bundle() {
-        let reservation = |bundle: Option<&str>| Reservation {
-            container_id: "c".into(),
-            gpus: vec![],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 0,
-            waited_ms: 0,
-            bundle: bundle.map(PathBuf::from),
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        };
-        let live = reservation(Some("/run/containerd/ns-a/c"));
-        assert!(live.belongs_to("c", Some(Path::new("/run/containerd/ns-a/c"))));
-        assert!(
-            !live.belongs_to("c", Some(Path::new("/run/containerd/ns-b/c"))),
-            "a namesake elsewhere"
-        );
-        assert!(live.belongs_to("c", None), "vramgate release <id>");
-        assert!(!live.belongs_to("d", None));
-        assert!(
-            reservation(None).belongs_to("c", Some(Path::new("/any"))),
-            "an old ledger"
-        );
-    }
-
-    /// A limit is written only where it is above the request, so a ledger without limits is
-    /// the format-1 file it always was; one with a limit is format 2 and reads back whole.
-    #[test]
-    fn a_limit_is_written_only_above_the_request() {
-        let mut ledger = Ledger::default();
-        let mut r = Reservation::for_test("a", "GPU-a", 2 << 30);
-        r.gpus = vec![GpuShare::new("GPU-a", 2 << 30, 2 << 30)];
-        ledger.reservations.push(r.clone());
-        assert_eq!(ledger.format_needed(), 1);
-        let plain = serde_json::to_string(&ledger).unwrap();
-        assert!(
-            plain.contains(r#""gpus":[{"uuid":"GPU-a","bytes":2147483648}]"#),
-            "{plain}"
-        );
-        r.container_id = "b".into();
-        r.gpus = vec![GpuShare::new("GPU-a", 2 << 30, 6 << 30)];
-        ledger.reservations.push(r);
-        assert_eq!(ledger.format_needed(), 2);
-        assert_eq!(
-            (ledger.reserved_on("GPU-a"), ledger.limits_on("GPU-a")),
-            (4 << 30, 8 << 30)
-        );
-        ledger.schema = 2;
-        let bytes = serde_json::to_vec(&ledger).unwrap();
-        assert!(String::from_utf8_lossy(&bytes).contains(r#"{"uuid":"GPU-a","bytes":2147483648,"limit":6442450944}"#));
-        assert_eq!(Ledger::parse(&bytes, Path::new("/l")).unwrap(), ledger);
-        let below = String::from_utf8_lossy(&bytes).replace("6442450944", "1");
-        let err = Ledger::parse(below.as_bytes(), Path::new("/l"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("has a limit (1) below its bytes (2147483648)"), "{err}");
-    }
-
-    #[test]
-    fn salvages_the_generation_of_a_parsable_but_invalid_file() {
-        assert_eq!(
-            Ledger::salvage_generation(br#"{"schema":99,"generation":41}"#),
-            Some(41)
-        );
-        assert_eq!(Ledger::salvage_generation(b"{trunc"), None);
-    }
-
-    /// Fields a newer vramgate added, at every level that keeps them, come back out of a
-    /// parse and a rewrite as they went in.
-    #[test]
-    fn unknown_fields_survive_a_rewrite() {
-        let newer = br#"{"schema":1,"generation":3,"next_ticket":3,"host_note":{"rack":7},
-            "reservations":[{"container_id":"a","gpus":[{"uuid":"GPU-a","bytes":5}],
-              "init":{"pid":1,"start_time":1},"created_unix_ms":1,"label":"train"}],
-            "queue":[{"ticket":2,"container_id":"b","gpus":[{"uuid":"GPU-a","bytes":5}],
-              "waiter":{"pid":1,"start_time":1},"enqueued_unix_ms":1,"deadline_unix_ms":9,
-              "priority_hint":[1,2]}],
-            "counters":{"admitted":3,"evicted":9}}"#;
-        let mut ledger = Ledger::parse(newer, Path::new("/l")).unwrap();
-        assert_eq!(ledger.reservations[0].extra["label"], "train");
-        assert_eq!(ledger.queue[0].extra["priority_hint"], serde_json::json!([1, 2]));
-        ledger.generation += 1;
-        let written: serde_json::Value = serde_json::to_value(&ledger).unwrap();
-        assert_eq!(written["host_note"], serde_json::json!({"rack": 7}));
-        assert_eq!(written["reservations"][0]["label"], "train");
-        assert_eq!(written["queue"][0]["priority_hint"], serde_json::json!([1, 2]));
-        assert_eq!(written["counters"]["evicted"], 9);
-        let bytes = serde_json::to_vec(&written).unwrap();
-        assert_eq!(Ledger::parse(&bytes, Path::new("/l")).unwrap(), ledger);
-    }
-
-    /// A known field keeps its type check: only names this vramgate does not know are kept.
-    #[test]
-    fn known_fields_are_still_checked() {
-        let bad = br#"{"schema":1,"generation":"3","next_ticket":1,"reservations":[],"queue":[]}"#;
-        let err = Ledger::parse(bad, Path::new("/l")).unwrap_err().to_string();
-        assert!(err.contains("corrupt") && err.contains("invalid type"), "{err}");
-        let closed = br#"{"schema":1,"generation":3,"next_ticket":1,"queue":[],"reservations":[
-            {"container_id":"a","gpus":[{"uuid":"GPU-a","bytes":5,"mig":1}],
-             "init":{"pid":1,"start_time":1},"created_unix_ms":1}]}"#;
-        let err = Ledger::parse(closed, Path::new("/l")).unwrap_err().to_string();
-        assert!(err.contains("unknown field `mig`"), "a GPU share is closed: {err}");
-    }
-
-    #[test]
-    fn a_newer_format_is_refused_as_newer_and_format_zero_as_corrupt() {
-        for newer in [
-            &br#"{"schema":3,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
-            br#"{"schema":3,"reservations":"a new shape"}"#,
-        ] {
-            let err = Ledger::parse(newer, Path::new("/l")).unwrap_err().to_string();
-            assert!(
-                err.starts_with("ledger /l was written by a newer vramgate (ledger format 3; this one reads up to 2)"),
-                "{err}"
-            );
-        }
-        let zero = br#"{"schema":0,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#;
-        let err = Ledger::parse(zero, Path::new("/l")).unwrap_err().to_string();
-        assert!(err.contains("corrupt") && err.contains("format"), "{err}");
-    }
-}
+mod tests;

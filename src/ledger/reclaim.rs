@@ -142,21 +142,7 @@ mod tests {
     }
 
     fn reservation(container: &str, pid: u32) -> Reservation {
-        Reservation {
-            container_id: container.into(),
-            gpus: vec![GpuShare {
-                uuid: "GPU-a".into(),
-                bytes: 1,
-                limit: None,
-            }],
-            init: id(pid),
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        }
+        Reservation::new(container, vec![GpuShare::new("GPU-a", 1, 0)], id(pid), 1)
     }
 
     /// Liveness by pid: `dead` are gone, `unknown` unreadable, the rest alive; counts checks.

@@ -184,21 +184,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn reservation(container: &str, bytes: u64) -> Reservation {
-        Reservation {
-            container_id: container.into(),
-            gpus: vec![GpuShare {
-                uuid: "GPU-a".into(),
-                bytes,
-                limit: None,
-            }],
-            init: ProcessIdentity { pid: 1, start_time: 7 },
-            created_unix_ms: 1,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Default::default(),
-        }
+        let init = ProcessIdentity { pid: 1, start_time: 7 };
+        Reservation::new(container, vec![GpuShare::new("GPU-a", bytes, 0)], init, 1)
     }
 
     fn temp_state() -> (tempfile::TempDir, StateDir) {

@@ -364,14 +364,17 @@ mod tests {
         let text = r#"{"ociVersion":"1.0.2","zeta":{"b":1,"a":2},"process":{"env":["VRAMGATE_MEMORY=1Gi"]},"hooks":{"prestart":[{"path":"/usr/bin/other"}]},"alpha":18446744073709551615}"#;
         let mut spec: Value = serde_json::from_str(text).unwrap();
         let entry = |stage| hook_entry(hook, stage, 3660, Some(Path::new("/etc/vg.toml")));
-        assert!(add_hooks(
-            &mut spec,
-            Path::new("c.json"),
-            entry("createRuntime"),
-            entry("poststop"),
-            hook
-        )
-        .unwrap());
+        let add = |spec: &mut Value| {
+            add_hooks(
+                spec,
+                Path::new("c.json"),
+                entry("createRuntime"),
+                entry("poststop"),
+                hook,
+            )
+            .unwrap()
+        };
+        assert!(add(&mut spec));
         let once = serde_json::to_string(&spec).unwrap();
         assert!(
             once.starts_with(r#"{"ociVersion":"1.0.2","zeta":{"b":1,"a":2},"#),
@@ -388,14 +391,7 @@ mod tests {
             spec["hooks"]["poststop"][0]["env"],
             json!(["VRAMGATE_CONFIG=/etc/vg.toml"])
         );
-        assert!(!add_hooks(
-            &mut spec,
-            Path::new("c.json"),
-            entry("createRuntime"),
-            entry("poststop"),
-            hook
-        )
-        .unwrap());
+        assert!(!add(&mut spec), "the second time adds nothing");
         assert_eq!(serde_json::to_string(&spec).unwrap(), once);
     }
 

@@ -116,17 +116,13 @@ impl Service<'_> {
             } => {
                 let queued = progress.ticket.is_some();
                 let waited = if queued { at.waited } else { Duration::ZERO };
+                // Only a confirmation takes the spec's word on the tier (see
+                // AdmitRequest::enforcement), so none is recorded here.
                 ledger.reservations.push(Reservation {
-                    container_id: id.to_string(),
-                    gpus: chosen.clone(),
-                    init: req.init,
-                    created_unix_ms: at.now.unix_ms,
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
-                    // Only a confirmation takes the spec's word (see AdmitRequest::enforcement).
-                    enforcement: None,
-                    extra: Default::default(),
+                    ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
                 let mut detail = format!("{} from {}", req.request.memory, req.request.memory_source);

@@ -1,7 +1,7 @@
 //! What the benches in `bench/` share: where the built binaries are, their arguments, and one
 //! line of latency figures.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A binary built next to the running bench (`target/release/<name>`: examples live one level
@@ -38,4 +38,24 @@ pub fn report(what: &str, mut samples: Vec<Duration>) -> Duration {
         samples[0].as_secs_f64() * 1e3
     );
     median
+}
+
+/// The uuid of the benches' simulated GPU `i`.
+pub fn gpu_uuid(i: usize) -> String {
+    format!("GPU-bench-{i}")
+}
+
+/// A config of `gpus` static 80 GiB GPUs named by [`gpu_uuid`], with its state in `state_dir`.
+pub fn static_config(state_dir: &Path, gpus: usize) -> String {
+    let mut toml = format!(
+        "state_dir = {:?}\n[inventory]\nbackend = \"static\"\n",
+        state_dir.display().to_string()
+    );
+    for i in 0..gpus {
+        toml += &format!(
+            "[[inventory.gpus]]\nindex = {i}\nuuid = \"{}\"\ntotal = \"80Gi\"\n",
+            gpu_uuid(i)
+        );
+    }
+    toml
 }

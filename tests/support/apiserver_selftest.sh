@@ -593,6 +593,16 @@ request PUT "$claims/absent/status" "$(status_body 1 'o["metadata"]["name"] = "a
 expect_status 404 NotFound
 request PUT "$claims/trainer-gpu" "$(status_body "$claim_version" 'pass')"
 expect_status 405 MethodNotAllowed
+# A status PUT with one edit ("where|edit|says") refused as Invalid, at the field path that
+# the printf format $1 makes of `where`, with a message that says `says`.
+status_refused() {
+  local where edit says
+  IFS='|' read -r where edit says <<<"$2"
+  request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "$edit")"
+  # shellcheck disable=SC2059 # the format is the caller's
+  expect_status 422 Invalid "$(printf "$1" "$where")"
+  check "sys.argv[2] in b['message']" "says $says" "$says"
+}
 result='o["status"]["allocation"]["devices"]["results"][0]'
 for broken in \
   "shareID|$result[\"shareID\"] = \"not-a-uuid\"|must be a lowercase UUID" \
@@ -602,10 +612,7 @@ for broken in \
   "driver|$result[\"driver\"] = \"\"|Required value" \
   "pool|$result[\"pool\"] = \"\"|Required value" \
   "request|$result[\"request\"] = \"\"|Required value"; do
-  IFS='|' read -r where edit says <<<"$broken"
-  request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "$edit")"
-  expect_status 422 Invalid "status.allocation.devices.results[0].$where: "
-  check "sys.argv[2] in b['message']" "says $says" "$says"
+  status_refused "status.allocation.devices.results[0].%s: " "$broken"
 done
 request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "del $result[\"pool\"]")"
 expect_status 422 Invalid "status.allocation.devices.results[0]: 'pool' is a required property"
@@ -624,10 +631,7 @@ for broken in \
   "status.devices[0].data: |o['status']['devices'] = [dict($ours, data='guardrails')]|is not of type" \
   "status.devices[0].datta: |o['status']['devices'] = [dict($ours, datta={})]|Additional properties are not allowed" \
   "status.devices[0].conditions: Too many|o['status']['devices'] = [dict($ours, conditions=[{'type': f'T{n}', 'status': 'True', 'reason': 'R', 'message': '', 'lastTransitionTime': '2026-01-01T00:00:00Z'} for n in range(9)])]|at most 8 items"; do
-  IFS='|' read -r where edit says <<<"$broken"
-  request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" "$edit")"
-  expect_status 422 Invalid "$where"
-  check "sys.argv[2] in b['message']" "says $says" "$says"
+  status_refused "%s" "$broken"
 done
 request PUT "$claims/trainer-gpu/status" "$(status_body "$claim_version" 'o["spec"]["devices"]["requests"][0]["name"] = "changed"')"
 expect_code 200

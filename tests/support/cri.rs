@@ -414,24 +414,7 @@ impl Cri {
         host_dirs_enter();
         let path = containerd.path();
         let (child, address, state) = spawn_containerd_on(&dir, &main, &tb.config_path, &path);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let socket = address.clone();
-        // The channel's worker task lives on this runtime, which runs during each block_on.
-        let channel = {
-            let _runtime = rt.enter();
-            Endpoint::try_from("http://[::]:0")
-                .unwrap()
-                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(socket).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                    }
-                }))
-        };
+        let (rt, channel) = cri_channel(address.clone());
         let mut cri = Cri {
             runtime: RuntimeClient::new(channel.clone()),
             images: ImageClient::new(channel),
@@ -621,8 +604,7 @@ impl Cri {
     }
 
     pub fn events(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.tb.state_dir.join("events.jsonl")).unwrap_or_default();
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        events_of(&self.tb)
     }
 }
 
@@ -630,14 +612,7 @@ impl Drop for Cri {
     /// Whatever a test left (it may have panicked halfway): every pod is stopped and removed
     /// through CRI, so the shims exit, then containerd is stopped and its mounts undone.
     fn drop(&mut self) {
-        // A hook still queued in this host's ledger (a test that failed while one waited)
-        // would wait out its timeout after everything else is gone.
-        for (_, pid, _) in queued(&self.tb) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_queued_hooks(&self.tb);
         let mut client = self.runtime.clone();
         let listed = self.block_on(async move {
             let request = with_deadline(cri::ListPodSandboxRequest { filter: None }, Duration::from_secs(10));
@@ -660,22 +635,66 @@ impl Drop for Cri {
             stop_pid(child.id() as i32, Duration::from_secs(10));
         }
         unmount_under(&self.tb.dir);
-        // Each pod's cgroup parent in every hierarchy (v1 controllers or the v2 root), then
-        // the common root once no other test's pod is in it; rmdir removes only empty ones.
-        let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .chain([PathBuf::from("/sys/fs/cgroup")]);
-        for hierarchy in hierarchies {
-            for parent in self.pod_cgroups.lock().unwrap().iter() {
-                remove_cgroup(&hierarchy.join(parent.trim_start_matches('/')));
-            }
-            let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
-        }
+        remove_pod_cgroups(&self.pod_cgroups.lock().unwrap());
         drop(self.dir.take());
         host_dirs_leave();
+    }
+}
+
+/// A runtime of its own and a CRI channel on it to the unix socket `socket`, connected on first
+/// use (the engine may not be listening yet). The channel's worker task lives on this runtime,
+/// which runs during each block_on.
+pub fn cri_channel(socket: PathBuf) -> (tokio::runtime::Runtime, Channel) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let channel = {
+        let _runtime = rt.enter();
+        Endpoint::try_from("http://[::]:0")
+            .unwrap()
+            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(socket).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+    };
+    (rt, channel)
+}
+
+/// The events the host `tb`'s hooks logged, in order.
+pub fn events_of(tb: &Testbed) -> Vec<Value> {
+    let text = std::fs::read_to_string(tb.state_dir.join("events.jsonl")).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Kills every hook still queued in `tb`'s ledger (a test that failed while one waited):
+/// it would wait out its timeout after everything else is gone.
+pub fn kill_queued_hooks(tb: &Testbed) {
+    for (_, pid, _) in queued(tb) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Each pod cgroup parent in `parents` from every hierarchy (v1 controllers or the v2 root),
+/// then the common root once no other test's pod is in it; rmdir removes only empty ones.
+pub fn remove_pod_cgroups(parents: &[String]) {
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .chain([PathBuf::from("/sys/fs/cgroup")]);
+    for hierarchy in hierarchies {
+        for parent in parents {
+            remove_cgroup(&hierarchy.join(parent.trim_start_matches('/')));
+        }
+        let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
     }
 }
 

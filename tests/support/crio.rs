@@ -27,8 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
-use serde_json::{json, Value};
-use tonic::transport::{Endpoint, Uri};
+use serde_json::Value;
 
 use crate::cri_support::*;
 use crate::support::*;
@@ -160,32 +159,9 @@ impl Crio {
             r#"{"default": [{"type": "insecureAcceptAnything"}]}"#,
         )
         .unwrap();
-        // The repo's hooks.d files, as packaged, pointed at the built hook and the testbed.
-        let repo_hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
-        for name in ["vramgate-prestart.json", "vramgate-poststop.json"] {
-            let mut doc: Value = serde_json::from_slice(&std::fs::read(repo_hooks.join(name)).unwrap()).unwrap();
-            doc["hook"]["path"] = json!(HOOK);
-            doc["hook"]["env"] = json!([format!("VRAMGATE_CONFIG={}", tb.config_path.display())]);
-            std::fs::write(dir.join("hooks.d").join(name), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-        }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        write_packaged_hooks(&dir.join("hooks.d"), &tb);
         let socket = dir.join("crio.sock");
-        let connect_to = socket.clone();
-        let channel = {
-            let _runtime = rt.enter();
-            Endpoint::try_from("http://[::]:0")
-                .unwrap()
-                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                    let socket = connect_to.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(socket).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                    }
-                }))
-        };
+        let (rt, channel) = cri_channel(socket.clone());
         let mut crio = Crio {
             runtime: RuntimeClient::new(channel.clone()),
             images: ImageClient::new(channel),
@@ -396,8 +372,7 @@ impl Crio {
     }
 
     pub fn events(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.tb.state_dir.join("events.jsonl")).unwrap_or_default();
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        events_of(&self.tb)
     }
 }
 
@@ -405,12 +380,7 @@ impl Drop for Crio {
     /// Whatever a test left: every pod stopped and removed through CRI (crio running again if
     /// the test stopped it), then crio stopped, its mounts undone, the pods' cgroups removed.
     fn drop(&mut self) {
-        for (_, pid, _) in queued(&self.tb) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        kill_queued_hooks(&self.tb);
         if self.child.is_none() && !std::thread::panicking() {
             self.start();
         }
@@ -442,18 +412,7 @@ impl Drop for Crio {
             }
         }
         unmount_under(&self.tb.dir);
-        let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .chain([PathBuf::from("/sys/fs/cgroup")]);
-        for hierarchy in hierarchies {
-            for parent in self.pod_cgroups.lock().unwrap().iter() {
-                remove_cgroup(&hierarchy.join(parent.trim_start_matches('/')));
-            }
-            let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
-        }
+        remove_pod_cgroups(&self.pod_cgroups.lock().unwrap());
         drop(self.tmp.take());
         drop(self.host.take());
     }

@@ -59,8 +59,14 @@ pub fn wrapper_testbed(name: &str, config_extra: &str) -> (tempfile::TempDir, Te
         dir.path(),
         &format!("[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}\n{config_extra}"),
     );
-    let bed = Testbed::create(dir.path(), RUNTIME, Path::new(HOOK), &config).unwrap();
+    let bed = wrapper_testbed_in(dir.path(), &config);
     (dir, bed)
+}
+
+/// A testbed in `dir` whose "runc" is `vramgate-runtime`, with exactly `config` as its config
+/// (the runtimes it runs next are the test's).
+pub fn wrapper_testbed_in(dir: &Path, config: &str) -> Testbed {
+    Testbed::create(dir, RUNTIME, Path::new(HOOK), config).unwrap()
 }
 
 /// Runs the wrapper against the testbed's runc root, reading the testbed's config; returns
@@ -121,8 +127,15 @@ pub fn rootfs_tar(tb: &Testbed) -> PathBuf {
 
 /// What `vramgate status --json` reports for the host whose config is `config`.
 pub fn status(config: &Path) -> Value {
+    serde_json::from_str(&status_output(config, &["--json"])).unwrap()
+}
+
+/// The output of `vramgate status <args>` for the host whose config is `config`, which must
+/// succeed.
+pub fn status_output(config: &Path, args: &[&str]) -> String {
     let out = Command::new(VRAMGATE)
-        .args(["status", "--json"])
+        .arg("status")
+        .args(args)
         .env("VRAMGATE_CONFIG", config)
         .output()
         .unwrap();
@@ -131,7 +144,7 @@ pub fn status(config: &Path) -> Value {
         "vramgate status: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The reservations `vramgate status --json` lists: (container id, bytes).
@@ -284,6 +297,29 @@ pub fn wait_reserved(tb: &Testbed, id: &str, bytes: u64) {
         let r = reservations(tb);
         (r.iter().any(|(c, b)| c == id && *b == bytes), r)
     });
+}
+
+/// `cmd` started with the variable `key`=`value` (the testbed's config), no stdin and its output dropped: a
+/// create that waits in the queue while the test looks at the ledger.
+pub fn spawn_quiet(cmd: &mut Command, key: impl AsRef<std::ffi::OsStr>, value: impl AsRef<std::ffi::OsStr>) -> Child {
+    cmd.env(key, value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The repo's hooks.d files, as packaged, written to `hooks_d` pointed at the built hook and
+/// the testbed `tb`'s config (podman and CRI-O read them).
+pub fn write_packaged_hooks(hooks_d: &Path, tb: &Testbed) {
+    let repo_hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks");
+    for name in ["vramgate-prestart.json", "vramgate-poststop.json"] {
+        let mut doc: Value = serde_json::from_slice(&std::fs::read(repo_hooks.join(name)).unwrap()).unwrap();
+        doc["hook"]["path"] = serde_json::json!(HOOK);
+        doc["hook"]["env"] = serde_json::json!([format!("VRAMGATE_CONFIG={}", tb.config_path.display())]);
+        std::fs::write(hooks_d.join(name), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    }
 }
 
 pub fn run_ok(cmd: &mut Command) -> String {

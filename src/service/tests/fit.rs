@@ -1,0 +1,267 @@
+//! Admit or refuse: what fits a card, what the card's other users and the limits hold back,
+//! the same container twice, a GPU the host lacks.
+
+use super::*;
+
+#[test]
+fn the_paper_card_admits_twenty_of_1205_mib_and_refuses_the_rest() {
+    let w = World::new(1, CARD);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let r = request(1205 * MI, "0");
+    let mut outcomes = Vec::new();
+    for n in 0..25 {
+        let id = format!("c{n}");
+        let req = admit_req(&id, n + 1, &r, Policy::Reject);
+        outcomes.push(step(&service, &mut ledger, &req, &mut Progress::default()).0);
+    }
+    assert_eq!(outcomes.iter().filter(|s| admitted(s)).count(), 20);
+    assert_eq!(ledger.reservations.len(), 20);
+    let last = refusal(outcomes.pop().unwrap());
+    let line = last.to_string();
+    assert!(
+        line.starts_with("vramgate: refused container c24: it requests 1205 MiB and GPU 0 (GPU-0) has 23.7 GiB total, 165 MiB available to new requests (23.5 GiB reserved by 20 containers,")
+            && line.ends_with("; retry when a container on that GPU stops, request less, or set vramgate.dev/policy=wait to queue"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+}
+
+#[test]
+fn a_request_larger_than_the_gpu_is_refused_even_under_wait() {
+    let w = World::new(1, CARD);
+    let service = w.service();
+    let r = request(30 * GI, "0");
+    let req = admit_req("huge", 1, &r, Policy::Wait);
+    let (step, log) = step(&service, &mut Ledger::default(), &req, &mut Progress::default());
+    let refusal = refusal(step);
+    assert!(matches!(refusal, Refusal::NeverFits { .. }));
+    assert!(
+        refusal.to_string().contains("more than the GPU can ever hold"),
+        "{refusal}"
+    );
+    assert_eq!(log[0].event, Kind::Refuse);
+}
+
+#[test]
+fn the_same_container_twice_is_idempotent_and_a_live_namesake_is_refused() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let r = request(GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(matches!(s, Ok(Step::Done(Admission::AlreadyAdmitted))));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 2, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert_eq!(
+        refusal(s).to_string(),
+        "vramgate: refused container c: a live container with the same id (init pid 1) already holds a reservation"
+    );
+    // Once the first one is gone, its namesake is admitted in its place.
+    w.liveness.gone.borrow_mut().insert(1);
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("c", 2, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+    assert_eq!(ledger.reservations[0].init, pid(2));
+}
+
+#[test]
+fn before_refusing_for_lack_of_room_every_reservation_is_checked() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let big = request(8 * GI, "0");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("dead", 1, &big, Policy::Reject),
+        &mut Progress::default(),
+    );
+    w.liveness.gone.borrow_mut().insert(1);
+    // The routine window did not cover it (checked_all = false): the full check finds it.
+    let mut reclaimed = Reclaimed::default();
+    let req = admit_req("new", 2, &big, Policy::Reject);
+    let s = service.decide_on(
+        &mut ledger,
+        false,
+        &mut reclaimed,
+        &req,
+        &mut Progress::default(),
+        &mut Vec::new(),
+    );
+    assert!(admitted(&s));
+    assert_eq!(reclaimed.reservations[0].container_id, "dead");
+}
+
+#[test]
+fn memory_used_outside_vramgate_holds_new_requests_back() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    w.inventory.use_outside(0, 5 * GI);
+    let r = request(6 * GI, "0");
+    let (s, _) = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    let line = refusal(s).to_string();
+    assert!(line.contains("5120 MiB used outside vramgate"), "{line}");
+    w.inventory.use_outside(0, 0);
+    let (s, _) = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+}
+
+#[test]
+fn a_gpu_the_host_lacks_is_a_request_error_that_drops_the_ticket() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "3");
+    let err = step(
+        &service,
+        &mut Ledger::default(),
+        &admit_req("c", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    )
+    .0
+    .err()
+    .expect("no GPU 3");
+    assert!(
+        matches!(err, ServiceError::Request { .. }) && !err.is_state_error(),
+        "{err}"
+    );
+}
+
+/// `request` with a limit above it.
+fn request_with_limit(bytes: u64, limit: u64, gpus: &str) -> Request {
+    Request {
+        limit: Some(Quantity::Bytes(limit)),
+        limit_source: crate::request::MEMORY_LIMIT_ANNOTATION.to_string(),
+        ..request(bytes, gpus)
+    }
+}
+
+/// Request 2 GiB, limit 6 GiB, on an 8 GiB GPU: the first is admitted with both recorded; a
+/// second has room for its request but not its limit at the default bound, and its line says
+/// that the limits held it back; with `limit_overcommit = 50%` it is admitted. The admission
+/// event carries the limit.
+#[test]
+fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
+    let mut w = World::new(1, 8 * GI);
+    let r = request_with_limit(2 * GI, 6 * GI, "0");
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (first, log) = step(
+        &service,
+        &mut ledger,
+        &admit_req("a", 1, &r, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&first));
+    assert_eq!(
+        ledger.reservations[0].gpus,
+        vec![GpuShare::new("GPU-0", 2 * GI, 6 * GI)]
+    );
+    assert_eq!(ledger.format_needed(), 2);
+    assert_eq!(log[0].gpus[0].limit, Some(6 * GI));
+    assert!(
+        log[0].detail.contains("limit 6144 MiB from vramgate.dev/memory-limit"),
+        "{}",
+        log[0].detail
+    );
+    let second = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("b", 2, &r, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    let line = second.to_string();
+    assert!(
+        line.starts_with("vramgate: refused container b: its limit is 6144 MiB and GPU 0 (GPU-0) has room for limits up to 8192 MiB in all (8192 MiB total, 0 B headroom, 0 B [queue] limit_overcommit), and the limits of its 1 container add up to 6144 MiB"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+    drop(service);
+    w.config.queue.limit_overcommit_ppm = 500_000;
+    let service = w.service();
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("b", 2, &r, Policy::Reject),
+            &mut Progress::default()
+        )
+        .0
+    ));
+    assert_eq!(
+        (ledger.reserved_on("GPU-0"), ledger.limits_on("GPU-0")),
+        (4 * GI, 12 * GI)
+    );
+    // A third: its request fits (4 of 8 GiB reserved), its limit does not (12 of 12).
+    let third = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("c", 3, &r, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(
+        matches!(
+            &third,
+            Refusal::NoRoom {
+                shortage: Shortage::Memory {
+                    bound: crate::admission::Bound::Limits,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{third}"
+    );
+    // A limit beyond what the limits may ever add up to: refused at once, even under wait.
+    let huge = request_with_limit(GI, 13 * GI, "0");
+    let never = refusal(
+        step(
+            &service,
+            &mut Ledger::default(),
+            &admit_req("d", 4, &huge, Policy::Wait),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(
+        never
+            .to_string()
+            .contains("its limit is 13.0 GiB, more than the limits on the GPU may ever add up to"),
+        "{never}"
+    );
+}

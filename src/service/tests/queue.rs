@@ -1,0 +1,413 @@
+//! The wait: first come first served per GPU, the backfill bound and orders, timeouts,
+//! cancels and a waiter that wakes late.
+
+use super::*;
+
+#[test]
+fn a_waiter_queues_then_is_admitted_when_memory_is_released() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    let mut ledger = held(&service, &big);
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress::default();
+    let (first, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(first, Ok(Step::Wait)));
+    assert_eq!(ledger.queue.len(), 1);
+    assert_eq!(log[0].event, Kind::Enqueue);
+    assert!(
+        log[0].detail.starts_with(
+            "ticket 1, number 1: it requests 8192 MiB and GPU 0 (GPU-0) has 10.0 GiB total, 2048 MiB available"
+        ),
+        "{}",
+        log[0].detail
+    );
+    // Nothing changed: it waits again, and does not take a second ticket.
+    w.clock.advance(Duration::from_secs(3));
+    let (again, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(again, Ok(Step::Wait)) && log.is_empty() && ledger.queue.len() == 1);
+    ledger.remove_reservation("holder");
+    let (done, log) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(
+        done,
+        Ok(Step::Done(Admission::Admitted { queued: true, waited, .. })) if waited == Duration::from_secs(3)
+    ));
+    assert!(ledger.queue.is_empty());
+    assert_eq!(ledger.reservations[0].waited_ms, 3000);
+    assert_eq!(log[0].event, Kind::AdmitAfterWait);
+}
+
+#[test]
+fn queue_order_is_first_come_first_served_per_gpu() {
+    let w = World::new(2, 10 * GI);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
+    let other_gpu = request(GI, "1");
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let mut first = Progress::default();
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("first", 2, &big, Policy::Wait),
+        &mut first,
+    );
+    assert!(matches!(s, Ok(Step::Wait)));
+    // The small one would fit, but the big one asked first on the same GPU.
+    let mut second = Progress::default();
+    let (s, log) = step(
+        &service,
+        &mut ledger,
+        &admit_req("second", 3, &small, Policy::Wait),
+        &mut second,
+    );
+    assert!(matches!(s, Ok(Step::Wait)));
+    assert_eq!(
+        log[0].detail,
+        "ticket 2, number 2: 1 container asked first and is waiting for the same GPU"
+    );
+    // A request for the other GPU is not behind either of them.
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("elsewhere", 4, &other_gpu, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+    // Under reject, the queue is the reason given.
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("rejected", 5, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(refusal(s)
+        .to_string()
+        .contains("2 containers asked first and are waiting for the same GPU"));
+}
+
+#[test]
+fn backfill_passes_an_older_waiter_only_within_the_bound() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_bound = Duration::from_secs(30);
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("holder", 1, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    let _ = step(
+        &service,
+        &mut ledger,
+        &admit_req("big", 2, &big, Policy::Wait),
+        &mut Progress::default(),
+    );
+    w.clock.advance(Duration::from_secs(10));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("early", 3, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s), "within the bound a small request may pass");
+    w.clock.advance(Duration::from_secs(25));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("late", 4, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(matches!(
+        refusal(s),
+        Refusal::NoRoom {
+            shortage: Shortage::Queue { ahead: 1 },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_timed_out_waiter_is_refused_with_its_place_and_leaves_no_ticket() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    let mut ledger = held(&service, &big);
+    let mut req = admit_req("late", 2, &big, Policy::Wait);
+    req.wait_for = Duration::from_secs(5);
+    let mut progress = queued(&service, &mut ledger, &req);
+    w.clock.advance(Duration::from_secs(5));
+    let (s, log) = step(&service, &mut ledger, &req, &mut progress);
+    let line = refusal(s).to_string();
+    assert!(line.starts_with("vramgate: refused container late: waited 5s (its timeout) and was still number 1 in the queue: it requests 8192 MiB"), "{line}");
+    assert!(ledger.queue.is_empty());
+    assert_eq!(log[0].event, Kind::Timeout);
+}
+
+#[test]
+fn a_cancelled_waiter_is_refused_and_never_admitted() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    let mut ledger = held(&service, &big);
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress::default();
+    let _ = step(&service, &mut ledger, &req, &mut progress);
+    // `vramgate release waiter` removes the ticket; then the memory frees up.
+    ledger.remove_tickets_of("waiter", None);
+    ledger.remove_reservation("holder");
+    let (s, _) = step(&service, &mut ledger, &req, &mut progress);
+    assert!(matches!(refusal(s), Refusal::Cancelled { .. }));
+    assert!(ledger.reservations.is_empty());
+}
+
+#[test]
+fn a_release_ends_a_wait_and_the_waiter_is_refused() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let big = request(8 * GI, "0");
+    service.admit(&admit_req("holder", 1, &big, Policy::Reject)).unwrap();
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let mut progress = Progress {
+        started: w.clock.monotonic(),
+        ..Progress::default()
+    };
+    assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
+    let released = service.release("waiter", None, "vramgate release").unwrap();
+    assert!(released.reservation.is_none() && released.cancelled.len() == 1);
+    service.release("holder", None, "test").unwrap();
+    assert!(service.may_be_served(&progress), "a cancelled waiter wakes up");
+    let step = service.attempt(&req, &mut progress);
+    assert!(matches!(refusal(step), Refusal::Cancelled { .. }));
+    assert!(w.state.read().unwrap().reservations.is_empty());
+}
+
+#[test]
+fn the_lock_wait_counts_against_the_callers_budget() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let r = request(GI, "0");
+    let mut req = admit_req("c", 1, &r, Policy::Reject);
+    req.budget = Some(Duration::from_millis(40));
+    let _held = w.state.begin().unwrap();
+    let started = std::time::Instant::now();
+    let err = service.admit(&req).unwrap_err();
+    assert!(
+        matches!(err, ServiceError::Ledger(LedgerError::LockTimeout { .. })),
+        "{err}"
+    );
+    assert!(err.is_state_error());
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// A clock whose monotonic time jumps ahead on every reading, as on a host so loaded that a
+/// waiter wakes up long after its poll time.
+struct LaggingClock {
+    mono: Cell<Duration>,
+    step: Duration,
+}
+
+impl Clock for LaggingClock {
+    fn now_unix_ms(&self) -> u64 {
+        1_000_000
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.mono.set(self.mono.get() + self.step);
+        self.mono.get()
+    }
+}
+
+#[test]
+fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
+    // Wake-ups 2 s apart with a 1 s poll interval: the time to the next poll is already
+    // negative when it is computed. It once underflowed a Duration, and the hook aborted,
+    // dropping its ticket as "gone".
+    let w = World::new(1, GI);
+    let clock = LaggingClock {
+        mono: Cell::new(Duration::ZERO),
+        step: Duration::from_secs(2),
+    };
+    let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
+    let r = request(GI, "0");
+    let req = admit_req("c", 1, &r, Policy::Wait);
+    let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
+    let started = std::time::Instant::now();
+    service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
+    for (gone, expected) in [(2, "its init process 2 is gone"), (20_002, "the runtime process 20002")] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.poll_interval = Duration::from_secs(10);
+        let service = w.service();
+        let big = request(8 * GI, "0");
+        let mut ledger = held(&service, &big);
+        let req = admit_req("waiter", 2, &big, Policy::Wait);
+        let mut progress = queued(&service, &mut ledger, &req);
+        w.liveness.gone.borrow_mut().insert(gone);
+        // The sleeping waiter notices within a second, whatever the poll interval.
+        let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
+        let started = std::time::Instant::now();
+        service.sleep_until_worth_trying(&req, &progress, &mut watcher);
+        assert!(started.elapsed() < CONTAINER_CHECK + Duration::from_millis(500));
+        ledger.remove_reservation("holder");
+        let (s, log) = step(&service, &mut ledger, &req, &mut progress);
+        let line = refusal(s).to_string();
+        assert!(
+            line.contains(expected) && line.contains("nothing was reserved"),
+            "{line}"
+        );
+        assert!(
+            ledger.queue.is_empty() && ledger.reservations.is_empty(),
+            "never admitted"
+        );
+        assert_eq!(log[0].event, Kind::Cancel);
+    }
+}
+
+/// A 10 GiB GPU held by "a" (6 GiB) and "b" (3 GiB), with "big" (8 GiB), "small" (2 GiB) and
+/// "mid" (3 GiB) queued in that order, `apart` between small and mid; then "b" leaves and 4
+/// GiB are free: small and mid both fit, big does not.
+fn three_waiters_then_4_gib_free<'w>(
+    service: &Service<'w>,
+    w: &'w World,
+    ledger: &mut Ledger,
+    requests: &'w [Request; 3],
+    apart: Duration,
+) -> [Progress; 3] {
+    for (id, n, gib) in [("a", 1, 6), ("b", 2, 3)] {
+        let holder = request(gib * GI, "0");
+        assert!(admitted(
+            &step(
+                service,
+                ledger,
+                &admit_req(id, n, &holder, Policy::Wait),
+                &mut Progress::default()
+            )
+            .0
+        ));
+    }
+    let big = queued(service, ledger, &admit_req("big", 3, &requests[0], Policy::Wait));
+    let small = queued(service, ledger, &admit_req("small", 4, &requests[1], Policy::Wait));
+    w.clock.advance(apart);
+    let mid = queued(service, ledger, &admit_req("mid", 5, &requests[2], Policy::Wait));
+    assert!(ledger.remove_reservation_of("b", None).is_some());
+    [big, small, mid]
+}
+
+fn waiters(small_declares: Option<Duration>, mid_declares: Option<Duration>) -> [Request; 3] {
+    let mut small = request(2 * GI, "0");
+    small.expected_duration = small_declares;
+    let mut mid = request(3 * GI, "0");
+    mid.expected_duration = mid_declares;
+    [request(8 * GI, "0"), small, mid]
+}
+
+#[test]
+fn backfill_order_largest_lets_the_largest_waiter_that_fits_in_first() {
+    for (order, first) in [(BackfillOrder::Arrival, "small"), (BackfillOrder::Largest, "mid")] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.backfill = true;
+        w.config.queue.backfill_order = order;
+        let service = w.service();
+        let mut ledger = Ledger::default();
+        let requests = waiters(None, None);
+        let [_, mut small, mut mid] =
+            three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(1));
+        // Waiters race for the lock: the smaller, older one tries first.
+        let (s, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 4, &requests[1], Policy::Wait),
+            &mut small,
+        );
+        let (m, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("mid", 5, &requests[2], Policy::Wait),
+            &mut mid,
+        );
+        let admitted_ids: Vec<&str> = ledger.reservations.iter().map(|r| r.container_id.as_str()).collect();
+        assert_eq!(admitted_ids, ["a", first], "{order}");
+        assert_eq!(admitted(&s), first == "small", "{order}");
+        assert_eq!(admitted(&m), first == "mid", "{order}");
+    }
+}
+
+#[test]
+fn backfill_order_longest_orders_by_the_declared_duration() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_order = BackfillOrder::Longest;
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    let requests = waiters(Some(Duration::from_secs(600)), Some(Duration::from_secs(60)));
+    let [_, mut small, mut mid] =
+        three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(1));
+    assert_eq!(
+        ledger.queue[1].expected_ms,
+        Some(600_000),
+        "the ticket keeps what was declared"
+    );
+    let (m, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("mid", 5, &requests[2], Policy::Wait),
+        &mut mid,
+    );
+    assert!(matches!(m, Ok(Step::Wait)), "the longer small job goes first");
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("small", 4, &requests[1], Policy::Wait),
+        &mut small,
+    );
+    assert!(admitted(&s));
+}
+
+#[test]
+fn no_backfill_order_passes_a_waiter_that_has_waited_the_bound() {
+    for order in [BackfillOrder::Largest, BackfillOrder::Longest] {
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.backfill = true;
+        w.config.queue.backfill_bound = Duration::from_secs(30);
+        w.config.queue.backfill_order = order;
+        let service = w.service();
+        let mut ledger = Ledger::default();
+        // mid is larger and declares longer, but small has waited the bound when room frees.
+        let requests = waiters(Some(Duration::from_secs(1)), Some(Duration::from_secs(600)));
+        let [_, mut small, mut mid] =
+            three_waiters_then_4_gib_free(&service, &w, &mut ledger, &requests, Duration::from_secs(20));
+        w.clock.advance(Duration::from_secs(11));
+        // big, past the bound too, would hold both back: it gives up.
+        assert_eq!(ledger.remove_tickets_of("big", None).len(), 1);
+        let (m, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("mid", 5, &requests[2], Policy::Wait),
+            &mut mid,
+        );
+        assert!(
+            matches!(m, Ok(Step::Wait)),
+            "{order}: mid may not pass small, 31 s in line"
+        );
+        let (s, _) = step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 4, &requests[1], Policy::Wait),
+            &mut small,
+        );
+        assert!(admitted(&s), "{order}: past the bound small defers to no one");
+    }
+}
