@@ -132,13 +132,17 @@ left_in_ledger() {
         "$PY" -c 'import json,sys; print(sum(len(g["reservations"]) + len(g["queue"]) for g in json.load(sys.stdin)["gpus"]))'
 }
 
-# The set-up of an MPS check named $1 (enforce, overuse): results in $2 (else $OUT, else
-# $WORK/$1) with its summary, MPS's control binary, and fresh directories: T for its runs,
-# PIPE and LOGD for the MPS daemon (not under /tmp: the containers get a /tmp of their own),
-# and the state directories of earlier runs gone. mps_env runs a command against that daemon.
+# The set-up of an MPS check named $1 (enforce, overuse) of N neighbours ($NEIGHBOURS, else
+# $2) whose containers' ids start with PREFIX ($3 and this shell's pid): results in $4 (else
+# $OUT, else $WORK/$1) with its summary, MPS's control binary, and fresh directories: T for
+# its runs, PIPE and LOGD for the MPS daemon (not under /tmp: the containers get a /tmp of
+# their own), and the state directories of earlier runs gone. mps_env runs a command against
+# that daemon.
 start_mps_check() {
     local name=$1
-    summary_in "${2:-${OUT:-$WORK/$name}}"
+    N=${NEIGHBOURS:-$2}
+    PREFIX=$3$$
+    summary_in "${4:-${OUT:-$WORK/$name}}"
     find_mps_control
     T=$WORK/$name-run
     PIPE=$WORK/mps-pipe

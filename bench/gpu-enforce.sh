@@ -30,9 +30,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-start_mps_check enforce "${1:-}"
-N=${NEIGHBOURS:-20}
-PREFIX=enf$$
+start_mps_check enforce 20 enf "${1:-}"
 
 cleanup() {
     set +e

@@ -14,9 +14,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu-common.sh"   # sourced without -e: it probes with commands that may fail
 set -e
 
-start_mps_check overuse "${1:-}"
-N=${NEIGHBOURS:-6}
-PREFIX=ovu$$
+start_mps_check overuse 6 ovu "${1:-}"
 cp "$here/gpu_two_procs.sh" "$WORK/gpu_two_procs.sh"
 WATCH_PID=
 cleanup() {

@@ -51,3 +51,19 @@ start_wrapper_bench() {
   export VRAMGATE_CONFIG=$work/config.toml
   mkdir -m 0700 "$work/state"
 }
+
+# hyperfine over the commands after $1 (-n NAME COMMAND ...), each run after the command $1
+# has restored the bundles; the results in $work/r.json.
+measure() {
+  local prepare=$1
+  shift
+  "$hyperfine" -N --style basic --warmup 20 --runs "$runs" --export-json "$work/r.json" --prepare "$prepare" "$@" >/dev/null
+}
+
+# The head of the jq programs that report $work/r.json: `ms` (seconds to milliseconds, three
+# decimals), each command's median in $m and min in $n, and the report's first line.
+JQ_HEAD='
+  def ms: . * 1000 * 1000 | round / 1000;
+  ([.results[] | {(.command): .median}] | add) as $m
+  | ([.results[] | {(.command): .min}] | add) as $n
+  | "median wall time (ms):",'

@@ -43,15 +43,10 @@ eval "$restore"
 "$wrapper" create --bundle "$work/auto" check
 grep -q 'GPU-bench-' "$work/auto/config.json" || { echo "the wrapper did not place the container"; exit 1; }
 
-"$hyperfine" -N --style basic --warmup 20 --runs "$runs" --export-json "$work/r.json" \
-  --prepare "$restore" \
+measure "$restore" \
   -n 'wrapper create, auto, 8 GPUs, 500 live' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/auto --pid-file $work/pid id" \
-  -n 'wrapper create, no request' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/plain --pid-file $work/pid id" >/dev/null
-jq -r '
-  def ms: . * 1000 * 1000 | round / 1000;
-  ([.results[] | {(.command): .median}] | add) as $m
-  | ([.results[] | {(.command): .min}] | add) as $n
-  | "median wall time (ms):",
+  -n 'wrapper create, no request' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/plain --pid-file $work/pid id"
+jq -r "$JQ_HEAD"'
     (.results[] | "  \(.command): \(.median | ms)"),
     "placement adds (median - median; in brackets min - min): \(($m["wrapper create, auto, 8 GPUs, 500 live"] - $m["wrapper create, no request"]) | ms) ms [\(($n["wrapper create, auto, 8 GPUs, 500 live"] - $n["wrapper create, no request"]) | ms)] (target <= 2.5)"
 ' "$work/r.json"

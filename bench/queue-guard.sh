@@ -18,14 +18,10 @@ for policy in wait reject; do
 done
 restore="sh -c 'cp $work/wait.json $work/wait/config.json && cp $work/reject.json $work/reject/config.json && rm -f $work/state/ledger.json'"
 eval "$restore"
-"$hyperfine" -N --style basic --warmup 20 --runs "$runs" --export-json "$work/r.json" \
-  --prepare "$restore" \
+measure "$restore" \
   -n 'create, policy wait (guard)' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/wait --pid-file $work/pid id" \
-  -n 'create, policy reject' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/reject --pid-file $work/pid id" >/dev/null
-jq -r '
-  def ms: . * 1000 * 1000 | round / 1000;
-  ([.results[] | {(.command): .median}] | add) as $m
-  | "median wall time (ms):",
+  -n 'create, policy reject' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/reject --pid-file $work/pid id"
+jq -r "$JQ_HEAD"'
     (.results[] | "  \(.command): \(.median | ms) (p95 \([.times[]] | sort | .[(length * 95 / 100 | floor)] | ms))"),
     "the guard adds (median - median): \(($m["create, policy wait (guard)"] - $m["create, policy reject"]) | ms) ms"
 ' "$work/r.json"

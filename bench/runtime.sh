@@ -22,14 +22,13 @@ jq -c 'del(.annotations["vramgate.dev/memory"]) | .process.env -= ["VRAMGATE_MEM
   bench/spec-request.json >"$work/plain/config.json"
 echo "spec: $(wc -c <"$work/request.json") bytes"
 
-"$hyperfine" -N --style basic --warmup 20 --runs "$runs" --export-json "$work/r.json" \
-  --prepare "sh -c 'cp $work/request.json $work/bundle/config.json && cp $work/request.json $disk/bundle/config.json'" \
+measure "sh -c 'cp $work/request.json $work/bundle/config.json && cp $work/request.json $disk/bundle/config.json'" \
   -n 'true create (baseline)' "/bin/true --root /run/r --log $work/log.json --log-format json create --bundle $work/bundle --pid-file $work/pid id" \
   -n 'wrapper create, request' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/bundle --pid-file $work/pid id" \
   -n 'wrapper create, request, bundle on disk' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $disk/bundle --pid-file $work/pid id" \
   -n 'wrapper create, no request' "$wrapper --root /run/r --log $work/log.json --log-format json create --bundle $work/plain --pid-file $work/pid id" \
   -n 'true state (baseline)' "/bin/true --root /run/r state id" \
-  -n 'wrapper state' "$wrapper --root /run/r state id" >/dev/null
+  -n 'wrapper state' "$wrapper --root /run/r state id"
 # The A/B the pass-through target is stated in: the wrapper in front of the real runc against
 # runc alone, for `state` (containerd's most frequent call), in this same run. The container
 # does not exist, so both answer with runc's error after the same work (-i).
@@ -58,11 +57,7 @@ cp "$work/request.json" "$work/bundle/config.json"
 "$wrapper" create --bundle "$work/bundle" id
 grep -q vramgate-hook "$work/bundle/config.json" || { echo "the wrapper did not add the hooks"; exit 1; }
 
-jq -r '
-  def ms: . * 1000 * 1000 | round / 1000;
-  ([.results[] | {(.command): .median}] | add) as $m
-  | ([.results[] | {(.command): .min}] | add) as $n
-  | "median wall time (ms):",
+jq -r "$JQ_HEAD"'
     (.results[] | "  \(.command): \(.median | ms)"),
     "added by the wrapper (median - baseline median; in brackets: min - baseline min, the best",
     "estimate on a busy machine):",
