@@ -264,7 +264,15 @@ fn mig_devices_are_admitted_on_their_own_memory() {
     let share = |uuid: &str, bytes: u64| vec![GpuShare::new(uuid, bytes, 0)];
     // What the admission rule decides for `bytes` on `uuid` alone.
     let decide_on = |uuid: &str, bytes: u64| {
-        admission::decide_named(&host.ledger, snapshot, &a.allocated, &rules(), &share(uuid, bytes), None, 0)
+        admission::decide_named(
+            &host.ledger,
+            snapshot,
+            &a.allocated,
+            &rules(),
+            &share(uuid, bytes),
+            None,
+            0,
+        )
     };
     let small_mig = "MIG-5c6a31e2-0001-5000-8000-000000000001";
     // 12 GiB can never fit a 1g.10gb device, however empty the rest of the card is.
