@@ -56,6 +56,15 @@ pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 /// device, so that two devices given to one container leave two variables (CDI merges
 /// environments by name, the last one winning) and the request is refused, never half counted.
 pub const CLAIM_DEVICE_ENV_PREFIX: &str = "VRAMGATE_DRA_DEVICE_";
+/// What a prepared claim device's CDI edits set beside its marker, under the marker's own
+/// suffix: `VRAMGATE_DRA_SHARE_<device>=<GPU UUID>,<bytes>,<limit bytes>`. A container given
+/// several claim devices (a claim of `count: 2` or `allocationMode: All`, two requests, two
+/// claims) gets one of each, where `VRAMGATE_MEMORY` and `VRAMGATE_GPUS`, one name for all
+/// devices, keep only the last device's values: the request is read from these
+/// ([`claim_shares`]).
+pub const CLAIM_SHARE_ENV_PREFIX: &str = "VRAMGATE_DRA_SHARE_";
+/// Where a request read from several claim devices came from, as messages name it.
+pub const CLAIM_SHARE_SOURCE: &str = "the claim devices' VRAMGATE_DRA_SHARE_*";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
 pub const EXPECTED_DURATION_ENV: &str = "VRAMGATE_EXPECTED_DURATION";
@@ -120,6 +129,8 @@ pub enum RequestError {
     PlacementNeedsRuntime { source_name: String, value: String },
     #[error("the container was given {count} devices of Kubernetes resource claims ({devices}): vramgate holds a container to one amount on its GPUs, and their environments would overwrite each other's, leaving all but one unaccounted; give each container one claim with one request of driver gpu-memory.vramgate.dev")]
     SeveralClaimDevices { count: usize, devices: String },
+    #[error("the container was given Kubernetes resource claim devices that hold different amounts on different GPUs ({shares}): vramgate holds a container to one amount on each of its GPUs (the MPS and toolkit limits are one number per container); ask for the same amount in each request (count or allocationMode: All do), or give each container the devices of one amount (resources.claims[].request)")]
+    UnequalClaimShares { shares: String },
     #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
     ClaimAndAnnotation { device: String, annotation: String },
     #[error("{source_name} = {value:?} names {outside}, which the container's engine did not give it ({given_source} = {given_value:?}): vramgate only takes away what the engine gave, never adds a GPU (it may be another container's); name GPUs among those the engine gave, or give the container the GPU it names")]
@@ -172,6 +183,101 @@ pub fn claim_marker_device(value: &str) -> &str {
 /// The DRA claim devices the container was given, by name.
 pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
     claim_markers(spec).map(claim_marker_device)
+}
+
+/// The memory a container's claim devices give it, when it was given several: the same
+/// amount (and limit) on each GPU they name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimShares {
+    pub bytes: u64,
+    pub limit: u64,
+    /// Each GPU once, in the order the devices came.
+    pub uuids: Vec<String>,
+}
+
+/// What several claim devices give the container ([`CLAIM_SHARE_ENV_PREFIX`]): devices on one
+/// GPU add up (two requests of one claim on one device are one CDI device already; two
+/// claims' devices on one GPU are two), and every GPU must then hold the same amount and the
+/// same limit, which is what `count` and `allocationMode: All` give; other amounts are refused
+/// ([`RequestError::UnequalClaimShares`]). `Ok(None)`: fewer than two devices (the one
+/// device's `VRAMGATE_MEMORY` and `VRAMGATE_GPUS` say it). Devices whose spec has no share
+/// (written by a driver before them) cannot be added up and are refused as before
+/// ([`RequestError::SeveralClaimDevices`]).
+pub fn claim_shares(spec: &SpecView) -> Result<Option<ClaimShares>, RequestError> {
+    let markers: Vec<(&str, &str)> = spec
+        .env_entries()
+        .iter()
+        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('='))
+        .collect();
+    if markers.len() < 2 {
+        return Ok(None);
+    }
+    let several = || RequestError::SeveralClaimDevices {
+        count: markers.len(),
+        devices: markers
+            .iter()
+            .map(|(_, v)| claim_marker_device(v))
+            .collect::<Vec<_>>()
+            .join(", ")
+            .chars()
+            .take(200)
+            .collect(),
+    };
+    // Per GPU: (UUID, bytes, limit), in the order the devices came.
+    let mut per_gpu: Vec<(String, u64, u64)> = Vec::new();
+    for (suffix, _) in &markers {
+        let key = format!("{CLAIM_SHARE_ENV_PREFIX}{suffix}");
+        let value = spec.env(&key).ok_or_else(several)?;
+        let invalid = |reason: &str| RequestError::Invalid {
+            source_name: key.clone(),
+            value: value.chars().take(80).collect(),
+            reason: reason.to_string(),
+        };
+        let mut fields = value.split(',');
+        let (Some(uuid), Some(bytes), Some(limit), None) = (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(invalid(
+                "must be <GPU UUID>,<bytes>,<limit bytes>, as the DRA driver writes it",
+            ));
+        };
+        let (Ok(bytes), Ok(limit)) = (bytes.parse::<u64>(), limit.parse::<u64>()) else {
+            return Err(invalid("bytes and limit must be whole numbers of bytes"));
+        };
+        if uuid.is_empty() || bytes == 0 || limit < bytes {
+            return Err(invalid(
+                "needs a GPU, at least one byte, and a limit of at least the bytes",
+            ));
+        }
+        match per_gpu.iter_mut().find(|(u, _, _)| u == uuid) {
+            Some((_, b, l)) => {
+                *b = b.saturating_add(bytes);
+                *l = l.saturating_add(limit);
+            }
+            None => per_gpu.push((uuid.to_string(), bytes, limit)),
+        }
+    }
+    let (_, bytes, limit) = per_gpu[0].clone();
+    if per_gpu.iter().any(|(_, b, l)| (*b, *l) != (bytes, limit)) {
+        let shares = per_gpu
+            .iter()
+            .map(|(uuid, b, l)| {
+                let mut said = format!("{} on {uuid}", quantity::format_bytes(*b));
+                if l > b {
+                    said += &format!(" (limit {})", quantity::format_bytes(*l));
+                }
+                said
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(RequestError::UnequalClaimShares {
+            shares: shares.chars().take(300).collect(),
+        });
+    }
+    Ok(Some(ClaimShares {
+        bytes,
+        limit,
+        uuids: per_gpu.into_iter().map(|(uuid, _, _)| uuid).collect(),
+    }))
 }
 
 /// Where a value came from, so that errors and logs name the place the user must edit.
@@ -310,12 +416,8 @@ impl Request {
             return Ok(None);
         }
         let claim_devices: Vec<&str> = claim_devices(spec).collect();
-        if claim_devices.len() > 1 {
-            return Err(RequestError::SeveralClaimDevices {
-                count: claim_devices.len(),
-                devices: claim_devices.join(", ").chars().take(200).collect(),
-            });
-        }
+        // Several devices: the amount on each GPU, from their shares (or refused).
+        let claim = claim_shares(spec)?;
         if let Some(device) = claim_devices.first() {
             // The claim's env says what the scheduler counted; an annotation (the pod's,
             // copied into each container) would reserve something else.
@@ -335,8 +437,20 @@ impl Request {
         };
         let mut notes = Vec::new();
         let nvidia = nvidia_memory(spec, &mut notes)?;
-        let own = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV);
+        // Several claim devices' amount stands for VRAMGATE_MEMORY and VRAMGATE_MEMORY_LIMIT,
+        // which hold only the last device's (and the container's own limit, as one device's
+        // appended limit does).
+        let claim_amounts = claim.as_ref().map(|c| (c.bytes.to_string(), c.limit.to_string()));
+        let own = match &claim_amounts {
+            Some((bytes, _)) => Some((CLAIM_SHARE_SOURCE, bytes.as_str())),
+            None => annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV),
+        };
+        let claim_limit = claim
+            .as_ref()
+            .zip(claim_amounts.as_ref())
+            .map(|(c, (_, limit))| (CLAIM_SHARE_SOURCE, limit.as_str(), Quantity::Bytes(c.limit)));
         let own_limit = match annotation_or_env(spec, MEMORY_LIMIT_ANNOTATION, MEMORY_LIMIT_ENV) {
+            _ if claim_limit.is_some() => claim_limit,
             None => None,
             Some((source, value)) => Some((
                 source,
@@ -464,7 +578,10 @@ impl Request {
                 Some(quantity::parse_duration(value).map_err(|e| invalid(source, value, e.to_string()))?)
             }
         };
-        let gpus = GpuSelector::from_spec(spec)?;
+        let gpus = match &claim {
+            Some(c) => GpuSelector::own(spec, CLAIM_SHARE_SOURCE, &c.uuids.join(","))?,
+            None => GpuSelector::from_spec(spec)?,
+        };
         if gpus.selection == GpuSelection::Nothing {
             return Err(RequestError::NoGpu {
                 memory: memory.to_string(),
@@ -681,23 +798,29 @@ impl GpuSelector {
             Some(value) => Some((GPUS_ANNOTATION, value.as_str())),
             None => spec.env(GPUS_ENV).map(|v| (GPUS_ENV, v)),
         };
-        if let Some((source, value)) = own {
-            let mut selector = GpuSelector::parse(source, value, true)?;
-            let given = GpuSelector::given(spec)?;
-            match (&mut selector.selection, given.selection) {
-                (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
-                (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),
-                (GpuSelection::Nothing, GpuSelection::Devices(_)) => {}
-                (GpuSelection::All | GpuSelection::Devices(_), devices @ GpuSelection::Devices(_)) => {
-                    selector.within = Some(Box::new(GpuSelector {
-                        selection: devices,
-                        ..given
-                    }));
-                }
-            }
-            return Ok(selector);
+        match own {
+            Some((source, value)) => GpuSelector::own(spec, source, value),
+            None => GpuSelector::given(spec),
         }
-        GpuSelector::given(spec)
+    }
+
+    /// vramgate's own word `value` (from `source`) on the GPUs, within those the engine gave
+    /// the container (see [`GpuSelector::within`]).
+    fn own(spec: &SpecView, source: &str, value: &str) -> Result<GpuSelector, RequestError> {
+        let mut selector = GpuSelector::parse(source, value, true)?;
+        let given = GpuSelector::given(spec)?;
+        match (&mut selector.selection, given.selection) {
+            (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
+            (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),
+            (GpuSelection::Nothing, GpuSelection::Devices(_)) => {}
+            (GpuSelection::All | GpuSelection::Devices(_), devices @ GpuSelection::Devices(_)) => {
+                selector.within = Some(Box::new(GpuSelector {
+                    selection: devices,
+                    ..given
+                }));
+            }
+        }
+        Ok(selector)
     }
 
     /// The GPUs the engine gave the container (sources 2 to 4 of [`GpuSelector::from_spec`]).
@@ -1125,6 +1248,82 @@ mod tests {
         let request = Request::from_spec(&spec(own_env)).unwrap().expect("a request");
         // The claim's limit, equal to its request, is no limit above it: not the 60Gi.
         assert_eq!(request.limit.unwrap_or(request.memory), Quantity::Bytes(6 << 30));
+    }
+
+    /// Several claim devices, each with its share (as the driver writes them since shares):
+    /// the amount on each of their GPUs, devices on one GPU added up, other amounts refused.
+    #[test]
+    fn several_claim_devices_reserve_their_amount_on_each_of_their_gpus() {
+        // CDI applies each device's edits in turn: VRAMGATE_MEMORY and VRAMGATE_GPUS hold the
+        // last device's, the shares and markers one each.
+        let devices = |shares: &[(&str, &str)]| {
+            let mut env = vec![r#""VRAMGATE_MEMORY_LIMIT=99Gi""#.to_string()];
+            for (n, (device, share)) in shares.iter().enumerate() {
+                let (uuid, bytes) = share.split_once(',').unwrap();
+                env.push(format!(r#""VRAMGATE_MEMORY={bytes}""#));
+                env.push(format!(r#""VRAMGATE_GPUS={uuid}""#));
+                env.push(format!(
+                    r#""VRAMGATE_DRA_DEVICE_u1_{device}=u1-{}:5ecret{n}""#,
+                    device.replace('_', "-")
+                ));
+                env.push(format!(r#""VRAMGATE_DRA_SHARE_u1_{device}={share}""#));
+                let limit = share.rsplit(',').next().unwrap();
+                env.push(format!(r#""VRAMGATE_MEMORY_LIMIT={limit}""#));
+            }
+            spec(&format!(r#"{{"process":{{"env":[{}]}}}}"#, env.join(",")))
+        };
+        let gi = |n: u64| n << 30;
+        let both = devices(&[
+            ("gpu_0", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+            ("gpu_1", &format!("GPU-bbbb,{},{}", gi(4), gi(4))),
+        ]);
+        let request = Request::from_spec(&both).unwrap().expect("a request");
+        assert_eq!(request.memory, Quantity::Bytes(gi(4)));
+        assert_eq!(
+            request.limit, None,
+            "the claim's limit is its request, not the container's 99Gi"
+        );
+        assert_eq!(
+            request.gpus.selection,
+            GpuSelection::Devices(vec![
+                DeviceRef::Uuid("GPU-aaaa".into()),
+                DeviceRef::Uuid("GPU-bbbb".into())
+            ])
+        );
+        assert_eq!(request.memory_source, CLAIM_SHARE_SOURCE);
+        // Two devices on one GPU (two claims there) add up, limits too.
+        let one_gpu = devices(&[
+            ("gpu_0", &format!("GPU-aaaa,{},{}", gi(2), gi(3))),
+            ("gpu_0_x", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+        ]);
+        let request = Request::from_spec(&one_gpu).unwrap().expect("a request");
+        assert_eq!(request.memory, Quantity::Bytes(gi(6)));
+        assert_eq!(request.limit, Some(Quantity::Bytes(gi(7))));
+        assert_eq!(
+            request.gpus.selection,
+            GpuSelection::Devices(vec![DeviceRef::Uuid("GPU-aaaa".into())])
+        );
+        // Different amounts on different GPUs: one line, the amounts said, no secret.
+        let unequal = devices(&[
+            ("gpu_0", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+            ("gpu_1", &format!("GPU-bbbb,{},{}", gi(6), gi(6))),
+        ]);
+        let err = Request::from_spec(&unequal).unwrap_err();
+        assert!(matches!(err, RequestError::UnequalClaimShares { .. }), "{err}");
+        assert!(
+            err.to_string().contains("4096 MiB on GPU-aaaa, 6144 MiB on GPU-bbbb"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("5ecret"), "{err}");
+        assert_eq!(err.to_string().lines().count(), 1);
+        // A share the driver did not write.
+        let odd = devices(&[("gpu_0", "GPU-aaaa,4Gi,4Gi"), ("gpu_1", "GPU-bbbb,1,1")]);
+        let err = Request::from_spec(&odd).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("VRAMGATE_DRA_SHARE_u1_gpu_0 = \"GPU-aaaa,4Gi,4Gi\""),
+            "{err}"
+        );
     }
 
     fn gpu(index: u32, mig: Option<u32>, uuid: &str) -> GpuMemory {

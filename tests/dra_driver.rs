@@ -90,8 +90,6 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     rt.block_on(api.allocate("default", "elsewhere", "node-b", &[("gpu-0", "1Gi")]));
     let nowhere = rt.block_on(api.create_claim("default", "nowhere", "1Gi"));
     rt.block_on(api.allocate("default", "nowhere", NODE, &[("gpu-7", "1Gi")]));
-    let double = rt.block_on(api.create_claim("default", "double", "1Gi"));
-    rt.block_on(api.allocate("default", "double", NODE, &[("gpu-0", "1Gi"), ("gpu-1", "1Gi")]));
 
     let endpoint = registered.endpoint.clone();
     let answer = rt.block_on(kubelet::prepare(
@@ -101,7 +99,6 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
             claim("default", "pending", &pending),
             claim("default", "elsewhere", &elsewhere),
             claim("default", "nowhere", &nowhere),
-            claim("default", "double", &double),
             claim("default", "replaced", "5d0e8a34-0000-4000-8000-000000000001"),
             claim("default", "trainer", "5d0e8a34-0000-4000-8000-000000000002"),
             claim("default", "../../nodes/node-a", "5d0e8a34-0000-4000-8000-000000000004"),
@@ -134,10 +131,6 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
         (
             nowhere.as_str(),
             "this node has no device \"gpu-7\" (it has gpu-0, gpu-1)",
-        ),
-        (
-            double.as_str(),
-            "has 2 allocation results of driver gpu-memory.vramgate.dev",
         ),
         ("5d0e8a34-0000-4000-8000-000000000001", "404"),
         ("5d0e8a34-0000-4000-8000-000000000002", "deleted and made again"),
