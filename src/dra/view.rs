@@ -111,7 +111,13 @@ impl DraView {
                 }
             })
             .collect();
-        devices.sort_by_key(|d| (d.gpu.index, d.gpu.mig_index));
+        // The scheduler's allocator takes the first device in the slice's order that has room
+        // (first fit); in ascending order of capacity that is the device with the least room
+        // that fits, which is the node's own best fit (crate::placement), so that memory
+        // taken outside Kubernetes on one GPU steers claims onto it, not onto the GPU that is
+        // still whole. The index breaks ties, so equal views list the devices alike: the order
+        // changes only when a capacity does, which republishes the slice anyway.
+        devices.sort_by_key(|d| (d.capacity, d.gpu.index, d.gpu.mig_index));
         DraView {
             devices,
             policy,

@@ -175,12 +175,13 @@ impl ApiServer {
         api.get_opt(&vramgate::dra::slice::slice_name(node)).await.unwrap()
     }
 
-    /// `capacity.memory.value` of each device of the node's slice, by device name.
+    /// `capacity.memory.value` of each device of the node's slice, by device name, sorted by
+    /// name (the slice lists them in ascending order of capacity: [`ApiServer::device_order`]).
     pub async fn capacities(&self, node: &str) -> Vec<(String, String)> {
         let Some(slice) = self.slice(node).await else {
             return Vec::new();
         };
-        slice
+        let mut capacities: Vec<(String, String)> = slice
             .spec
             .devices
             .unwrap_or_default()
@@ -193,6 +194,22 @@ impl ApiServer {
                     .map(|c| c.value.0.clone());
                 (d.name, value.unwrap_or_default())
             })
+            .collect();
+        capacities.sort();
+        capacities
+    }
+
+    /// The names of the devices of the node's slice, in the slice's order.
+    pub async fn device_order(&self, node: &str) -> Vec<String> {
+        let Some(slice) = self.slice(node).await else {
+            return Vec::new();
+        };
+        slice
+            .spec
+            .devices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.name)
             .collect()
     }
 
