@@ -284,7 +284,7 @@ fn shares_of(tb: &vramgate::testbed::Testbed, id: &str) -> Vec<(String, u64)> {
 #[test]
 fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
     let (dir, tb) = runc_testbed("vramgate-dra-claims-many", GPUS);
-    let _cleanup = Cleanup(&tb);
+    let cleanup = Cleanup(&tb);
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
     let cdi_dir = tb.dir.join("cdi");
@@ -402,6 +402,8 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
 
     let rejected = rt.block_on(api.rejected());
     assert!(rejected.is_empty(), "{rejected:#?}");
+    // Containers first: their testbed (config, runc root) goes with `dir`.
+    drop(cleanup);
     drop(driver);
     drop(dir);
 }
@@ -412,7 +414,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
 #[test]
 fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_start() {
     let (dir, tb) = runc_testbed("vramgate-dra-claims-two", GPUS);
-    let _cleanup = Cleanup(&tb);
+    let cleanup = Cleanup(&tb);
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
     let cdi_dir = tb.dir.join("cdi");
@@ -482,6 +484,8 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
 
     let rejected = rt.block_on(api.rejected());
     assert!(rejected.is_empty(), "{rejected:#?}");
+    // Containers first: their testbed (config, runc root) goes with `dir`.
+    drop(cleanup);
     drop(driver);
     drop(dir);
 }
@@ -493,7 +497,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
 #[test]
 fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     let (dir, tb) = wrapper_testbed("vramgate-dra-claims-fit", GPUS);
-    let _cleanup = WrapperCleanup(&tb);
+    let cleanup = WrapperCleanup(&tb);
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
     let cdi_dir = tb.dir.join("cdi");
@@ -544,6 +548,8 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
 
     let rejected = rt.block_on(api.rejected());
     assert!(rejected.is_empty(), "{rejected:#?}");
+    // Containers first: their testbed (config, runc root) goes with `dir`.
+    drop(cleanup);
     drop(driver);
     drop(dir);
 }
