@@ -23,8 +23,6 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
 use dra_support::*;
@@ -46,22 +44,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Creates claim `name` with `requests` (its `spec.devices.requests`); returns its uid.
 fn create_claim(rt: &tokio::runtime::Runtime, api: &ApiServer, name: &str, requests: Value) -> String {
-    rt.block_on(async {
-        let claims: Api<ResourceClaim> = Api::namespaced(api.client().await, "default");
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": requests}}
-        }))
-        .unwrap();
-        claims
-            .create(&PostParams::default(), &claim)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap()
-    })
+    rt.block_on(api.create_claim_spec("default", name, json!({"requests": requests})))
 }
 
 /// A request of this driver's class for `memory`, `exactly`, with `extra` fields (`count`,
@@ -74,74 +57,13 @@ fn request(name: &str, memory: &str, extra: Value) -> Value {
     json!({"name": name, "exactly": exactly})
 }
 
-/// Where scripts/fetch-dra-allocator (run by scripts/install-deps) puts Kubernetes' own DRA
-/// allocator (tests/support/dra-allocator: k8s.io/dynamic-resource-allocation/structured
-/// v0.36.2, as kube-scheduler 1.36 calls it).
-fn allocator() -> std::path::PathBuf {
-    let bin = std::env::var_os("VRAMGATE_DRA_ALLOCATOR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from("/var/cache/vramgate-tests/dra-allocator-0.36.2"))
-        .join("bin/dra-allocator");
-    assert!(
-        bin.exists(),
-        "{}: no DRA allocator; run scripts/install-deps (or scripts/fetch-dra-allocator)",
-        bin.display()
-    );
-    bin
-}
-
 /// The scheduler's decision for claim `name`, made by Kubernetes' own allocator (1.36's, with
-/// 1.36's default features) from the node's slice as the driver published it, the DeviceClass
-/// of k8s/dra.yaml and the claims allocated before it (`allocated`, which it joins), written
+/// 1.36's default features: tests/support/allocator.rs) from the node's slice as the driver
+/// published it, the DeviceClass of k8s/dra.yaml and every claim allocated before it, written
 /// into the claim's `status.allocation` as kube-scheduler writes it. Returns the results.
-/// (Once tests/support/allocator.rs is on this branch, the allocator is run through it.)
-fn allocate(rt: &tokio::runtime::Runtime, api: &ApiServer, name: &str, allocated: &mut Vec<Value>) -> Vec<Value> {
-    rt.block_on(async {
-        let claims: Api<ResourceClaim> = Api::namespaced(api.client().await, "default");
-        let mut claim = claims.get(name).await.unwrap();
-        let slice = api.slice(NODE).await.expect("the node's slice");
-        let mut object = serde_json::to_value(&claim).unwrap();
-        // What the API server defaults in a request the stand-in keeps as written.
-        for r in object["spec"]["devices"]["requests"].as_array_mut().unwrap() {
-            let exactly = &mut r["exactly"];
-            if exactly.get("allocationMode").is_none() {
-                exactly["allocationMode"] = json!("ExactCount");
-            }
-            if exactly["allocationMode"] == "ExactCount" && exactly.get("count").is_none() {
-                exactly["count"] = json!(1);
-            }
-        }
-        let input = json!({
-            "node": NODE,
-            "resourceSlices": [slice],
-            "deviceClassManifests": [concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/dra.yaml")],
-            "allocatedClaims": allocated.clone(),
-            "claims": [object.clone()],
-        });
-        let mut child = std::process::Command::new(allocator())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &serde_json::to_vec(&input).unwrap()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "dra-allocator: {}", stderr(&out));
-        let decided: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let allocation = decided["results"][0]["allocation"].clone();
-        assert!(
-            allocation.is_object(),
-            "the allocator did not allocate {name}: {decided}"
-        );
-        object["status"] = json!({"allocation": allocation});
-        allocated.push(object);
-        claim.status = Some(serde_json::from_value(json!({"allocation": allocation})).unwrap());
-        claims
-            .replace_status(name, &PostParams::default(), &claim)
-            .await
-            .unwrap();
-        allocation["devices"]["results"].as_array().unwrap().clone()
-    })
+fn allocate(rt: &tokio::runtime::Runtime, api: &ApiServer, name: &str) -> Vec<Value> {
+    let allocation = rt.block_on(api.schedule_one("default", name, NODE));
+    allocation["devices"]["results"].as_array().unwrap().clone()
 }
 
 /// `pairs` as owned strings, to compare with [`decided`] and the capacities.
@@ -291,11 +213,10 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
     let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
     let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
-    let mut allocated = Vec::new();
 
     // count: 2, 4 GiB each.
     let pair = create_claim(&rt, &api, "pair", json!([request("gpu", "4Gi", json!({"count": 2}))]));
-    let results = allocate(&rt, &api, "pair", &mut allocated);
+    let results = allocate(&rt, &api, "pair");
     assert_eq!(decided(&results), want(&[("gpu-0", "4Gi"), ("gpu-1", "4Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "pair", &pair, None).expect("a claim on two GPUs is prepared");
     assert_eq!(
@@ -345,7 +266,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
         "every",
         json!([request("gpu", "10Gi", json!({"allocationMode": "All"}))]),
     );
-    let results = allocate(&rt, &api, "every", &mut allocated);
+    let results = allocate(&rt, &api, "every");
     assert_eq!(decided(&results), want(&[("gpu-0", "10Gi"), ("gpu-1", "10Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "every", &every, None).expect("allocationMode All is prepared");
     let env = cdi_env(&cdi_dir, &ids);
@@ -421,7 +342,6 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
     let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
     let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
-    let mut allocated = Vec::new();
 
     // 2 GiB and 4 GiB: first fit puts both on gpu-0.
     let both = create_claim(
@@ -430,7 +350,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
         "both",
         json!([request("small", "2Gi", json!({})), request("large", "4Gi", json!({}))]),
     );
-    let results = allocate(&rt, &api, "both", &mut allocated);
+    let results = allocate(&rt, &api, "both");
     assert_eq!(decided(&results), want(&[("gpu-0", "2Gi"), ("gpu-0", "4Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "both", &both, None).expect("two requests on one GPU are prepared");
     assert_eq!(
@@ -453,7 +373,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
         "apart",
         json!([request("large", "8Gi", json!({})), request("small", "6Gi", json!({}))]),
     );
-    let results = allocate(&rt, &api, "apart", &mut allocated);
+    let results = allocate(&rt, &api, "apart");
     assert_eq!(decided(&results), want(&[("gpu-0", "8Gi"), ("gpu-1", "6Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "apart", &apart, None).expect("prepared: each device alone runs");
     let bundle = tb
@@ -536,7 +456,7 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
 
     // The scheduler's choice for a claim of 4 GiB, and its container on the node.
     let uid = create_claim(&rt, &api, "fits", json!([request("gpu", "4Gi", json!({}))]));
-    let results = allocate(&rt, &api, "fits", &mut Vec::new());
+    let results = allocate(&rt, &api, "fits");
     assert_eq!(decided(&results), want(&[("gpu-1", "4Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "fits", &uid, None).unwrap();
     create("claimed", &[], &cdi_env(&cdi_dir, &ids));
