@@ -1,9 +1,11 @@
 //! The built `vramgate-dra` between a stand-in kubelet (tests/support/kubelet.rs: the plugin
 //! watcher's registration and the DRA v1 and v1beta1 calls, dialled as kubelet ≥ 1.26 dials)
 //! and a stand-in API server (tests/support/apiserver.py: every object the driver writes is
-//! validated against Kubernetes 1.36's strict schema and the API server's own rules; claims
-//! are allocated as the scheduler leaves them, with consumedCapacity and shareID). Containers
-//! outside Kubernetes are real runc containers with the vramgate hook.
+//! validated against Kubernetes 1.36's strict schema and the API server's own rules). Every
+//! claim the scheduler could produce is allocated by Kubernetes' own allocator
+//! (tests/support/allocator.rs) from the slice the driver published; only the malformed
+//! results the node must refuse are written by hand. Containers outside Kubernetes are real
+//! runc containers with the vramgate hook.
 //!
 //! The path through containerd's CRI plugin (CDI) is in tests/dra_node.rs.
 
@@ -18,11 +20,6 @@ use std::time::{Duration, Instant};
 use dra_support::*;
 use kubelet::claim;
 use support::*;
-
-const NODE: &str = "node-a";
-const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
-    [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
-    [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -43,6 +40,32 @@ fn wait_capacities(rt: &tokio::runtime::Runtime, api: &ApiServer, want: &[(&str,
         (now == want, now)
     });
     started.elapsed()
+}
+
+/// A runc testbed with the built driver on it, registered with the stand-in kubelet and
+/// publishing both GPUs whole; `cdi` is the runtime's CDI directory, made before the driver
+/// starts, and the last item kubelet's endpoint of the driver. Bound in this order, they are
+/// dropped driver first, the testbed's directory last.
+fn registered_driver(
+    name: &str,
+) -> (
+    tempfile::TempDir,
+    vramgate::testbed::Testbed,
+    tokio::runtime::Runtime,
+    ApiServer,
+    std::path::PathBuf,
+    Driver,
+    std::path::PathBuf,
+) {
+    let (dir, tb) = runc_testbed(name, GPUS);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    (dir, tb, rt, api, cdi_dir, driver, registered.endpoint)
 }
 
 fn assert_nothing_rejected(rt: &tokio::runtime::Runtime, api: &ApiServer) {
@@ -82,16 +105,37 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
         Some("Node")
     );
 
-    // The scheduler allocates claims as it would (and some as it would not).
+    // Kubernetes' allocator places the claims: 6 GiB on the first GPU with room (it fills
+    // devices in the slice's order), and two devices of 1 GiB (`count: 2`) on both GPUs
+    // (prepared in tests/dra_claims.rs).
     let trainer = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
-    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    rt.block_on(api.create_claim_spec(
+        "default",
+        "double",
+        serde_json::json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+            "count": 2, "capacity": {"requests": {"memory": "1Gi"}}}}]}),
+    ));
+    let decisions = rt.block_on(api.schedule("default", &["trainer", "double"], NODE));
+    let placed: Vec<Vec<(String, String)>> = decisions
+        .iter()
+        .map(|d| allocator::devices(d.as_ref().expect("placed")))
+        .collect();
+    let pair = |device: &str, memory: &str| (device.to_string(), memory.to_string());
+    assert_eq!(
+        placed,
+        [
+            vec![pair("gpu-0", "6Gi")],
+            vec![pair("gpu-0", "1Gi"), pair("gpu-1", "1Gi")]
+        ]
+    );
+    let trainer_share = decisions[0].as_ref().unwrap()["devices"]["results"][0]["shareID"].clone();
     let pending = rt.block_on(api.create_claim("default", "pending", "1Gi"));
+    // Results the allocator never produces for this node's kubelet, written by hand: the
+    // node must refuse them.
     let elsewhere = rt.block_on(api.create_claim("default", "elsewhere", "1Gi"));
-    rt.block_on(api.allocate("default", "elsewhere", "node-b", &[("gpu-0", "1Gi")]));
+    rt.block_on(api.allocate_by_hand("default", "elsewhere", "node-b", &[("gpu-0", "1Gi")]));
     let nowhere = rt.block_on(api.create_claim("default", "nowhere", "1Gi"));
-    rt.block_on(api.allocate("default", "nowhere", NODE, &[("gpu-7", "1Gi")]));
-    let double = rt.block_on(api.create_claim("default", "double", "1Gi"));
-    rt.block_on(api.allocate("default", "double", NODE, &[("gpu-0", "1Gi"), ("gpu-1", "1Gi")]));
+    rt.block_on(api.allocate_by_hand("default", "nowhere", NODE, &[("gpu-7", "1Gi")]));
 
     let endpoint = registered.endpoint.clone();
     let answer = rt.block_on(kubelet::prepare(
@@ -101,7 +145,6 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
             claim("default", "pending", &pending),
             claim("default", "elsewhere", &elsewhere),
             claim("default", "nowhere", &nowhere),
-            claim("default", "double", &double),
             claim("default", "replaced", "5d0e8a34-0000-4000-8000-000000000001"),
             claim("default", "trainer", "5d0e8a34-0000-4000-8000-000000000002"),
             claim("default", "../../nodes/node-a", "5d0e8a34-0000-4000-8000-000000000004"),
@@ -117,16 +160,13 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
             prepared.pool_name.as_str(),
             prepared.device_name.as_str()
         ),
-        (["gpu".to_string()].as_slice(), NODE, "gpu-1")
+        (["gpu".to_string()].as_slice(), NODE, "gpu-0")
     );
     assert_eq!(
         prepared.cdi_device_ids,
-        [format!("vramgate.dev/gpu-memory={trainer}-gpu-1")]
+        [format!("vramgate.dev/gpu-memory={trainer}-gpu-0")]
     );
-    assert_eq!(
-        prepared.share_id.as_deref(),
-        Some("9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f00")
-    );
+    assert_eq!(prepared.share_id.as_deref(), trainer_share.as_str());
     let error = |uid: &str| answer.claims[uid].error.clone();
     let expect = [
         (pending.as_str(), "claim default/pending is not allocated yet"),
@@ -134,10 +174,6 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
         (
             nowhere.as_str(),
             "this node has no device \"gpu-7\" (it has gpu-0, gpu-1)",
-        ),
-        (
-            double.as_str(),
-            "has 2 allocation results of driver gpu-memory.vramgate.dev",
         ),
         ("5d0e8a34-0000-4000-8000-000000000001", "404"),
         ("5d0e8a34-0000-4000-8000-000000000002", "deleted and made again"),
@@ -159,7 +195,7 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     assert_eq!(spec["kind"], "vramgate.dev/gpu-memory");
     let env = &spec["devices"][0]["containerEdits"]["env"];
     assert_eq!(env[0], "VRAMGATE_MEMORY=6442450944");
-    assert_eq!(env[1], "VRAMGATE_GPUS=GPU-one");
+    assert_eq!(env[1], "VRAMGATE_GPUS=GPU-zero");
     assert_eq!(
         std::fs::read_dir(&cdi_dir).unwrap().count(),
         1,
@@ -195,6 +231,135 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     drop(dir);
 }
 
+/// Issue 35: what Kubernetes' own allocator (v0.36.2, Kubernetes 1.36's default features)
+/// decides from the slice the driver publishes for a 16 GiB and an 8 GiB GPU, and that the
+/// node prepares each single-device claim it places with exactly what it consumed. The
+/// allocator fills devices first-fit in the slice's order, never past a device's capacity;
+/// it rounds a request up to the policy's step (256 MiB) and gives a claim without one the
+/// policy's default (1 GiB). `allocationMode: All` takes one share of every GPU that has room
+/// (claims of several GPUs are prepared in tests/dra_claims.rs).
+#[test]
+fn kubernetes_allocator_shares_each_gpu_by_its_published_capacity_and_the_node_prepares_what_it_placed() {
+    let gpus = GPUS.replace(
+        "uuid = \"GPU-one\"\ntotal = \"16Gi\"",
+        "uuid = \"GPU-one\"\ntotal = \"8Gi\"",
+    );
+    let (dir, tb) = runc_testbed("vramgate-dra-allocator", &gpus);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "8Gi")]);
+
+    let request = |memory: Option<&str>, mode: serde_json::Value| {
+        let mut exactly = serde_json::json!({"deviceClassName": DRIVER});
+        if let Some(memory) = memory {
+            exactly["capacity"] = serde_json::json!({"requests": {"memory": memory}});
+        }
+        if !mode.is_null() {
+            exactly["allocationMode"] = mode;
+        }
+        serde_json::json!({"requests": [{"name": "gpu", "exactly": exactly}]})
+    };
+    let claims = [
+        ("six-a", request(Some("6Gi"), serde_json::Value::Null)),
+        ("six-b", request(Some("6Gi"), serde_json::Value::Null)),
+        ("six-c", request(Some("6Gi"), serde_json::Value::Null)),
+        ("five", request(Some("5000Mi"), serde_json::Value::Null)),
+        ("unsized", request(None, serde_json::Value::Null)),
+        ("odd", request(Some("1000Mi"), serde_json::Value::Null)),
+        ("every", request(Some("1Gi"), serde_json::json!("All"))),
+        ("two", request(Some("2Gi"), serde_json::Value::Null)),
+    ];
+    let mut uids = std::collections::HashMap::new();
+    for (name, devices) in &claims {
+        uids.insert(
+            *name,
+            rt.block_on(api.create_claim_spec("default", name, devices.clone())),
+        );
+    }
+    let names: Vec<&str> = claims.iter().map(|(name, _)| *name).collect();
+    let decisions = rt.block_on(api.schedule("default", &names, NODE));
+    let placed: Vec<Result<Vec<(String, String)>, String>> = decisions
+        .iter()
+        .map(|d| d.as_ref().map(allocator::devices).map_err(Clone::clone))
+        .collect();
+    let on = |pairs: &[(&str, &str)]| -> Result<Vec<(String, String)>, String> {
+        Ok(pairs.iter().map(|(d, m)| (d.to_string(), m.to_string())).collect())
+    };
+    let unschedulable = || Err("unschedulable: cannot allocate all claims".to_string());
+    assert_eq!(
+        placed,
+        [
+            // The slice lists the 8 GiB GPU first (ascending capacity): the first 6 there,
+            // the next two on the 16 GiB GPU.
+            on(&[("gpu-1", "6Gi")]),
+            on(&[("gpu-0", "6Gi")]),
+            on(&[("gpu-0", "6Gi")]),
+            // 5000Mi is 5 GiB in steps: 2 GiB are left on gpu-1, 4 GiB on gpu-0.
+            unschedulable(),
+            // No request: the policy's default.
+            on(&[("gpu-1", "1Gi")]),
+            // Rounded up to the step.
+            on(&[("gpu-1", "1Gi")]),
+            // Every GPU with room: gpu-1 is full, so only gpu-0.
+            on(&[("gpu-0", "1Gi")]),
+            // 3 GiB left on gpu-0.
+            on(&[("gpu-0", "2Gi")]),
+        ]
+    );
+    for decision in decisions.iter().flatten() {
+        let results = decision["devices"]["results"].as_array().unwrap();
+        assert!(
+            results.iter().all(|r| r["request"] == "gpu"
+                && r["driver"] == DRIVER
+                && r["pool"] == NODE
+                && r["shareID"].is_string()),
+            "{decision}"
+        );
+        assert_eq!(
+            decision["nodeSelector"],
+            serde_json::json!({"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]})
+        );
+    }
+
+    // The node prepares each single-device claim with what the allocator says it consumed.
+    let single = [
+        ("six-a", "GPU-one", 6u64 << 30),
+        ("six-b", "GPU-zero", 6 << 30),
+        ("six-c", "GPU-zero", 6 << 30),
+        ("unsized", "GPU-one", 1 << 30),
+        ("odd", "GPU-one", 1 << 30),
+    ];
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        single
+            .iter()
+            .map(|(name, _, _)| claim("default", name, &uids[name]))
+            .collect(),
+    ));
+    for (name, gpu, bytes) in single {
+        let uid = &uids[name];
+        assert_eq!(answer.claims[uid].error, "", "{name}");
+        let path = cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"));
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let env = &spec["devices"][0]["containerEdits"]["env"];
+        assert_eq!(
+            (&env[0], &env[1]),
+            (
+                &serde_json::json!(format!("VRAMGATE_MEMORY={bytes}")),
+                &serde_json::json!(format!("VRAMGATE_GPUS={gpu}"))
+            ),
+            "{name}"
+        );
+    }
+    assert_nothing_rejected(&rt, &api);
+    drop(driver);
+    drop(dir);
+}
+
 /// Anyone who can write a CDI directory can leave a FIFO there, or a link to one, named like
 /// a spec. Opening it for reading waits for a writer: read on the driver's one async thread,
 /// it stalled that prepare, kubelet's registration and every later call; read by the view
@@ -202,14 +367,7 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
 /// the node. Such files are passed over, and NVIDIA's spec is read off the async runtime.
 #[test]
 fn a_fifo_among_the_cdi_specs_stalls_neither_prepare_nor_registration_nor_the_slice() {
-    let (dir, tb) = runc_testbed("vramgate-dra-cdi-fifo", GPUS);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    std::fs::create_dir_all(&cdi_dir).unwrap();
-    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (dir, tb, rt, api, cdi_dir, mut driver, endpoint) = registered_driver("vramgate-dra-cdi-fifo");
 
     let fifo =
         |name: &str| nix::unistd::mkfifo(&cdi_dir.join(name), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -225,15 +383,15 @@ fn a_fifo_among_the_cdi_specs_stalls_neither_prepare_nor_registration_nor_the_sl
 
     // Answered at once, with NVIDIA's device from the spec after the FIFOs, twice (the second
     // from what the first read).
-    let uid = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
-    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let uid = rt.block_on(api.create_claim_on("default", "trainer", "6Gi", 1));
+    rt.block_on(api.schedule_one("default", "trainer", NODE));
     let within = Duration::from_secs(10);
     for _ in 0..2 {
         let answer = rt
             .block_on(async {
                 tokio::time::timeout(
                     within,
-                    kubelet::prepare(&registered.endpoint, vec![claim("default", "trainer", &uid)]),
+                    kubelet::prepare(&endpoint, vec![claim("default", "trainer", &uid)]),
                 )
                 .await
             })
@@ -319,8 +477,12 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     );
 
     // A claim's own container does not lower it: the scheduler already counts the claim.
-    let uid = rt.block_on(api.create_claim("default", "trainer", "6Gi"));
-    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let uid = rt.block_on(api.create_claim_on("default", "trainer", "6Gi", 1));
+    let allocation = rt.block_on(api.schedule_one("default", "trainer", NODE));
+    assert_eq!(
+        allocator::devices(&allocation),
+        [("gpu-1".to_string(), "6Gi".to_string())]
+    );
     let answer = rt.block_on(kubelet::prepare(
         &registered.endpoint,
         vec![claim("default", "trainer", &uid)],
@@ -839,30 +1001,40 @@ fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_pre
     let registered = rt.block_on(kubelet::register(&_driver.registration_socket(), DRIVER));
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
 
+    // Placed by the allocator first-fit: gpu-0 takes 6 + 6 + 1 + 1 + 1 GiB, and "below"
+    // (6 GiB more) goes to gpu-1.
     let claims: [(&str, &str, serde_json::Value); 6] = [
-        ("limited", "gpu-1", limit_config(gpu_memory_config("8Gi"))),
-        ("plain", "gpu-0", serde_json::json!([])),
+        ("limited", "6Gi", limit_config(gpu_memory_config("8Gi"))),
+        ("plain", "6Gi", serde_json::json!([])),
         (
             "misspelt",
-            "gpu-0",
+            "1Gi",
             limit_config(
                 serde_json::json!({"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryConfig", "limt": "8Gi"}),
             ),
         ),
         (
             "otherkind",
-            "gpu-0",
+            "1Gi",
             limit_config(serde_json::json!({"apiVersion": "vramgate.dev/v1", "kind": "GpuConfig", "limit": "8Gi"})),
         ),
-        ("badquantity", "gpu-0", limit_config(gpu_memory_config("8 gigs"))),
-        ("below", "gpu-1", limit_config(gpu_memory_config("4Gi"))),
+        ("badquantity", "1Gi", limit_config(gpu_memory_config("8 gigs"))),
+        ("below", "6Gi", limit_config(gpu_memory_config("4Gi"))),
     ];
     let mut uids = std::collections::HashMap::new();
-    for (name, device, config) in claims {
-        let uid = rt.block_on(api.create_claim_with("default", name, "6Gi", config));
-        rt.block_on(api.allocate("default", name, NODE, &[(device, "6Gi")]));
-        uids.insert(name, uid);
+    for (name, memory, config) in &claims {
+        let uid = rt.block_on(api.create_claim_with("default", name, memory, config.clone()));
+        uids.insert(*name, uid);
     }
+    let names: Vec<&str> = claims.iter().map(|(name, _, _)| *name).collect();
+    let allocations: std::collections::HashMap<&str, serde_json::Value> = names
+        .iter()
+        .zip(rt.block_on(api.schedule("default", &names, NODE)))
+        .map(|(name, decision)| (*name, decision.expect("placed")))
+        .collect();
+    let placed = |name: &str| allocator::devices(&allocations[name]);
+    assert_eq!(placed("limited"), [("gpu-0".to_string(), "6Gi".to_string())]);
+    assert_eq!(placed("below"), [("gpu-1".to_string(), "6Gi".to_string())]);
     let answer = rt.block_on(kubelet::prepare(
         &registered.endpoint,
         uids.iter().map(|(name, uid)| claim("default", name, uid)).collect(),
@@ -941,9 +1113,10 @@ fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_pre
     );
 
     // The status: one entry per device, the allocation's key, and what the node applies.
-    let status = |device: &str, limit: u64| {
-        serde_json::json!([{"driver": DRIVER, "pool": NODE, "device": device,
-            "shareID": "9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f00",
+    let status = |name: &str, limit: u64| {
+        let result = &allocations[name]["devices"]["results"][0];
+        serde_json::json!([{"driver": DRIVER, "pool": NODE, "device": result["device"],
+            "shareID": result["shareID"],
             "data": {"apiVersion": "vramgate.dev/v1", "kind": "GpuMemoryStatus",
                 "tier": "toolkit_limit", "request": 6u64 << 30, "limit": limit}}])
         .as_array()
@@ -952,11 +1125,11 @@ fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_pre
     };
     assert_eq!(
         rt.block_on(api.device_status("default", "limited")),
-        status("gpu-1", 8 << 30)
+        status("limited", 8 << 30)
     );
     assert_eq!(
         rt.block_on(api.device_status("default", "plain")),
-        status("gpu-0", 6 << 30),
+        status("plain", 6 << 30),
         "no limit asked: the limit is the request"
     );
 
@@ -968,7 +1141,7 @@ fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_pre
     assert!(answer.claims.values().all(|r| r.error.is_empty()), "{answer:?}");
     assert_eq!(
         rt.block_on(api.device_status("default", "limited")),
-        status("gpu-1", 8 << 30)
+        status("limited", 8 << 30)
     );
     assert_nothing_rejected(&rt, &api);
     drop(dir);
@@ -1023,7 +1196,11 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
 
     let uid = rt.block_on(api.create_claim_with("default", "trainer", "6Gi", limit_config(gpu_memory_config("8Gi"))));
-    rt.block_on(api.allocate("default", "trainer", NODE, &[("gpu-1", "6Gi")]));
+    let allocation = rt.block_on(api.schedule_one("default", "trainer", NODE));
+    assert_eq!(
+        allocator::devices(&allocation),
+        [("gpu-0".to_string(), "6Gi".to_string())]
+    );
     let answer = rt.block_on(kubelet::prepare(
         &registered.endpoint,
         vec![claim("default", "trainer", &uid)],
@@ -1079,9 +1256,9 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
             },
         );
     };
-    std::fs::write(&usage, format!("GPU-one {cgroup_dir} {}\n", 3u64 << 30)).unwrap();
+    std::fs::write(&usage, format!("GPU-zero {cgroup_dir} {}\n", 3u64 << 30)).unwrap();
     wait_used(Some(3 << 30));
-    std::fs::write(&usage, format!("GPU-one {cgroup_dir} {}\n", 5u64 << 30)).unwrap();
+    std::fs::write(&usage, format!("GPU-zero {cgroup_dir} {}\n", 5u64 << 30)).unwrap();
     wait_used(Some(5 << 30));
 
     // The container goes: its reservation with it, and nothing is measured for the claim.
@@ -1104,22 +1281,16 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
 /// prepare stands, the failure is logged, and the write is tried again later.
 #[test]
 fn a_status_write_that_fails_fails_no_prepare_and_is_tried_again() {
-    let (dir, tb) = runc_testbed("vramgate-dra-status-retry", GPUS);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (dir, _tb, rt, api, _cdi_dir, driver, endpoint) = registered_driver("vramgate-dra-status-retry");
     let busy = rt.block_on(api.create_claim("default", "busy", "2Gi"));
-    rt.block_on(api.allocate("default", "busy", NODE, &[("gpu-0", "2Gi")]));
     let failing = rt.block_on(api.create_claim("default", "failing", "2Gi"));
-    rt.block_on(api.allocate("default", "failing", NODE, &[("gpu-1", "2Gi")]));
+    let decisions = rt.block_on(api.schedule("default", &["busy", "failing"], NODE));
+    assert!(decisions.iter().all(Result::is_ok), "{decisions:?}");
     rt.block_on(api.refuse("PUT", "/resourceclaims/busy/status", 409, 1));
     rt.block_on(api.refuse("PUT", "/resourceclaims/failing/status", 500, 1));
 
     let answer = rt.block_on(kubelet::prepare(
-        &registered.endpoint,
+        &endpoint,
         vec![claim("default", "busy", &busy), claim("default", "failing", &failing)],
     ));
     for uid in [&busy, &failing] {

@@ -1,5 +1,6 @@
-//! A DRA claim end to end below kubelet: the scheduler allocates 6 GiB of `gpu-1` from the
-//! slice the built `vramgate-dra` published (stand-in API server), kubelet's DRA manager
+//! A DRA claim end to end below kubelet: Kubernetes' own allocator (tests/support/allocator.rs,
+//! as kube-scheduler 1.36 runs it) allocates 6 GiB of `gpu-1` from the slice the built
+//! `vramgate-dra` published (stand-in API server), kubelet's DRA manager
 //! (stand-in) has the driver prepare it, kubelet's CreateContainer names the CDI device the
 //! driver returned (the CRI `cdi_devices` field, as kubelet sets it), containerd 2.1's CRI
 //! plugin (CDI on) applies it, and the container goes through vramgate-runtime, which reserves
@@ -23,11 +24,6 @@ use cri_support::*;
 use dra_support::*;
 use kubelet::claim;
 use support::*;
-
-const NODE: &str = "node-a";
-const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
-    [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
-    [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
 
 /// The CDI ids of a prepared claim, as kubelet puts them in the container's config.
 fn cdi_devices(ids: &[String]) -> Vec<cri::CdiDevice> {
@@ -59,9 +55,13 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     )
     .unwrap();
 
-    // The scheduler: 6 GiB of gpu-1 for the pod's claim.
-    let uid = cri.block_on(api.create_claim("default", "trainer-gpu", "6Gi"));
-    cri.block_on(api.allocate("default", "trainer-gpu", NODE, &[("gpu-1", "6Gi")]));
+    // The scheduler: 6 GiB of gpu-1 (the claim selects the GPU of index 1) for the pod's claim.
+    let uid = cri.block_on(api.create_claim_on("default", "trainer-gpu", "6Gi", 1));
+    let allocation = cri.block_on(api.schedule_one("default", "trainer-gpu", NODE));
+    assert_eq!(
+        allocator::devices(&allocation),
+        [("gpu-1".to_string(), "6Gi".to_string())]
+    );
     let answer = cri.block_on(kubelet::prepare(
         &registered.endpoint,
         vec![claim("default", "trainer-gpu", &uid)],
@@ -128,7 +128,12 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     // device runs vramgate's hook itself, so its container still reserves exactly its memory,
     // and releases it when it stops.
     let plain = cri.block_on(api.create_claim("default", "plain-gpu", "2Gi"));
-    cri.block_on(api.allocate("default", "plain-gpu", NODE, &[("gpu-0", "2Gi")]));
+    let allocation = cri.block_on(api.schedule_one("default", "plain-gpu", NODE));
+    assert_eq!(
+        allocator::devices(&allocation),
+        [("gpu-0".to_string(), "2Gi".to_string())],
+        "the first GPU with room, in the slice's order"
+    );
     let plain_ids = cri
         .block_on(kubelet::prepare(
             &registered.endpoint,
@@ -157,8 +162,12 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     // (a container started by hand, through the same runtime) before its pod starts: the
     // node refuses it (policy reject) and says why, in the error kubelet puts in the pod's
     // events.
-    let late = cri.block_on(api.create_claim("default", "late-gpu", "4Gi"));
-    cri.block_on(api.allocate("default", "late-gpu", NODE, &[("gpu-1", "4Gi")]));
+    let late = cri.block_on(api.create_claim_on("default", "late-gpu", "4Gi", 1));
+    let allocation = cri.block_on(api.schedule_one("default", "late-gpu", NODE));
+    assert_eq!(
+        allocator::devices(&allocation),
+        [("gpu-1".to_string(), "4Gi".to_string())]
+    );
     let late_ids = cri
         .block_on(kubelet::prepare(
             &registered.endpoint,

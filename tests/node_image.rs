@@ -185,7 +185,7 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
     )
     .unwrap();
     let uid = cri.block_on(api.create_claim("default", "trainer", "2Gi"));
-    cri.block_on(api.allocate("default", "trainer", NODE, &[("gpu-0", "2Gi")]));
+    cri.block_on(api.schedule_one("default", "trainer", NODE));
     let answer = cri.block_on(kubelet::prepare(
         &registered.endpoint,
         vec![kubelet::claim("default", "trainer", &uid)],

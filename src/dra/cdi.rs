@@ -129,6 +129,15 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpe
                 format!("{}={}", crate::request::MEMORY_ENV, d.bytes),
                 format!("{}={}", crate::request::GPUS_ENV, d.uuid),
                 format!("{}={marker}", super::claim_device_env(name)),
+                // The device's own share under its own name: a container given several
+                // devices keeps each (the two above keep only the last device's).
+                format!(
+                    "{}={},{},{}",
+                    super::claim_share_env(name),
+                    d.uuid,
+                    d.bytes,
+                    d.limit.unwrap_or(d.bytes).max(d.bytes)
+                ),
             ];
             // Always, the request where the claim asked no limit: the claim's value comes after
             // the container's own env and so wins, and a container cannot give itself a limit
@@ -559,11 +568,15 @@ mod tests {
         };
         let limited = env("0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10", Some(8 << 30));
         assert_eq!(limited[0], "VRAMGATE_MEMORY=6442450944");
-        assert_eq!(limited[3], "VRAMGATE_MEMORY_LIMIT=8589934592");
+        assert_eq!(limited[4], "VRAMGATE_MEMORY_LIMIT=8589934592");
+        assert_eq!(
+            limited[3],
+            "VRAMGATE_DRA_SHARE_0b6e2f5a_3c44_4a8e_9f1d_2a7c5e8b9d10_gpu_0=GPU-zero,6442450944,8589934592"
+        );
         // Without one the limit is the request, written all the same: the container's own
         // VRAMGATE_MEMORY_LIMIT comes before it in the spec and so loses.
         let plain = env("1c6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10", None);
-        assert_eq!(plain[3], "VRAMGATE_MEMORY_LIMIT=6442450944");
+        assert_eq!(plain[4], "VRAMGATE_MEMORY_LIMIT=6442450944");
     }
 
     #[test]

@@ -22,9 +22,12 @@
 //! **Preparing.** kubelet registers the plugin through `pluginregistration.Registration`
 //! and calls `NodePrepareResources` ([`plugin`]). For each claim the driver reads it from the
 //! API server (uid checked), takes this driver's allocation results ([`claim`]) and writes a
-//! CDI spec for it ([`cdi`]) whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never
-//! the request), `VRAMGATE_GPUS` (the device's GPU) and [`CLAIM_DEVICE_ENV`], and give the
-//! GPU's device nodes. kubelet hands the CDI ids to the runtime (CRI `cdi_devices`), and the
+//! CDI spec for it ([`cdi`]), one CDI device per device of the slice (results on one device
+//! added up), whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never the request),
+//! `VRAMGATE_GPUS` (the device's GPU), the device's marker ([`claim_device_env`]) and share
+//! ([`claim_share_env`]), and give the GPU's device nodes. A container given several devices
+//! (`count`, `allocationMode: All`, several requests) is reserved from their shares: the same
+//! amount on each of their GPUs ([`crate::request::claim_shares`]). kubelet hands the CDI ids to the runtime (CRI `cdi_devices`), and the
 //! container goes through `vramgate-runtime`, which reserves exactly that on exactly that GPU
 //! and enforces it like any other request: a claim that no longer fits (memory taken outside
 //! Kubernetes since scheduling) queues or is refused by the node's policy, with the reason in
@@ -33,7 +36,8 @@
 //! **Telling claims' containers apart.** A reservation is held for a claim when its bundle's
 //! spec carries a [`claim_device_env`] naming a device of a claim this node prepared (the CDI
 //! spec files are the driver's record) on the GPU it reserved on; it counts for at most what
-//! the claim consumed, and a device two markers name counts once. Any container can set the
+//! the claim consumed, and a device two markers name counts once; a container given several
+//! devices carries several markers, each counted on its own GPU. Any container can set the
 //! env; one that names no prepared claim counts as held by others.
 
 pub mod cdi;
@@ -49,6 +53,8 @@ pub mod kube;
 #[cfg(feature = "dra")]
 pub mod plugin;
 #[cfg(feature = "dra")]
+pub mod service;
+#[cfg(feature = "dra")]
 pub mod slice;
 
 /// The driver name: `spec.driver` of the slices, `results[].driver` of the claims, the DRA
@@ -63,6 +69,17 @@ pub fn claim_device_env(cdi_device: &str) -> String {
     format!(
         "{}{}",
         crate::request::CLAIM_DEVICE_ENV_PREFIX,
+        cdi_device.replace(['-', '.'], "_")
+    )
+}
+
+/// The variable a prepared claim device's CDI edits set to its share
+/// (`<GPU UUID>,<bytes>,<limit bytes>`), under the same suffix as its marker: what a container
+/// given several devices is reserved from ([`crate::request::claim_shares`]).
+pub fn claim_share_env(cdi_device: &str) -> String {
+    format!(
+        "{}{}",
+        crate::request::CLAIM_SHARE_ENV_PREFIX,
         cdi_device.replace(['-', '.'], "_")
     )
 }

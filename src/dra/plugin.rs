@@ -1,6 +1,5 @@
-//! The kubelet side: the `Registration` service kubelet's plugin watcher calls, and the
-//! `DRAPlugin` service (v1, and v1beta1 for kubelets before 1.34) whose prepare turns a claim's
-//! allocation into a CDI device and whose unprepare removes it.
+//! The node side of claims: prepare turns a claim's allocation into CDI devices, unprepare
+//! removes them ([`Preparer`]); kubelet's gRPC services over it are in [`super::service`].
 //!
 //! After a prepare, the claim's `status.devices[]` says what the node did with each of its
 //! devices ([`StatusDevice::entry`]): the tier that holds its containers, the request and
@@ -16,21 +15,12 @@ use std::time::Duration;
 use serde_json::json;
 
 use tokio::sync::{watch, Notify};
-use tonic::{Request, Response, Status};
 
-use super::api::registration::registration_server::Registration;
-use super::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
-use super::api::{v1, v1beta1};
 use super::cdi::{self, ClaimDevice, HookSpec};
 use super::claim;
 use super::kube::ApiClient;
 use super::view::DraView;
 use super::DRIVER;
-
-/// What kubelet's plugin watcher routes DRA drivers by.
-pub const PLUGIN_TYPE: &str = "DRAPlugin";
-/// The gRPC services the driver serves, as kubelet names them (`<package>.<service>`).
-pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 
 /// One claim kubelet asks about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,21 +281,12 @@ impl Preparer {
             .await
             .map_err(|e| e.to_string())?;
         let shares = claim::shares(&json, &c.namespace, &c.name, &c.uid).map_err(|e| e.to_string())?;
-        if shares.len() > 1 {
-            return Err(format!(
-                "claim {}/{} has {} allocation results of driver {DRIVER}: vramgate holds a container to one amount on its GPUs, so a claim asks for one device (one request, count 1); use one claim per GPU share",
-                c.namespace,
-                c.name,
-                shares.len()
-            ));
-        }
         if shares.is_empty() {
             // Nothing of this driver's to prepare; a spec without devices would be one the
             // runtime's CDI loader complains about at every rescan.
             return Ok((Vec::new(), Vec::new()));
         }
         let view = self.views.borrow().clone();
-        let mut devices = Vec::new();
         for share in &shares {
             if share.pool != self.node {
                 return Err(format!(
@@ -313,7 +294,7 @@ impl Preparer {
                     c.namespace, c.name, share.device, share.pool, self.node
                 ));
             }
-            let Some(published) = view.device(&share.device) else {
+            if view.device(&share.device).is_none() {
                 let names: Vec<&str> = view.devices.iter().map(|d| d.name.as_str()).collect();
                 return Err(format!(
                     "claim {}/{}: this node has no device {:?} (it has {})",
@@ -326,7 +307,24 @@ impl Preparer {
                         names.join(", ")
                     }
                 ));
-            };
+            }
+        }
+        // One CDI device per device of the slice: results on one device (two requests that
+        // landed on one GPU) add up, as the scheduler added them up against its capacity.
+        // Several devices (count, allocationMode: All, several requests) each keep their own
+        // share; a container given several is reserved their amount on each of their GPUs
+        // (see crate::request::claim_shares).
+        let mut devices: Vec<(ClaimDevice, Option<String>)> = Vec::new();
+        for share in &shares {
+            let limit = share.limit.unwrap_or(share.bytes);
+            if let Some((same, _)) = devices.iter_mut().find(|(d, _)| d.device == share.device) {
+                let before = same.limit.unwrap_or(same.bytes);
+                same.bytes = same.bytes.saturating_add(share.bytes);
+                let summed = before.saturating_add(limit);
+                same.limit = (summed > same.bytes).then_some(summed);
+                continue;
+            }
+            let published = view.device(&share.device).expect("checked above");
             // NVIDIA's CDI device brings the GPU's nodes and the driver's libraries where the
             // node has the toolkit's spec; else ours lists the nodes (the image brings the rest).
             let nvidia = self.nvidia_device(&published.gpu).await?;
@@ -347,10 +345,18 @@ impl Preparer {
         }
         let ours: Vec<ClaimDevice> = devices.iter().map(|(d, _)| d.clone()).collect();
         let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours, &self.hook).map_err(|e| e.to_string())?;
+        // What kubelet is told, and the claim's status, stay one entry per result (each
+        // result's request and share ID), naming its device's CDI ids.
+        let cdi_ids = |device: &str| -> Vec<String> {
+            let at = devices
+                .iter()
+                .position(|(d, _)| d.device == device)
+                .expect("one per device");
+            std::iter::once(ids[at].clone()).chain(devices[at].1.clone()).collect()
+        };
         let status = shares
             .iter()
-            .zip(&ours)
-            .map(|(share, ours)| StatusDevice {
+            .map(|share| StatusDevice {
                 pool: share.pool.clone(),
                 device: share.device.clone(),
                 share_id: share.share_id.clone(),
@@ -359,19 +365,17 @@ impl Preparer {
                     .device(&share.device)
                     .map(|p| p.gpu.clone())
                     .expect("checked above"),
-                request: ours.bytes,
-                limit: ours.limit.unwrap_or(ours.bytes),
+                request: share.bytes,
+                limit: share.limit.unwrap_or(share.bytes),
             })
             .collect();
         let prepared = shares
             .into_iter()
-            .zip(ids)
-            .zip(devices)
-            .map(|((share, id), (_, nvidia))| PreparedDevice {
+            .map(|share| PreparedDevice {
+                cdi_ids: cdi_ids(&share.device),
                 request: share.request,
                 pool: share.pool,
                 device: share.device,
-                cdi_ids: std::iter::once(id).chain(nvidia).collect(),
                 share_id: share.share_id,
             })
             .collect();
@@ -456,207 +460,4 @@ fn is_dns_name(name: &str, max: usize, dots: bool) -> bool {
         && name.starts_with(alnum)
         && name.ends_with(alnum)
         && name.chars().all(|c| alnum(c) || c == '-' || (dots && c == '.'))
-}
-
-/// The `DRAPlugin` services over a [`Preparer`].
-#[derive(Clone)]
-pub struct DraService(pub Arc<Preparer>);
-
-/// One DRA API version's messages, as the one NodePrepare/NodeUnprepare handler
-/// ([`DraService::node_prepare`], [`DraService::node_unprepare`]) reads and answers them:
-/// v1 and v1beta1 differ only in `Device.share_id`, which kubelets before 1.34 do not know.
-pub trait DraApi {
-    type Claim;
-    type PrepareResponse;
-    type UnprepareResponse;
-    fn claim_ref(claim: &Self::Claim) -> ClaimRef;
-    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> Self::PrepareResponse;
-    fn unprepared(error: String) -> Self::UnprepareResponse;
-}
-
-/// `k8s.io.kubelet.pkg.apis.dra.v1` (kubelet 1.34 and later).
-pub enum V1 {}
-/// `k8s.io.kubelet.pkg.apis.dra.v1beta1` (kubelet 1.32 and 1.33).
-pub enum V1beta1 {}
-
-fn claim_ref(namespace: &str, name: &str, uid: &str) -> ClaimRef {
-    ClaimRef {
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-        uid: uid.to_string(),
-    }
-}
-
-impl DraApi for V1 {
-    type Claim = v1::Claim;
-    type PrepareResponse = v1::NodePrepareResourceResponse;
-    type UnprepareResponse = v1::NodeUnprepareResourceResponse;
-
-    fn claim_ref(c: &v1::Claim) -> ClaimRef {
-        claim_ref(&c.namespace, &c.name, &c.uid)
-    }
-
-    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> v1::NodePrepareResourceResponse {
-        match answer {
-            Ok(devices) => v1::NodePrepareResourceResponse {
-                devices: devices
-                    .into_iter()
-                    .map(|d| v1::Device {
-                        request_names: vec![d.request],
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_ids,
-                        share_id: d.share_id,
-                    })
-                    .collect(),
-                error: String::new(),
-            },
-            Err(error) => v1::NodePrepareResourceResponse {
-                devices: Vec::new(),
-                error,
-            },
-        }
-    }
-
-    fn unprepared(error: String) -> v1::NodeUnprepareResourceResponse {
-        v1::NodeUnprepareResourceResponse { error }
-    }
-}
-
-impl DraApi for V1beta1 {
-    type Claim = v1beta1::Claim;
-    type PrepareResponse = v1beta1::NodePrepareResourceResponse;
-    type UnprepareResponse = v1beta1::NodeUnprepareResourceResponse;
-
-    fn claim_ref(c: &v1beta1::Claim) -> ClaimRef {
-        claim_ref(&c.namespace, &c.name, &c.uid)
-    }
-
-    /// Without the share ID.
-    fn prepared(answer: Result<Vec<PreparedDevice>, String>) -> v1beta1::NodePrepareResourceResponse {
-        match answer {
-            Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                devices: devices
-                    .into_iter()
-                    .map(|d| v1beta1::Device {
-                        request_names: vec![d.request],
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_ids,
-                    })
-                    .collect(),
-                error: String::new(),
-            },
-            Err(error) => v1beta1::NodePrepareResourceResponse {
-                devices: Vec::new(),
-                error,
-            },
-        }
-    }
-
-    fn unprepared(error: String) -> v1beta1::NodeUnprepareResourceResponse {
-        v1beta1::NodeUnprepareResourceResponse { error }
-    }
-}
-
-impl DraService {
-    /// NodePrepareResources in API version `A`: each claim's answer, by claim uid.
-    pub async fn node_prepare<A: DraApi>(&self, claims: &[A::Claim]) -> HashMap<String, A::PrepareResponse> {
-        let claims: Vec<ClaimRef> = claims.iter().map(A::claim_ref).collect();
-        self.0
-            .prepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| (uid, A::prepared(answer)))
-            .collect()
-    }
-
-    /// NodeUnprepareResources in API version `A`: each claim's error (empty when it went), by
-    /// claim uid.
-    pub async fn node_unprepare<A: DraApi>(&self, claims: &[A::Claim]) -> HashMap<String, A::UnprepareResponse> {
-        let claims: Vec<ClaimRef> = claims.iter().map(A::claim_ref).collect();
-        self.0
-            .unprepare(&claims)
-            .await
-            .into_iter()
-            .map(|(uid, answer)| (uid, A::unprepared(answer.err().unwrap_or_default())))
-            .collect()
-    }
-}
-
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = self.node_prepare::<V1>(&request.get_ref().claims).await;
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = self.node_unprepare::<V1>(&request.get_ref().claims).await;
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
-
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = self.node_prepare::<V1beta1>(&request.get_ref().claims).await;
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = self.node_unprepare::<V1beta1>(&request.get_ref().claims).await;
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
-
-/// The `Registration` service on the socket kubelet's plugin watcher finds.
-#[derive(Clone)]
-pub struct Registrar {
-    /// The DRA service's socket, which kubelet then dials.
-    pub endpoint: PathBuf,
-    /// Told when kubelet confirms a registration: kubelet wipes a node's slices when it starts
-    /// and when a driver goes away, so the publisher checks its slice again.
-    pub registered: Arc<Notify>,
-}
-
-#[tonic::async_trait]
-impl Registration for Registrar {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        Ok(Response::new(PluginInfo {
-            r#type: PLUGIN_TYPE.to_string(),
-            name: DRIVER.to_string(),
-            endpoint: self.endpoint.display().to_string(),
-            supported_versions: SERVICES.map(String::from).to_vec(),
-        }))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        request: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        let status = request.into_inner();
-        if status.plugin_registered {
-            eprintln!("vramgate-dra: registered with kubelet as {DRIVER}");
-            self.registered.notify_one();
-        } else {
-            eprintln!(
-                "vramgate-dra: kubelet refused the registration of {DRIVER}: {}",
-                crate::one_line(&status.error)
-            );
-        }
-        Ok(Response::new(RegistrationStatusResponse {}))
-    }
 }

@@ -111,7 +111,13 @@ impl DraView {
                 }
             })
             .collect();
-        devices.sort_by_key(|d| (d.gpu.index, d.gpu.mig_index));
+        // The scheduler's allocator takes the first device in the slice's order that has room
+        // (first fit); in ascending order of capacity that is the device with the least room
+        // that fits, which is the node's own best fit (crate::placement), so that memory
+        // taken outside Kubernetes on one GPU steers claims onto it, not onto the GPU that is
+        // still whole. The index breaks ties, so equal views list the devices alike: the order
+        // changes only when a capacity does, which republishes the slice anyway.
+        devices.sort_by_key(|d| (d.capacity, d.gpu.index, d.gpu.mig_index));
         DraView {
             devices,
             policy,
@@ -185,40 +191,37 @@ impl DraView {
     }
 }
 
-/// The claim device a reservation's container was started for: the one
-/// [`super::claim_device_env`] in its bundle's spec. `Ok(None)`: none (or several, which no
-/// admitted container has: see [`crate::request::RequestError::SeveralClaimDevices`]); `Err`:
-/// the spec cannot be read (yet).
-pub fn read_marker(bundle: &Path) -> Result<Option<String>, crate::spec::SpecError> {
+/// The claim devices a reservation's container was started for: the
+/// [`super::claim_device_env`]s in its bundle's spec (several where the container was given
+/// several devices, of one claim or more; see [`crate::request::claim_shares`]). `Err`: the
+/// spec cannot be read (yet).
+pub fn read_marker(bundle: &Path) -> Result<Vec<String>, crate::spec::SpecError> {
     let spec = crate::spec::SpecView::read_bundle(bundle)?;
-    let mut devices = crate::request::claim_markers(&spec);
-    Ok(match (devices.next(), devices.next()) {
-        (Some(device), None) => Some(device.to_string()),
-        _ => None,
-    })
+    Ok(crate::request::claim_markers(&spec).map(str::to_string).collect())
 }
 
-/// The marker of each reservation, by (container id, created time): a reservation never
+/// How a reservation's markers are read: [`read_marker`], or the tests' own.
+pub type ReadMarkers<'a> = &'a dyn Fn(&Path) -> Result<Vec<String>, crate::spec::SpecError>;
+
+/// The markers of each reservation, by (container id, created time): a reservation never
 /// changes what it holds, so its bundle is read once.
 #[derive(Debug, Default)]
 pub struct Markers {
-    known: HashMap<(String, u64), Option<String>>,
+    known: HashMap<(String, u64), Vec<String>>,
 }
 
 impl Markers {
-    fn of(
-        &mut self,
-        r: &Reservation,
-        read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
-    ) -> Option<String> {
+    fn of(&mut self, r: &Reservation, read: ReadMarkers) -> Vec<String> {
         let key = (r.container_id.clone(), r.created_unix_ms);
-        if let Some(marker) = self.known.get(&key) {
-            return marker.clone();
+        if let Some(markers) = self.known.get(&key) {
+            return markers.clone();
         }
         // A bundle that cannot be read now (being written) is asked again next time.
-        let marker = read(r.bundle.as_deref()?).ok()?;
-        self.known.insert(key, marker.clone());
-        marker
+        let Some(Ok(markers)) = r.bundle.as_deref().map(read) else {
+            return Vec::new();
+        };
+        self.known.insert(key, markers.clone());
+        markers
     }
 
     /// Forgets reservations that are no longer in `ledger`.
@@ -236,27 +239,29 @@ impl Markers {
 }
 
 /// Each reservation held for a prepared claim device, with the device's CDI name and its
-/// marker: the reservation's marker is the device's own (its name and the secret only its
-/// spec file holds, see [`super::cdi`]). A marker that names a device without its secret
-/// (forged from the claim's name) matches nothing. The one matching that both the published
-/// capacity ([`held_by_claims`]) and the claims' usage ([`used_by_claims`]) use.
+/// marker, once per device its container was given: the reservation's marker is the device's
+/// own (its name and the secret only its spec file holds, see [`super::cdi`]). A marker that
+/// names a device without its secret (forged from the claim's name) matches nothing. The one
+/// matching that both the published capacity ([`held_by_claims`]) and the claims' usage
+/// ([`used_by_claims`]) use.
 fn claimed<'l>(
     ledger: &'l Ledger,
     prepared: &'l HashMap<String, PreparedDevice>,
     markers: &mut Markers,
-    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+    read: ReadMarkers,
 ) -> Vec<(&'l Reservation, &'l str, &'l PreparedDevice, String)> {
     markers.retain(ledger);
     let mut found = Vec::new();
     for r in &ledger.reservations {
-        let Some(marker) = markers.of(r, read) else { continue };
-        let Some((name, device)) = prepared.get_key_value(crate::request::claim_marker_device(&marker)) else {
-            continue;
-        };
-        if device.marker != marker {
-            continue;
+        for marker in markers.of(r, read) {
+            let Some((name, device)) = prepared.get_key_value(crate::request::claim_marker_device(&marker)) else {
+                continue;
+            };
+            if device.marker != marker {
+                continue;
+            }
+            found.push((r, name.as_str(), device, marker));
         }
-        found.push((r, name.as_str(), device, marker));
     }
     found
 }
@@ -268,16 +273,24 @@ pub fn held_by_claims(
     ledger: &Ledger,
     prepared: &HashMap<String, PreparedDevice>,
     markers: &mut Markers,
-    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+    read: ReadMarkers,
 ) -> BTreeMap<String, u64> {
     let mut counted = HashSet::new();
+    // What each reservation's share on a GPU has left to count: two devices on one GPU given
+    // to one container count, together, at most what it holds there.
+    let mut left: HashMap<(&str, u64, &str), u64> = HashMap::new();
     let mut held: BTreeMap<String, u64> = BTreeMap::new();
     for (r, _, device, marker) in claimed(ledger, prepared, markers, read) {
         let Some(share) = r.gpus.iter().find(|s| s.uuid == device.uuid) else {
             continue;
         };
         if counted.insert(marker) {
-            *held.entry(device.uuid.clone()).or_default() += share.bytes.min(device.bytes);
+            let left = left
+                .entry((r.container_id.as_str(), r.created_unix_ms, share.uuid.as_str()))
+                .or_insert(share.bytes);
+            let counts = (*left).min(device.bytes);
+            *left -= counts;
+            *held.entry(device.uuid.clone()).or_default() += counts;
         }
     }
     held
@@ -292,7 +305,7 @@ pub fn used_by_claims(
     report: &StatusReport,
     prepared: &HashMap<String, PreparedDevice>,
     markers: &mut Markers,
-    read: &dyn Fn(&Path) -> Result<Option<String>, crate::spec::SpecError>,
+    read: ReadMarkers,
 ) -> BTreeMap<String, u64> {
     let mut used: BTreeMap<String, u64> = BTreeMap::new();
     for (r, name, device, _) in claimed(ledger, prepared, markers, read) {
@@ -349,6 +362,43 @@ mod tests {
         assert_eq!(policy.floor(GI + 255 * (1 << 20)), GI);
     }
 
+    /// A container given several claim devices carries several markers: each counts on its
+    /// own GPU, and devices on one GPU count together at most what it holds there.
+    #[test]
+    fn a_container_of_several_claim_devices_counts_for_each_on_its_gpu() {
+        let device = |uuid: &str, bytes: u64, marker: &str| PreparedDevice {
+            uuid: uuid.into(),
+            bytes,
+            marker: marker.into(),
+        };
+        let prepared = HashMap::from([
+            ("uid-a-gpu-0".to_string(), device("GPU-0", 4 * GI, "uid-a-gpu-0:s")),
+            ("uid-a-gpu-1".to_string(), device("GPU-1", 4 * GI, "uid-a-gpu-1:s")),
+            ("uid-b-gpu-1".to_string(), device("GPU-1", 3 * GI, "uid-b-gpu-1:s")),
+        ]);
+        let mut pair = reservation("pair", "GPU-0", 4 * GI);
+        pair.gpus.push(GpuShare {
+            uuid: "GPU-1".into(),
+            bytes: 5 * GI,
+            limit: None,
+        });
+        let mut ledger = Ledger::default();
+        ledger.reservations = vec![pair];
+        let read = |_: &Path| -> Result<Vec<String>, crate::spec::SpecError> {
+            Ok(vec![
+                "uid-a-gpu-0:s".into(),
+                "uid-a-gpu-1:s".into(),
+                "uid-b-gpu-1:s".into(),
+            ])
+        };
+        let held = held_by_claims(&ledger, &prepared, &mut Markers::default(), &read);
+        // GPU-1: 4 + 3 GiB of devices, but the container holds 5 GiB there.
+        assert_eq!(
+            held,
+            BTreeMap::from([("GPU-0".into(), 4 * GI), ("GPU-1".into(), 5 * GI)])
+        );
+    }
+
     #[test]
     fn claims_count_only_for_prepared_devices_on_their_gpu_at_most_what_they_consumed() {
         let mut ledger = Ledger::default();
@@ -384,14 +434,14 @@ mod tests {
                 },
             ),
         ]);
-        let read = |bundle: &Path| -> Result<Option<String>, crate::spec::SpecError> {
+        let read = |bundle: &Path| -> Result<Vec<String>, crate::spec::SpecError> {
             Ok(match bundle.file_name().unwrap().to_str().unwrap() {
-                "claimed" | "copy" => Some("uid-a-gpu-0:s3cret".into()),
-                "greedy" => Some("uid-b-gpu-1:0ther".into()),
-                "forged" => Some("uid-x-gpu-0:s3cret".into()),
-                "guessed" => Some("uid-b-gpu-1:s3cret".into()),
-                "bare" => Some("uid-b-gpu-1".into()),
-                _ => None,
+                "claimed" | "copy" => vec!["uid-a-gpu-0:s3cret".into()],
+                "greedy" => vec!["uid-b-gpu-1:0ther".into()],
+                "forged" => vec!["uid-x-gpu-0:s3cret".into()],
+                "guessed" => vec!["uid-b-gpu-1:s3cret".into()],
+                "bare" => vec!["uid-b-gpu-1".into()],
+                _ => Vec::new(),
             })
         };
         let held = held_by_claims(&ledger, &prepared, &mut Markers::default(), &read);

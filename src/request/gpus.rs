@@ -62,23 +62,29 @@ impl GpuSelector {
             Some(value) => Some((GPUS_ANNOTATION, value.as_str())),
             None => spec.env(GPUS_ENV).map(|v| (GPUS_ENV, v)),
         };
-        if let Some((source, value)) = own {
-            let mut selector = GpuSelector::parse(source, value, true)?;
-            let given = GpuSelector::given(spec)?;
-            match (&mut selector.selection, given.selection) {
-                (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
-                (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),
-                (GpuSelection::Nothing, GpuSelection::Devices(_)) => {}
-                (GpuSelection::All | GpuSelection::Devices(_), devices @ GpuSelection::Devices(_)) => {
-                    selector.within = Some(Box::new(GpuSelector {
-                        selection: devices,
-                        ..given
-                    }));
-                }
-            }
-            return Ok(selector);
+        match own {
+            Some((source, value)) => GpuSelector::own(spec, source, value),
+            None => GpuSelector::given(spec),
         }
-        GpuSelector::given(spec)
+    }
+
+    /// vramgate's own word `value` (from `source`) on the GPUs, within those the engine gave
+    /// the container (see [`GpuSelector::within`]).
+    pub(super) fn own(spec: &SpecView, source: &str, value: &str) -> Result<GpuSelector, RequestError> {
+        let mut selector = GpuSelector::parse(source, value, true)?;
+        let given = GpuSelector::given(spec)?;
+        match (&mut selector.selection, given.selection) {
+            (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
+            (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),
+            (GpuSelection::Nothing, GpuSelection::Devices(_)) => {}
+            (GpuSelection::All | GpuSelection::Devices(_), devices @ GpuSelection::Devices(_)) => {
+                selector.within = Some(Box::new(GpuSelector {
+                    selection: devices,
+                    ..given
+                }));
+            }
+        }
+        Ok(selector)
     }
 
     /// The GPUs the engine gave the container (sources 2 to 4 of [`GpuSelector::from_spec`]).

@@ -32,6 +32,7 @@
 //! sum of limits on a GPU (see [`crate::admission`]). No limit means limit = request; a limit
 //! below the request is refused.
 
+mod claims;
 mod gpus;
 mod nvidia;
 
@@ -42,6 +43,7 @@ use crate::inventory::{GpuMemory, Snapshot};
 pub(crate) use crate::inventory::{mig_cap_minor, nvidia_minor};
 use crate::quantity::{self, Quantity};
 use crate::spec::SpecView;
+pub use claims::{claim_devices, claim_marker_device, claim_markers, claim_shares, ClaimShares};
 pub use gpus::{DeviceRef, GpuSelection, GpuSelector};
 use nvidia::nvidia_sources;
 pub use nvidia::{nvidia_memory, NvidiaMemory};
@@ -63,6 +65,15 @@ pub const MEMORY_LIMIT_ENV: &str = "VRAMGATE_MEMORY_LIMIT";
 /// device, so that two devices given to one container leave two variables (CDI merges
 /// environments by name, the last one winning) and the request is refused, never half counted.
 pub const CLAIM_DEVICE_ENV_PREFIX: &str = "VRAMGATE_DRA_DEVICE_";
+/// What a prepared claim device's CDI edits set beside its marker, under the marker's own
+/// suffix: `VRAMGATE_DRA_SHARE_<device>=<GPU UUID>,<bytes>,<limit bytes>`. A container given
+/// several claim devices (a claim of `count: 2` or `allocationMode: All`, two requests, two
+/// claims) gets one of each, where `VRAMGATE_MEMORY` and `VRAMGATE_GPUS`, one name for all
+/// devices, keep only the last device's values: the request is read from these
+/// ([`claim_shares`]).
+pub const CLAIM_SHARE_ENV_PREFIX: &str = "VRAMGATE_DRA_SHARE_";
+/// Where a request read from several claim devices came from, as messages name it.
+pub const CLAIM_SHARE_SOURCE: &str = "the claim devices' VRAMGATE_DRA_SHARE_*";
 pub const POLICY_ENV: &str = "VRAMGATE_POLICY";
 pub const TIMEOUT_ENV: &str = "VRAMGATE_TIMEOUT";
 pub const EXPECTED_DURATION_ENV: &str = "VRAMGATE_EXPECTED_DURATION";
@@ -153,6 +164,8 @@ pub enum RequestError {
     PlacementNeedsRuntime { source_name: String, value: String },
     #[error("the container was given {count} devices of Kubernetes resource claims ({devices}): vramgate holds a container to one amount on its GPUs, and their environments would overwrite each other's, leaving all but one unaccounted; give each container one claim with one request of driver gpu-memory.vramgate.dev")]
     SeveralClaimDevices { count: usize, devices: String },
+    #[error("the container was given Kubernetes resource claim devices that hold different amounts on different GPUs ({shares}): vramgate holds a container to one amount on each of its GPUs (the MPS and toolkit limits are one number per container); ask for the same amount in each request (count or allocationMode: All do), or give each container the devices of one amount (resources.claims[].request)")]
+    UnequalClaimShares { shares: String },
     #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
     ClaimAndAnnotation { device: String, annotation: String },
     #[error("{source_name} = {value:?} names {outside}, which the container's engine did not give it ({given_source} = {given_value:?}): vramgate only takes away what the engine gave, never adds a GPU (it may be another container's); name GPUs among those the engine gave, or give the container the GPU it names")]
@@ -186,25 +199,6 @@ pub enum RequestError {
         found: usize,
         candidates: String,
     },
-}
-
-/// The DRA claim markers the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]): each value
-/// whole, the device's secret included (see [`crate::dra::cdi`]).
-pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
-    spec.env_entries()
-        .iter()
-        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('=').map(|(_, v)| v))
-}
-
-/// The CDI device a claim marker's value names: what precedes its secret (`<uid>-gpu-0` of
-/// `<uid>-gpu-0:<secret>`). What messages show; the secret never goes into a log.
-pub fn claim_marker_device(value: &str) -> &str {
-    value.split_once(':').map_or(value, |(name, _)| name)
-}
-
-/// The DRA claim devices the container was given, by name.
-pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
-    claim_markers(spec).map(claim_marker_device)
 }
 
 /// Where a value came from, so that errors and logs name the place the user must edit.
@@ -302,12 +296,8 @@ impl Request {
             return Ok(None);
         }
         let claim_devices: Vec<&str> = claim_devices(spec).collect();
-        if claim_devices.len() > 1 {
-            return Err(RequestError::SeveralClaimDevices {
-                count: claim_devices.len(),
-                devices: claim_devices.join(", ").chars().take(200).collect(),
-            });
-        }
+        // Several devices: the amount on each GPU, from their shares (or refused).
+        let claim = claim_shares(spec)?;
         if let Some(device) = claim_devices.first() {
             // The claim's env says what the scheduler counted; an annotation (the pod's,
             // copied into each container) would reserve something else.
@@ -327,8 +317,20 @@ impl Request {
         };
         let mut notes = Vec::new();
         let nvidia = nvidia_memory(spec, &mut notes)?;
-        let own = annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV);
+        // Several claim devices' amount stands for VRAMGATE_MEMORY and VRAMGATE_MEMORY_LIMIT,
+        // which hold only the last device's (and the container's own limit, as one device's
+        // appended limit does).
+        let claim_amounts = claim.as_ref().map(|c| (c.bytes.to_string(), c.limit.to_string()));
+        let own = match &claim_amounts {
+            Some((bytes, _)) => Some((CLAIM_SHARE_SOURCE, bytes.as_str())),
+            None => annotation_or_env(spec, MEMORY_ANNOTATION, MEMORY_ENV),
+        };
+        let claim_limit = claim
+            .as_ref()
+            .zip(claim_amounts.as_ref())
+            .map(|(c, (_, limit))| (CLAIM_SHARE_SOURCE, limit.as_str(), Quantity::Bytes(c.limit)));
         let own_limit = match annotation_or_env(spec, MEMORY_LIMIT_ANNOTATION, MEMORY_LIMIT_ENV) {
+            _ if claim_limit.is_some() => claim_limit,
             None => None,
             Some((source, value)) => Some((
                 source,
@@ -456,7 +458,10 @@ impl Request {
                 Some(quantity::parse_duration(value).map_err(|e| invalid(source, value, e.to_string()))?)
             }
         };
-        let gpus = GpuSelector::from_spec(spec)?;
+        let gpus = match &claim {
+            Some(c) => GpuSelector::own(spec, CLAIM_SHARE_SOURCE, &c.uuids.join(","))?,
+            None => GpuSelector::from_spec(spec)?,
+        };
         if gpus.selection == GpuSelection::Nothing {
             return Err(RequestError::NoGpu {
                 memory: memory.to_string(),

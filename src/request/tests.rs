@@ -414,3 +414,79 @@ fn kai_annotations_name_one_container_of_the_pod() {
         Err(RequestError::VocabulariesDisagree { .. })
     ));
 }
+
+/// Several claim devices, each with its share (as the driver writes them since shares):
+/// the amount on each of their GPUs, devices on one GPU added up, other amounts refused.
+#[test]
+fn several_claim_devices_reserve_their_amount_on_each_of_their_gpus() {
+    // CDI applies each device's edits in turn: VRAMGATE_MEMORY and VRAMGATE_GPUS hold the
+    // last device's, the shares and markers one each.
+    let devices = |shares: &[(&str, &str)]| {
+        let mut env = vec![r#""VRAMGATE_MEMORY_LIMIT=99Gi""#.to_string()];
+        for (n, (device, share)) in shares.iter().enumerate() {
+            let (uuid, bytes) = share.split_once(',').unwrap();
+            env.push(format!(r#""VRAMGATE_MEMORY={bytes}""#));
+            env.push(format!(r#""VRAMGATE_GPUS={uuid}""#));
+            env.push(format!(
+                r#""VRAMGATE_DRA_DEVICE_u1_{device}=u1-{}:5ecret{n}""#,
+                device.replace('_', "-")
+            ));
+            env.push(format!(r#""VRAMGATE_DRA_SHARE_u1_{device}={share}""#));
+            let limit = share.rsplit(',').next().unwrap();
+            env.push(format!(r#""VRAMGATE_MEMORY_LIMIT={limit}""#));
+        }
+        spec(&format!(r#"{{"process":{{"env":[{}]}}}}"#, env.join(",")))
+    };
+    let gi = |n: u64| n << 30;
+    let both = devices(&[
+        ("gpu_0", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+        ("gpu_1", &format!("GPU-bbbb,{},{}", gi(4), gi(4))),
+    ]);
+    let request = Request::from_spec(&both).unwrap().expect("a request");
+    assert_eq!(request.memory, Quantity::Bytes(gi(4)));
+    assert_eq!(
+        request.limit, None,
+        "the claim's limit is its request, not the container's 99Gi"
+    );
+    assert_eq!(
+        request.gpus.selection,
+        GpuSelection::Devices(vec![
+            DeviceRef::Uuid("GPU-aaaa".into()),
+            DeviceRef::Uuid("GPU-bbbb".into())
+        ])
+    );
+    assert_eq!(request.memory_source, CLAIM_SHARE_SOURCE);
+    // Two devices on one GPU (two claims there) add up, limits too.
+    let one_gpu = devices(&[
+        ("gpu_0", &format!("GPU-aaaa,{},{}", gi(2), gi(3))),
+        ("gpu_0_x", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+    ]);
+    let request = Request::from_spec(&one_gpu).unwrap().expect("a request");
+    assert_eq!(request.memory, Quantity::Bytes(gi(6)));
+    assert_eq!(request.limit, Some(Quantity::Bytes(gi(7))));
+    assert_eq!(
+        request.gpus.selection,
+        GpuSelection::Devices(vec![DeviceRef::Uuid("GPU-aaaa".into())])
+    );
+    // Different amounts on different GPUs: one line, the amounts said, no secret.
+    let unequal = devices(&[
+        ("gpu_0", &format!("GPU-aaaa,{},{}", gi(4), gi(4))),
+        ("gpu_1", &format!("GPU-bbbb,{},{}", gi(6), gi(6))),
+    ]);
+    let err = Request::from_spec(&unequal).unwrap_err();
+    assert!(matches!(err, RequestError::UnequalClaimShares { .. }), "{err}");
+    assert!(
+        err.to_string().contains("4096 MiB on GPU-aaaa, 6144 MiB on GPU-bbbb"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("5ecret"), "{err}");
+    assert_eq!(err.to_string().lines().count(), 1);
+    // A share the driver did not write.
+    let odd = devices(&[("gpu_0", "GPU-aaaa,4Gi,4Gi"), ("gpu_1", "GPU-bbbb,1,1")]);
+    let err = Request::from_spec(&odd).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("VRAMGATE_DRA_SHARE_u1_gpu_0 = \"GPU-aaaa,4Gi,4Gi\""),
+        "{err}"
+    );
+}

@@ -5,7 +5,7 @@ tests/support/apiserver_selftest.sh checks it).
 It serves, as JSON over HTTP/1.1, the endpoints vramgate-dra and the scheduler's part in the
 tests use: Nodes (read), ResourceSlices (list with field selectors, get, create with
 generateName, replace with resourceVersion, delete, delete collection) and ResourceClaims
-(create, get, replace status, delete) of `resource.k8s.io/v1`, as Kubernetes 1.36 has them.
+(create, get, list across namespaces, replace status, delete) of `resource.k8s.io/v1`, as Kubernetes 1.36 has them.
 Objects live in memory; every accepted write bumps one global resourceVersion.
 
 Every object written is checked before it is stored, as strictly as the real server:
@@ -385,6 +385,27 @@ def check_valid_range(value, default, default_text, valid_range, where):
     return errs
 
 
+def default_claim(obj):
+    """kube-apiserver's defaults for a claim's requests (pkg/apis/resource/v1/defaults.go),
+    set before validation as it sets them: `allocationMode: ExactCount`, and `count: 1` for
+    ExactCount, on each request and subrequest; `operator: Equal` on each toleration. The
+    scheduler's allocator reads the stored claim and refuses a request without a mode."""
+    requests = items(field(field(obj, "spec"), "devices"), "requests")
+    for request in requests:
+        if not isinstance(request, dict):
+            continue
+        exact = [request.get("exactly")] + list(request.get("firstAvailable") or [])
+        for r in exact:
+            if not isinstance(r, dict):
+                continue
+            r.setdefault("allocationMode", "ExactCount")
+            if r["allocationMode"] == "ExactCount" and not r.get("count"):
+                r["count"] = 1
+            for toleration in r.get("tolerations") or []:
+                if isinstance(toleration, dict):
+                    toleration.setdefault("operator", "Equal")
+
+
 def check_claim(obj):
     """ResourceClaim rules the schema cannot say: its name, its allocation results, and the
     drivers' device status."""
@@ -520,6 +541,7 @@ class Store:
     def admit_claim(self, obj):
         obj.setdefault("apiVersion", GROUP_VERSION)
         obj.setdefault("kind", "ResourceClaim")
+        default_claim(obj)
         self.schemas.check("resourceclaim-resource-v1.json", obj)
         check_claim(obj)
 
@@ -687,6 +709,14 @@ class Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(GROUP + r"/resourceslices/([^/]+)", path)
         if m:
             return self.one_slice(method, m.group(1), store)
+        if path == GROUP + "/resourceclaims":
+            # Every namespace's claims, as the scheduler's informer lists them: the allocated
+            # ones are what its allocator counts as in use.
+            if method != "GET":
+                raise Refused(405, "MethodNotAllowed", f"{method} is not supported on resourceclaims here")
+            return 200, {"apiVersion": GROUP_VERSION, "kind": "ResourceClaimList",
+                         "metadata": {"resourceVersion": str(store.version)},
+                         "items": list(store.claims.values())}, None
         m = re.fullmatch(GROUP + r"/namespaces/([^/]+)/resourceclaims", path)
         if m:
             return self.claims_collection(method, m.group(1), store)

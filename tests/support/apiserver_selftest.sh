@@ -565,6 +565,8 @@ expect_code 201
 check "b['apiVersion'] == 'resource.k8s.io/v1' and b['kind'] == 'ResourceClaim' and 'status' not in b \
 and b['metadata']['namespace'] == 'default' and b['metadata']['generation'] == 1 and b['metadata']['uid']" \
   "created, without the status sent"
+check "b['spec']['devices']['requests'][0]['exactly'].get('allocationMode') == 'ExactCount' \
+and b['spec']['devices']['requests'][0]['exactly'].get('count') == 1" "with kube-apiserver's defaults"
 claim_uid="$("$python" -c 'import json,sys; print(json.loads(sys.argv[1])["metadata"]["uid"])' "$body")"
 claim_version="$("$python" -c 'import json,sys; print(json.loads(sys.argv[1])["metadata"]["resourceVersion"])' "$body")"
 request POST "$claims" "$valid_claim"
@@ -580,6 +582,9 @@ expect_status 400 BadRequest "does not match the namespace"
 request GET "$claims/trainer-gpu"
 expect_code 200
 check "b['metadata']['uid'] == sys.argv[2]" "the stored claim" "$claim_uid"
+request GET /apis/resource.k8s.io/v1/resourceclaims
+expect_code 200
+check "[i['metadata']['uid'] for i in b['items']] == [sys.argv[2]]" "every namespace's claims listed" "$claim_uid"
 request GET "$claims/absent"
 expect_status 404 NotFound 'resourceclaims.resource.k8s.io "absent" not found'
 

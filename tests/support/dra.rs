@@ -1,8 +1,9 @@
 //! What the DRA tests run the built `vramgate-dra` against: the stand-in API server
 //! (tests/support/apiserver.py: the endpoints the driver and the scheduler use, every object
 //! written validated against Kubernetes 1.36's strict OpenAPI schema of `resource.k8s.io/v1`
-//! and the API server's own cross-field rules), the scheduler's part (reading the slice,
-//! allocating a claim with `consumedCapacity` and `shareID` as it does), and the driver itself.
+//! and the API server's own cross-field rules), the scheduler's part (Kubernetes' own
+//! allocator, [`allocator`], deciding each claim from the slices the driver published, its
+//! result written into the claim's status as kube-scheduler writes it), and the driver itself.
 //!
 //! Included with `#[path = "support/dra.rs"] mod dra_support;`; it uses `crate::support`.
 
@@ -19,34 +20,53 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
+#[path = "allocator.rs"]
+pub mod allocator;
+
 pub const DRA: &str = env!("CARGO_BIN_EXE_vramgate-dra");
 pub const DRIVER: &str = vramgate::dra::DRIVER;
 
-/// Where scripts/fetch-k8s-schemas (run by scripts/install-deps) put the 1.36 schemas.
-pub fn schemas_dir() -> PathBuf {
-    let dir = std::env::var_os("VRAMGATE_K8S_SCHEMAS")
+/// The node the DRA tests' driver runs on, and its two GPUs of 16 GiB (static inventory).
+pub const NODE: &str = "node-a";
+pub const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
+    [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
+    [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
+
+/// A directory that a scripts/ fetcher (run by scripts/install-deps) filled: `var` if set,
+/// else `default`; the test fails, naming the script, when `marker` is not in it.
+fn fetched(var: &str, default: &str, marker: &str, what: &str, script: &str) -> PathBuf {
+    let dir = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/vramgate-tests/k8s-json-schema-1.36"));
+        .unwrap_or_else(|| PathBuf::from(default));
     assert!(
-        dir.join("_definitions.json").exists(),
-        "{}: no Kubernetes JSON schemas; run scripts/install-deps (or scripts/fetch-k8s-schemas)",
+        dir.join(marker).exists(),
+        "{}: no {what}; run scripts/install-deps (or scripts/{script})",
         dir.display()
     );
     dir
 }
 
-/// Where scripts/fetch-cel-python (run by scripts/install-deps) put cel-python, with which the
-/// stand-in evaluates k8s/dra.yaml's admission policy.
+/// Where scripts/fetch-k8s-schemas put the 1.36 schemas.
+pub fn schemas_dir() -> PathBuf {
+    fetched(
+        "VRAMGATE_K8S_SCHEMAS",
+        "/var/cache/vramgate-tests/k8s-json-schema-1.36",
+        "_definitions.json",
+        "Kubernetes JSON schemas",
+        "fetch-k8s-schemas",
+    )
+}
+
+/// Where scripts/fetch-cel-python put cel-python, with which the stand-in evaluates
+/// k8s/dra.yaml's admission policy.
 pub fn cel_python_dir() -> PathBuf {
-    let dir = std::env::var_os("VRAMGATE_CEL_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/vramgate-tests/cel-python-0.5.0"));
-    assert!(
-        dir.join(".complete").exists(),
-        "{}: no cel-python; run scripts/install-deps (or scripts/fetch-cel-python)",
-        dir.display()
-    );
-    dir
+    fetched(
+        "VRAMGATE_CEL_PYTHON",
+        "/var/cache/vramgate-tests/cel-python-0.5.0",
+        ".complete",
+        "cel-python",
+        "fetch-cel-python",
+    )
 }
 
 /// The driver's service account in k8s/dra.yaml, as the API server names its user.
@@ -148,6 +168,14 @@ impl ApiServer {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// `items` of a list at `path`.
+    async fn list_json(&self, path: &str) -> Vec<Value> {
+        self.get_json(path).await["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Every write the API server accepted, in order (`method`, `path`, `name`, `time_ns`).
     pub async fn writes(&self) -> Vec<Value> {
         self.get_json("/_writes").await.as_array().unwrap().clone()
@@ -175,12 +203,13 @@ impl ApiServer {
         api.get_opt(&vramgate::dra::slice::slice_name(node)).await.unwrap()
     }
 
-    /// `capacity.memory.value` of each device of the node's slice, by device name.
+    /// `capacity.memory.value` of each device of the node's slice, by device name, sorted by
+    /// name (the slice lists them in ascending order of capacity: [`ApiServer::device_order`]).
     pub async fn capacities(&self, node: &str) -> Vec<(String, String)> {
         let Some(slice) = self.slice(node).await else {
             return Vec::new();
         };
-        slice
+        let mut capacities: Vec<(String, String)> = slice
             .spec
             .devices
             .unwrap_or_default()
@@ -193,6 +222,22 @@ impl ApiServer {
                     .map(|c| c.value.0.clone());
                 (d.name, value.unwrap_or_default())
             })
+            .collect();
+        capacities.sort();
+        capacities
+    }
+
+    /// The names of the devices of the node's slice, in the slice's order.
+    pub async fn device_order(&self, node: &str) -> Vec<String> {
+        let Some(slice) = self.slice(node).await else {
+            return Vec::new();
+        };
+        slice
+            .spec
+            .devices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.name)
             .collect()
     }
 
@@ -203,13 +248,33 @@ impl ApiServer {
 
     /// [`ApiServer::create_claim`] with `config` as its `spec.devices.config`.
     pub async fn create_claim_with(&self, namespace: &str, name: &str, memory: &str, config: Value) -> String {
+        let request = json!({"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}});
+        self.create_claim_spec(namespace, name, json!({"requests": [request], "config": config}))
+            .await
+    }
+
+    /// [`ApiServer::create_claim`] for the GPU of `index`: a CEL selector on the attribute
+    /// the driver publishes, as a user picks a GPU.
+    pub async fn create_claim_on(&self, namespace: &str, name: &str, memory: &str, index: u32) -> String {
+        self.create_claim_spec(
+            namespace,
+            name,
+            json!({"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}},
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes[\"{DRIVER}\"].index == {index}")}}]}}]}),
+        )
+        .await
+    }
+
+    /// A claim with `devices` as its `spec.devices`; returns its uid.
+    pub async fn create_claim_spec(&self, namespace: &str, name: &str, devices: Value) -> String {
         let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER, "capacity": {"requests": {"memory": memory}}}}],
-                "config": config}}
+            "spec": {"devices": devices}
         }))
         .unwrap();
         let created = api.create(&PostParams::default(), &claim).await.unwrap();
@@ -226,11 +291,59 @@ impl ApiServer {
         claim["status"]["devices"].as_array().cloned().unwrap_or_default()
     }
 
-    /// What the scheduler writes when it allocates the claim: `consumed` of `device` in the
-    /// node's pool, with a share ID, and the node selector of the node; the claim's
-    /// `spec.devices.config` is copied into the allocation (`source: FromClaim`), as the
-    /// scheduler copies it for the drivers.
-    pub async fn allocate(&self, namespace: &str, name: &str, node: &str, results: &[(&str, &str)]) {
+    /// kube-scheduler places the claims `names` (of `namespace`) on `node`, one after another:
+    /// Kubernetes' allocator ([`allocator::allocate`]) decides each from every ResourceSlice
+    /// the API server has, k8s/dra.yaml's DeviceClass and every claim allocated already, and
+    /// each allocation is written into its claim's `status.allocation`, as the scheduler's
+    /// PreBind writes it (the claim as stored, read again, with the allocation set). Returns
+    /// the decisions, in order.
+    pub async fn schedule(&self, namespace: &str, names: &[&str], node: &str) -> Vec<allocator::Decision> {
+        let slices = self.list_json("/apis/resource.k8s.io/v1/resourceslices").await;
+        let claims = self.list_json("/apis/resource.k8s.io/v1/resourceclaims").await;
+        let allocated: Vec<Value> = claims
+            .iter()
+            .filter(|c| !c["status"]["allocation"].is_null())
+            .cloned()
+            .collect();
+        let wanted: Vec<Value> = names
+            .iter()
+            .map(|name| {
+                claims
+                    .iter()
+                    .find(|c| c["metadata"]["namespace"] == namespace && c["metadata"]["name"] == *name)
+                    .unwrap_or_else(|| panic!("no claim {namespace}/{name} to schedule"))
+                    .clone()
+            })
+            .collect();
+        let decisions = allocator::allocate(node, &slices, &allocated, &wanted);
+        for (name, decision) in names.iter().zip(&decisions) {
+            if let Ok(allocation) = decision {
+                let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+                let mut claim = self.get_json(&path).await;
+                claim["status"]["allocation"] = allocation.clone();
+                let request = http::Request::put(format!("{path}/status"))
+                    .header("Content-Type", "application/json")
+                    .body(serde_json::to_vec(&claim).unwrap())
+                    .unwrap();
+                self.client().await.request_text(request).await.unwrap();
+            }
+        }
+        decisions
+    }
+
+    /// [`ApiServer::schedule`] of one claim that must fit: its allocation.
+    pub async fn schedule_one(&self, namespace: &str, name: &str, node: &str) -> Value {
+        let decision = self.schedule(namespace, &[name], node).await.remove(0);
+        decision.unwrap_or_else(|why| panic!("the allocator did not place claim {namespace}/{name}: {why}"))
+    }
+
+    /// An allocation written by hand, for the results the allocator never produces and the
+    /// node must refuse (another node's pool, a device the node has not, ...): `consumed` of
+    /// `device` in the node's pool, with a share ID, and the node selector of the node; the
+    /// claim's `spec.devices.config` is copied into the allocation (`source: FromClaim`), as
+    /// the scheduler copies it for the drivers. Every claim the scheduler could produce goes
+    /// through [`ApiServer::schedule`].
+    pub async fn allocate_by_hand(&self, namespace: &str, name: &str, node: &str, results: &[(&str, &str)]) {
         let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
         let mut claim = api.get(name).await.unwrap();
         let results: Vec<Value> = results

@@ -1,0 +1,120 @@
+//! The DRA claim devices a container was given, from the markers and shares the driver's CDI
+//! edits set (see [`crate::dra`]): which devices, and what several of them add up to.
+
+use super::{RequestError, CLAIM_DEVICE_ENV_PREFIX, CLAIM_SHARE_ENV_PREFIX};
+use crate::quantity;
+use crate::spec::SpecView;
+
+/// The DRA claim markers the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]): each value
+/// whole, the device's secret included (see [`crate::dra::cdi`]).
+pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
+    spec.env_entries()
+        .iter()
+        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('=').map(|(_, v)| v))
+}
+
+/// The CDI device a claim marker's value names: what precedes its secret (`<uid>-gpu-0` of
+/// `<uid>-gpu-0:<secret>`). What messages show; the secret never goes into a log.
+pub fn claim_marker_device(value: &str) -> &str {
+    value.split_once(':').map_or(value, |(name, _)| name)
+}
+
+/// The DRA claim devices the container was given, by name.
+pub fn claim_devices(spec: &SpecView) -> impl Iterator<Item = &str> {
+    claim_markers(spec).map(claim_marker_device)
+}
+
+/// The memory a container's claim devices give it, when it was given several: the same
+/// amount (and limit) on each GPU they name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimShares {
+    pub bytes: u64,
+    pub limit: u64,
+    /// Each GPU once, in the order the devices came.
+    pub uuids: Vec<String>,
+}
+
+/// What several claim devices give the container ([`CLAIM_SHARE_ENV_PREFIX`]): devices on one
+/// GPU add up (two requests of one claim on one device are one CDI device already; two
+/// claims' devices on one GPU are two), and every GPU must then hold the same amount and the
+/// same limit, which is what `count` and `allocationMode: All` give; other amounts are refused
+/// ([`RequestError::UnequalClaimShares`]). `Ok(None)`: fewer than two devices (the one
+/// device's `VRAMGATE_MEMORY` and `VRAMGATE_GPUS` say it). Devices whose spec has no share
+/// (written by a driver before them) cannot be added up and are refused as before
+/// ([`RequestError::SeveralClaimDevices`]).
+pub fn claim_shares(spec: &SpecView) -> Result<Option<ClaimShares>, RequestError> {
+    let markers: Vec<(&str, &str)> = spec
+        .env_entries()
+        .iter()
+        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('='))
+        .collect();
+    if markers.len() < 2 {
+        return Ok(None);
+    }
+    let several = || RequestError::SeveralClaimDevices {
+        count: markers.len(),
+        devices: markers
+            .iter()
+            .map(|(_, v)| claim_marker_device(v))
+            .collect::<Vec<_>>()
+            .join(", ")
+            .chars()
+            .take(200)
+            .collect(),
+    };
+    // Per GPU: (UUID, bytes, limit), in the order the devices came.
+    let mut per_gpu: Vec<(String, u64, u64)> = Vec::new();
+    for (suffix, _) in &markers {
+        let key = format!("{CLAIM_SHARE_ENV_PREFIX}{suffix}");
+        let value = spec.env(&key).ok_or_else(several)?;
+        let invalid = |reason: &str| RequestError::Invalid {
+            source_name: key.clone(),
+            value: value.chars().take(80).collect(),
+            reason: reason.to_string(),
+        };
+        let mut fields = value.split(',');
+        let (Some(uuid), Some(bytes), Some(limit), None) = (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(invalid(
+                "must be <GPU UUID>,<bytes>,<limit bytes>, as the DRA driver writes it",
+            ));
+        };
+        let (Ok(bytes), Ok(limit)) = (bytes.parse::<u64>(), limit.parse::<u64>()) else {
+            return Err(invalid("bytes and limit must be whole numbers of bytes"));
+        };
+        if uuid.is_empty() || bytes == 0 || limit < bytes {
+            return Err(invalid(
+                "needs a GPU, at least one byte, and a limit of at least the bytes",
+            ));
+        }
+        match per_gpu.iter_mut().find(|(u, _, _)| u == uuid) {
+            Some((_, b, l)) => {
+                *b = b.saturating_add(bytes);
+                *l = l.saturating_add(limit);
+            }
+            None => per_gpu.push((uuid.to_string(), bytes, limit)),
+        }
+    }
+    let (_, bytes, limit) = per_gpu[0].clone();
+    if per_gpu.iter().any(|(_, b, l)| (*b, *l) != (bytes, limit)) {
+        let shares = per_gpu
+            .iter()
+            .map(|(uuid, b, l)| {
+                let mut said = format!("{} on {uuid}", quantity::format_bytes(*b));
+                if l > b {
+                    said += &format!(" (limit {})", quantity::format_bytes(*l));
+                }
+                said
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(RequestError::UnequalClaimShares {
+            shares: shares.chars().take(300).collect(),
+        });
+    }
+    Ok(Some(ClaimShares {
+        bytes,
+        limit,
+        uuids: per_gpu.into_iter().map(|(uuid, _, _)| uuid).collect(),
+    }))
+}
