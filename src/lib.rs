@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod atomic_file;
 pub mod attribution;
+pub mod cdi_files;
 pub mod clock;
 pub mod config;
 pub mod counters;

@@ -38,14 +38,14 @@ pub const ALL_VARS: [&str; 4] = [REQUEST_VAR, LIMIT_VAR, PLURAL_VARS[0], PLURAL_
 /// hook`'s) subcommands.
 pub const HOOK_COMMAND: &str = "apply-cuda-memory-limits";
 
-/// The first spec file in `dirs` ([`crate::dra::cdi::spec_files`] order) whose top-level or
+/// The first spec file in `dirs` ([`crate::cdi_files::spec_files`] order) whose top-level or
 /// per-device `containerEdits.hooks` run [`HOOK_COMMAND`], of any kind (the toolkit's
 /// `nvidia.com/gpu`, the device plugin's `k8s.device-plugin.nvidia.com/gpu`). Files that are
 /// not regular, too large, or do not parse are passed over: the runtime refuses those.
 pub fn hook_on_node(dirs: &[PathBuf]) -> Option<PathBuf> {
-    crate::dra::cdi::spec_files(dirs)
+    crate::cdi_files::spec_files(dirs)
         .into_iter()
-        .find(|file| crate::dra::cdi::read_node_spec(file).is_some_and(|spec| carries_hook(&spec)))
+        .find(|file| crate::cdi_files::read_node_spec(file).is_some_and(|spec| carries_hook(&spec)))
 }
 
 /// Whether a parsed CDI spec runs [`HOOK_COMMAND`] in its own or a device's edits.
