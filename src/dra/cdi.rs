@@ -241,7 +241,9 @@ fn prepared_in(spec: &serde_json::Value) -> std::collections::HashMap<String, Pr
 
 /// NVIDIA's CDI kind, as `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit) writes it.
 pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
-use crate::cdi_files::{parse_spec, read_regular, regular_stamp, Stamp, NVIDIA_SPEC_LIMIT};
+use crate::cdi_files::read_regular;
+#[cfg(feature = "dra")]
+use crate::cdi_files::{parse_spec, regular_stamp, Stamp, NVIDIA_SPEC_LIMIT};
 pub use crate::cdi_files::{read_node_spec, spec_files};
 pub use crate::config::CDI_STATIC_DIRS as STATIC_DIRS;
 
