@@ -336,3 +336,38 @@ fn delete_of_a_container_never_held_reads_no_ledger_and_takes_no_lock() {
     let _ = bed.runc(&["kill", "holder", "KILL"]).status();
     holder.wait().unwrap();
 }
+
+/// The wrapper's fail-open path (`service::fails_open`, the one place the hook, its
+/// driver-limit path and the wrapper ask): a corrupt ledger under `on_state_error =
+/// "fail-open"` lets a wrapped container start unaccounted and records a `fail_open` event;
+/// under `fail-closed` the same container is refused, never runs, and nothing is recorded as
+/// failed open.
+#[test]
+fn the_wrapper_fails_open_on_a_corrupt_ledger_only_where_the_config_says_so() {
+    for (mode, starts) in [("fail-open", true), ("fail-closed", false)] {
+        let dir = tempfile::Builder::new().prefix("vg-failopen").tempdir().unwrap();
+        let config = Testbed::default_config(
+            dir.path(),
+            &format!("on_state_error = \"{mode}\"\n[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}\n"),
+        );
+        let bed = Testbed::create(dir.path(), RUNTIME, Path::new(HOOK), &config).unwrap();
+        let _cleanup = Cleanup(&bed);
+        // The state directory as vramgate makes it (root's, 0700), with a ledger that is not one.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&bed.state_dir)
+            .unwrap();
+        std::fs::write(bed.state_dir.join("ledger.json"), b"{ not a ledger").unwrap();
+
+        let out = run_wrapped(&bed, "c", &["sh", "-c", "echo CONTAINER-RAN"], &request("2Gi", &[]))
+            .wait_with_output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(text(&out.stdout).contains("CONTAINER-RAN"), starts, "{mode}: {stderr}");
+        assert_eq!(out.status.success(), starts, "{mode}: {stderr}");
+        let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap_or_default();
+        assert_eq!(events.contains("\"fail_open\""), starts, "{mode}: {events}");
+        if !starts {
+            assert!(stderr.contains("ledger"), "{mode}: the line names the ledger: {stderr}");
+        }
+    }
+}

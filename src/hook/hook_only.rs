@@ -9,8 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::clock::SystemClock;
-use crate::config::{Config, OnStateError};
+use crate::config::Config;
 use crate::device_rules::{self, DeviceRule};
 use crate::enforce::driver_limit::{container_cgroup, whole_gpus, CGROUP_V2_ROOT};
 use crate::enforce::{lifecycle, AppliedLimit, EnforceError, PlacedShare};
@@ -139,8 +138,7 @@ pub fn driver_limit(
                 container: container.to_string(),
                 source,
             };
-            if config.on_state_error == OnStateError::FailOpen {
-                service::log_fail_open(config, &SystemClock, container, &e.to_string());
+            if service::fails_open(config, container, &e) {
                 return Ok(());
             }
             // Refused: the memory it reserved goes back now, not when a reclaim finds its

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::clock::SystemClock;
-use crate::config::{Config, ConfigError, LimitMechanism, OnStateError};
+use crate::config::{Config, ConfigError, LimitMechanism};
 pub mod hook_only;
 
 use crate::inventory::{self, InventoryError};
@@ -167,10 +167,8 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
                 .get(ENFORCEMENT_ANNOTATION)
                 .and_then(|t| serde_json::from_value(serde_json::Value::String(t.clone())).ok());
             let outcome = match admit(&state, &spec, &request, enforcement, &config, options) {
-                Err(e) if e.is_state_error() && config.on_state_error == OnStateError::FailOpen => {
-                    let message = e.to_string();
-                    service::log_fail_open(&config, &SystemClock, &state.id, &message);
-                    Ok(Outcome::FailedOpen(message))
+                Err(e) if e.is_state_error() && service::fails_open(&config, &state.id, &e) => {
+                    Ok(Outcome::FailedOpen(e.to_string()))
                 }
                 other => other,
             };

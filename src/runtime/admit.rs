@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use crate::clock::SystemClock;
-use crate::config::{Config, OnStateError, Policy};
+use crate::config::{Config, Policy};
 use crate::inventory::{self, GpuMemory};
 use crate::ledger::{GpuShare, StateDir};
 use crate::placement::Placement;
@@ -116,8 +116,7 @@ pub fn admit_at_create(
 
 /// vramgate's own state is broken: start unaccounted if the config says fail-open.
 fn fail_open_or(config: &Config, container: &str, e: ServiceError) -> Result<Option<Reserved>, RuntimeError> {
-    if e.is_state_error() && config.on_state_error == OnStateError::FailOpen {
-        service::log_fail_open(config, &SystemClock, container, &e.to_string());
+    if e.is_state_error() && service::fails_open(config, container, &e) {
         return Ok(None);
     }
     Err(RuntimeError::Service(e))

@@ -176,6 +176,19 @@ impl<'a> Service<'a> {
     }
 }
 
+/// The fail-open decision, in one place for the hook, its driver-limit path and the wrapper:
+/// whether `container` may start unaccounted after `failure`, an error about vramgate's own
+/// state (the caller says which errors are: [`ServiceError::is_state_error`]). Only where the
+/// top-level `on_state_error` says `fail-open`; then the start is recorded as a `fail_open`
+/// event, so that nothing starts unaccounted without a trace.
+pub fn fails_open(config: &Config, container: &str, failure: &dyn std::fmt::Display) -> bool {
+    if config.on_state_error != crate::config::OnStateError::FailOpen {
+        return false;
+    }
+    log_fail_open(config, &crate::clock::SystemClock, container, &failure.to_string());
+    true
+}
+
 /// Records that a container started unaccounted because the state is broken and the config
 /// says fail-open. Best effort: the state directory may be what is broken.
 pub fn log_fail_open(config: &Config, clock: &dyn Clock, container: &str, message: &str) {
