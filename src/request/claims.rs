@@ -8,9 +8,26 @@ use crate::spec::SpecView;
 /// The DRA claim markers the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]): each value
 /// whole, the device's secret included (see [`crate::dra::cdi`]).
 pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
-    spec.env_entries()
+    marker_vars(spec).into_iter().map(|(_, value)| value)
+}
+
+/// The claim marker variables as the container's process sees them, `(suffix, value)`: one
+/// per name, the last value winning ([`SpecView::env`]). A name written twice (by the
+/// container, then by CDI's edits) is one variable, never a second device that would add a
+/// share again.
+fn marker_vars(spec: &SpecView) -> Vec<(&str, &str)> {
+    let mut vars: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in spec
+        .env_entries()
         .iter()
-        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('=').map(|(_, v)| v))
+        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('='))
+    {
+        match vars.iter_mut().find(|(known, _)| *known == name) {
+            Some(var) => var.1 = value,
+            None => vars.push((name, value)),
+        }
+    }
+    vars
 }
 
 /// The CDI device a claim marker's value names: what precedes its secret (`<uid>-gpu-0` of
@@ -43,11 +60,7 @@ pub struct ClaimShares {
 /// (written by a driver before them) cannot be added up and are refused as before
 /// ([`RequestError::SeveralClaimDevices`]).
 pub fn claim_shares(spec: &SpecView) -> Result<Option<ClaimShares>, RequestError> {
-    let markers: Vec<(&str, &str)> = spec
-        .env_entries()
-        .iter()
-        .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('='))
-        .collect();
+    let markers = marker_vars(spec);
     if markers.len() < 2 {
         return Ok(None);
     }

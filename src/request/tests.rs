@@ -490,3 +490,21 @@ fn several_claim_devices_reserve_their_amount_on_each_of_their_gpus() {
         "{err}"
     );
 }
+
+/// A marker variable the container wrote under the name CDI's edits then write again is one
+/// variable (the last value wins, as for the process): one device, its amount once, never a
+/// second device whose share would add the claim's amount (and limit) a second time.
+#[test]
+fn a_claim_marker_written_twice_under_one_name_is_one_device() {
+    let gi4 = 4u64 << 30;
+    let twice = spec(&format!(
+        r#"{{"process":{{"env":["VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0:mine",
+        "VRAMGATE_MEMORY=4Gi","VRAMGATE_GPUS=GPU-aaaa","VRAMGATE_DRA_DEVICE_u1_gpu_0=u1-gpu-0:5ecret",
+        "VRAMGATE_DRA_SHARE_u1_gpu_0=GPU-aaaa,{gi4},{gi4}","VRAMGATE_MEMORY_LIMIT=4Gi"]}}}}"#
+    ));
+    assert_eq!(claim_markers(&twice).collect::<Vec<_>>(), ["u1-gpu-0:5ecret"]);
+    assert_eq!(claim_shares(&twice).unwrap(), None);
+    let request = Request::from_spec(&twice).unwrap().expect("a request");
+    assert_eq!(request.memory, Quantity::Bytes(gi4));
+    assert_eq!(request.limit.unwrap_or(request.memory), Quantity::Bytes(gi4));
+}
