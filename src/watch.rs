@@ -57,6 +57,9 @@ pub struct OverUse {
     pub limit: u64,
     pub used: u64,
     pub margin: u64,
+    /// How many containers `used` is the sum of: more than one for the containers of a pod
+    /// that hold one claim ([`over_use`]).
+    pub holders: usize,
 }
 
 impl OverUse {
@@ -67,6 +70,17 @@ impl OverUse {
     /// What the event says: "uses 7782 MiB on GPU 0 (GPU-…), reserved 4096 MiB, over by 3686 MiB
     /// (margin 0 B)".
     pub fn describe(&self) -> String {
+        let said = self.describe_one();
+        if self.holders > 1 {
+            return format!(
+                "{said}, with the {} containers of its pod that hold its claim",
+                self.holders
+            );
+        }
+        said
+    }
+
+    fn describe_one(&self) -> String {
         if self.limit > self.reserved {
             return format!(
                 "uses {} on GPU {} ({}), reserved {} with a limit of {}, over its limit by {} (margin {})",
@@ -92,13 +106,38 @@ impl OverUse {
 }
 
 /// Every (container, GPU) of `report` whose measured use exceeds its limit (its reservation
-/// where it asked for no more) by more than `margin` (an amount, or a percentage of the limit). Where nothing was measured
-/// (`used` unknown) nothing is judged.
+/// where it asked for no more) by more than `margin` (an amount, or a percentage of the
+/// limit). Where nothing was measured (`used` unknown) nothing is judged. The containers of a
+/// pod that hold one claim ([`crate::ledger::ClaimHold`]) hold its memory once, so they are
+/// judged together: their use added up, against the claim's limit, and each of them is over
+/// when the sum is (a holder that could not be measured leaves the pod's sum unjudged).
 pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec<OverUse> {
     let mut found = Vec::new();
     for gpu in &report.gpus {
+        let measured = |id: &str| {
+            gpu.reservations
+                .iter()
+                .find(|s| s.container_id == id)
+                .and_then(|s| s.used)
+        };
+        // What each holder of a hold shared on this GPU is judged by: the hold's sum.
+        let mut together: HashMap<&str, (Option<u64>, usize)> = HashMap::new();
+        for held in ledger.held_on(&gpu.gpu.uuid).iter().filter(|h| h.holders.len() > 1) {
+            let sum = held
+                .holders
+                .iter()
+                .map(|r| measured(&r.container_id))
+                .try_fold(0u64, |sum, used| Some(sum.saturating_add(used?)));
+            for r in &held.holders {
+                together.insert(r.container_id.as_str(), (sum, held.holders.len()));
+            }
+        }
         for r in &gpu.reservations {
-            let Some(used) = r.used else { continue };
+            let (used, holders) = match together.get(r.container_id.as_str()) {
+                Some(&(sum, holders)) => (sum, holders),
+                None => (r.used, 1),
+            };
+            let Some(used) = used else { continue };
             let margin_bytes = margin.bytes_on(r.limit);
             if used <= r.limit.saturating_add(margin_bytes) {
                 continue;
@@ -116,6 +155,7 @@ pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec
                 limit: r.limit,
                 used,
                 margin: margin_bytes,
+                holders,
             });
         }
     }
@@ -457,6 +497,54 @@ mod tests {
                 greedy.init
             )),
             "{logged:?}"
+        );
+    }
+
+    /// Two containers of a pod holding one 4 GiB claim hold 4 GiB once: each within the
+    /// claim's limit alone (3 GiB), together over it (6 GiB), so both are reported; another
+    /// pod's container of the same use, alone, is not.
+    #[test]
+    fn a_pods_containers_holding_one_claim_are_judged_by_their_use_together() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        let (app, sidecar, alone) = (Container::start(), Container::start(), Container::start());
+        let hold = crate::ledger::ClaimHold {
+            pod: "pod-1".into(),
+            devices: vec!["u-gpu-0".into()],
+        };
+        for (id, c) in [("app", &app), ("sidecar", &sidecar)] {
+            reserve(&dir, id, c.init, 4 * GI);
+            let mut tx = dir.begin().unwrap();
+            tx.ledger.reservations.last_mut().unwrap().claim = Some(hold.clone());
+            let _committed = tx.commit().unwrap();
+        }
+        reserve(&dir, "alone", alone.init, 4 * GI);
+        let process = |pid: u32| GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid,
+            used: 3 * GI,
+        };
+        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
+            process(app.init),
+            process(sidecar.init),
+            process(alone.init),
+        ]));
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        let pass = Watch::default().pass(&service, &dir, &config).unwrap();
+        let over: Vec<(&str, u64, usize)> = pass
+            .reported
+            .iter()
+            .map(|o| (o.container.as_str(), o.used, o.holders))
+            .collect();
+        assert_eq!(over, [("app", 6 * GI, 2), ("sidecar", 6 * GI, 2)], "{pass:?}");
+        assert!(
+            pass.reported[0]
+                .describe()
+                .ends_with("over by 2048 MiB (margin 0 B), with the 2 containers of its pod that hold its claim"),
+            "{}",
+            pass.reported[0].describe()
         );
     }
 

@@ -473,3 +473,125 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     drop(driver);
     drop(dir);
 }
+
+/// A claim shared by the containers of one pod is held once (issue 35, item 2): the second
+/// container of the pod given the claim's device starts where the GPU could not hold the claim
+/// twice, `vramgate status` counts the claim once, and the first container's stop leaves the
+/// second holding all of it. The same device in another pod's container is counted again (a
+/// container can be handed any claim's CDI device by name). A container that adds a forged
+/// marker and share, or copies its real marker under another name, is refused with one line,
+/// without the secret.
+#[test]
+fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refused() {
+    let (dir, tb) = runc_testbed("vramgate-dra-claims-shared", GPUS);
+    let cleanup = Cleanup(&tb);
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    let uid = create_claim(&rt, &api, "shared", json!([request("gpu", "10Gi", json!({}))]));
+    let results = allocate(&rt, &api, "shared");
+    assert_eq!(decided(&results), want(&[("gpu-0", "10Gi")]));
+    let ids = prepare(&rt, &registered.endpoint, "shared", &uid, None).unwrap();
+    let env = cdi_env(&cdi_dir, &ids);
+    // What containerd's CRI plugin writes on each container of a pod.
+    let in_pod = |pod: &'static str| {
+        [
+            ("io.kubernetes.cri.container-type", "container"),
+            ("io.kubernetes.cri.sandbox-id", pod),
+        ]
+    };
+    let run = |id: &str, pod: &'static str, extra: &[String]| {
+        let env: Vec<&str> = env.iter().chain(extra).map(String::as_str).collect();
+        let bundle = tb.bundle(id, &["sleep", "60"], &in_pod(pod), &env, true).unwrap();
+        tb.runc_run(&bundle, id)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let reserved_on_gpu0 = || status(&tb.config_path)["gpus"][0]["reserved"].as_u64().unwrap();
+    let mut app = run("shared-app", "pod-1", &[]);
+    wait_reserved(&tb, "shared-app", 10 * GI);
+    // 6 GiB left on GPU-zero: the pod's second container fits only as the claim's holder.
+    let mut sidecar = run("shared-sidecar", "pod-1", &[]);
+    wait_reserved(&tb, "shared-sidecar", 10 * GI);
+    assert_eq!(reserved_on_gpu0(), 10 * GI, "the claim once: {:?}", reservations(&tb));
+    let ledger: Value = serde_json::from_slice(&std::fs::read(tb.dir.join("state/ledger.json")).unwrap()).unwrap();
+    for entry in ledger["reservations"].as_array().unwrap() {
+        assert_eq!(
+            entry["claim"],
+            json!({"pod": "pod-1", "devices": [format!("{uid}-gpu-0")]}),
+            "{ledger}"
+        );
+    }
+    // Nothing republished for the claim's containers.
+    assert_eq!(capacities(&rt, &api), want(&[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]));
+
+    // Another pod's container handed the same device: counted again, so it does not fit.
+    let other = run("other-pod", "pod-2", &[]);
+    let out = other.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(said.contains("other-pod") && said.contains("GPU 0"), "{said}");
+    assert!(shares_of(&tb, "other-pod").is_empty());
+
+    // The app container stops: the sidecar holds the claim whole.
+    stop(&tb, "shared-app", &mut app);
+    assert_eq!(reserved_on_gpu0(), 10 * GI, "{:?}", reservations(&tb));
+    let plain = spawn_container(
+        &tb,
+        "plain-7g",
+        &["sleep", "60"],
+        &[("vramgate.dev/memory", "7Gi"), ("vramgate.dev/gpus", "GPU-zero")],
+    );
+    let out = plain.wait_with_output().unwrap();
+    assert!(!out.status.success(), "7 GiB beside the held claim: {}", stderr(&out));
+
+    // Forged and copied markers, in the claim's own pod.
+    let secret = env
+        .iter()
+        .find_map(|e| e.strip_prefix("VRAMGATE_DRA_DEVICE_"))
+        .and_then(|e| e.split_once(':'))
+        .map(|(_, s)| s.to_string())
+        .unwrap();
+    let suffix = uid.replace('-', "_");
+    for (id, extra) in [
+        (
+            "forged",
+            vec![
+                format!("VRAMGATE_DRA_DEVICE_{suffix}_gpu_1={uid}-gpu-1:{}", "0".repeat(32)),
+                format!("VRAMGATE_DRA_SHARE_{suffix}_gpu_1=GPU-one,{},{}", 10 * GI, 16 * GI),
+            ],
+        ),
+        (
+            "copied",
+            vec![
+                format!("VRAMGATE_DRA_DEVICE_again={uid}-gpu-0:{secret}"),
+                format!("VRAMGATE_DRA_SHARE_again=GPU-zero,{},{}", 10 * GI, 10 * GI),
+            ],
+        ),
+    ] {
+        let out = run(id, "pod-1", &extra).wait_with_output().unwrap();
+        assert!(!out.status.success(), "{id} started");
+        let said = stderr(&out);
+        assert!(
+            said.contains("which no claim this node's DRA driver prepared gives it"),
+            "{id}: {said}"
+        );
+        assert!(!said.contains(&secret), "{id}: the secret in {said}");
+        assert!(shares_of(&tb, id).is_empty(), "{id}: {:?}", reservations(&tb));
+    }
+
+    stop(&tb, "shared-sidecar", &mut sidecar);
+    assert_eq!(reserved_on_gpu0(), 0);
+    let rejected = rt.block_on(api.rejected());
+    assert!(rejected.is_empty(), "{rejected:#?}");
+    // Containers first: their testbed (config, runc root) goes with `dir`.
+    drop(cleanup);
+    drop(driver);
+    drop(dir);
+}

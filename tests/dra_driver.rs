@@ -500,33 +500,45 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
         .collect();
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
     // Before the claim's container starts, another container forges its marker from what
-    // anyone who reads the claim knows (its uid and device name) and reserves 2 GiB on the
-    // claim's GPU: it must count as held by others (capacity 10 GiB), never as the claim's,
-    // which would hide its 2 GiB from the scheduler (12 GiB).
+    // anyone who reads the claim knows (its uid and device name), or guesses its secret, to
+    // reserve on the claim's GPU as the claim's, which would hide its memory from the
+    // scheduler: the hook checks the marker against the driver's spec and refuses it with one
+    // line, without the secret; nothing is reserved and the capacity stays.
     let forged = format!("VRAMGATE_DRA_DEVICE_{}_gpu_1={uid}-gpu-1", uid.replace('-', "_"));
     let guessed = format!("{forged}:00000000000000000000000000000000");
-    let start = |id: &str, env: &[&str]| {
-        let bundle = tb.bundle(id, &["sleep", "60"], &[], env, true).unwrap();
-        let child = tb
-            .runc_run(&bundle, id)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        (id.to_string(), child)
-    };
-    let mut forgers = [
-        start("forger", &["VRAMGATE_MEMORY=2Gi", "VRAMGATE_GPUS=GPU-one", &forged]),
-        start("guesser", &["VRAMGATE_MEMORY=1Gi", "VRAMGATE_GPUS=GPU-one", &guessed]),
-    ];
-    wait_reserved(&tb, "forger", 2 << 30);
-    wait_reserved(&tb, "guesser", 1 << 30);
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "9Gi")]);
-    for (id, child) in &mut forgers {
-        tb.runc(&["kill", id, "KILL"]).status().unwrap();
-        let _ = child.wait();
-        wait_released(&tb, id);
+    let secret = env
+        .iter()
+        .find_map(|e| e.strip_prefix(&forged)?.strip_prefix(':'))
+        .expect("the driver's marker")
+        .to_string();
+    for (id, env) in [
+        (
+            "forger",
+            ["VRAMGATE_MEMORY=2Gi", "VRAMGATE_GPUS=GPU-one", forged.as_str()],
+        ),
+        (
+            "guesser",
+            ["VRAMGATE_MEMORY=1Gi", "VRAMGATE_GPUS=GPU-one", guessed.as_str()],
+        ),
+    ] {
+        let bundle = tb.bundle(id, &["sleep", "60"], &[], &env, true).unwrap();
+        let out = tb.runc_run(&bundle, id).output().unwrap();
+        assert!(!out.status.success(), "{id} started");
+        let said = stderr(&out);
+        assert!(
+            said.contains(&format!(
+                "vramgate: container {id}: the container carries the marker of the Kubernetes resource claim device {uid}-gpu-1, which no claim this node's DRA driver prepared gives it"
+            )),
+            "{said}"
+        );
+        assert!(!said.contains(&secret), "{said}");
+        let _ = tb.runc(&["delete", "--force", id]).status();
     }
+    assert!(
+        reservations(&tb).iter().all(|(id, _)| id == "outside"),
+        "{:?}",
+        reservations(&tb)
+    );
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
     let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
     let mut claimed = tb
@@ -595,6 +607,39 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
     drop(dir);
 }
 
+/// A driver writing its claims' specs where the hook does not look for them would see every
+/// pod placed and none started: it refuses to start, with one line that names the flag, the
+/// config key and the file. Listed, the same driver registers.
+#[test]
+fn a_driver_whose_cdi_dir_the_hook_does_not_read_refuses_to_start() {
+    let (_dir, tb) = runc_testbed("vramgate-dra-cdi-dir", GPUS);
+    vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
+    let cdi_dir = tb.dir.join("cdi");
+    let mut driver = Driver::spawn(
+        &tb.dir,
+        &tb.config_path,
+        &tb.dir.join("no-kubeconfig"),
+        NODE,
+        &cdi_dir,
+        &[],
+    );
+    let exit = wait_until("the driver refuses", Duration::from_secs(10), || {
+        let exit = driver.child.try_wait().unwrap();
+        (exit.is_some(), exit)
+    });
+    let text = driver.log_text();
+    assert_eq!(exit.unwrap().code(), Some(1), "{text}");
+    let line = format!(
+        "vramgate-dra: --cdi-dir {} is not among [enforce] cdi_spec_dirs (/etc/cdi, /var/run/cdi) of {}",
+        cdi_dir.display(),
+        tb.config_path.display()
+    );
+    let said: Vec<&str> = text.lines().filter(|l| l.starts_with("vramgate-dra: ")).collect();
+    assert_eq!(said.len(), 1, "{text}");
+    assert!(said[0].starts_with(&line), "{text}");
+    assert!(!driver.registration_socket().exists());
+}
+
 /// What the first-view tests give `--startup-timeout`: past the steady state's limit
 /// (ten poll intervals of 100 ms, 2 s at least), so that the two are told apart.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(4);
@@ -607,6 +652,7 @@ fn a_first_view_that_never_comes_ends_the_driver_with_the_reason() {
     // not sit unregistered and silent.
     let (_dir, tb) = runc_testbed("vramgate-dra-first-view", GPUS);
     vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
+    lists_cdi_dir(&tb.config_path, &tb.dir.join("cdi"));
     let config = HungConfig::hang(&tb.config_path);
     config.serve_one_read();
     let started = Instant::now();
@@ -656,6 +702,7 @@ fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_published() {
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
     vramgate::ledger::StateDir::open_or_create(&tb.state_dir).unwrap();
+    lists_cdi_dir(&tb.config_path, &tb.dir.join("cdi"));
     let config = HungConfig::hang(&tb.config_path);
     config.serve_one_read();
     let steady = vramgate::kubelet::watchdog::stale_after(Duration::from_millis(100));

@@ -113,6 +113,27 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         vramgate_hook_stages(&cri.bundle_spec(&id)),
         ["createRuntime", "poststop"]
     );
+    // A second container of the pod naming the same claim (a sidecar): containerd writes the
+    // pod's sandbox id on both, and the claim is held once by the two.
+    let mut config = container_config("sidecar", RUN_UNTIL_STOPPED, &[]);
+    config.cdi_devices = cdi_devices(&ids);
+    let sidecar = cri.create(&pods[0], config);
+    cri.start_one(&sidecar).unwrap();
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cri.tb.state_dir.join("ledger.json")).unwrap()).unwrap();
+    let holds: Vec<&serde_json::Value> = ledger["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["claim"])
+        .collect();
+    let hold = serde_json::json!({"pod": pods[0].sandbox, "devices": [format!("{uid}-gpu-1")]});
+    assert_eq!(holds, [&hold, &hold], "{ledger}");
+    assert_eq!(
+        status(&cri.tb.config_path)["gpus"][1]["reserved"],
+        6u64 << 30,
+        "the pod's claim once"
+    );
     // The claim's own reservation leaves the published capacity as it was: the scheduler
     // counts the claim already.
     std::thread::sleep(Duration::from_millis(500));
@@ -208,6 +229,7 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     cri.delete_pods(&outside_pods);
     cri.delete_pods(&pods);
     wait_released(&cri.tb, &id);
+    wait_released(&cri.tb, &sidecar);
     wait_released(&cri.tb, &outside);
     let answer = cri.block_on(kubelet::unprepare(
         &registered.endpoint,

@@ -136,6 +136,8 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         HOOK.into(),
     ]
     .into();
+    // As an operator would: the driver's --cdi-dir is where the hook looks for claims' specs.
+    lists_cdi_dir(&cri.tb.config_path, &cdi_dir);
     let mut config = container_config("dra", &[], &[("NODE_NAME", NODE)]);
     config.image = Some(cri::ImageSpec {
         image: image.clone(),

@@ -117,17 +117,23 @@ pub fn account(ledger: &Ledger, gpu: &GpuMemory, allocated: &Allocated, rules: &
     let mut unallocated = 0u64;
     let mut limits = 0u64;
     let mut reservations = 0;
-    for r in &ledger.reservations {
-        for share in r.gpus.iter().filter(|s| s.uuid == gpu.uuid) {
-            reservations += 1;
-            reserved = reserved.saturating_add(share.bytes);
-            limits = limits.saturating_add(share.limit_bytes());
-            let taken = allocated
-                .get(&(r.container_id.clone(), gpu.uuid.clone()))
-                .copied()
-                .unwrap_or(0);
-            unallocated = unallocated.saturating_add(share.bytes.saturating_sub(taken));
-        }
+    // A claim held by several containers of a pod is one share (Ledger::held_on), and what
+    // its containers allocated together is what it has allocated.
+    for held in ledger.held_on(&gpu.uuid) {
+        reservations += held.holders.len();
+        reserved = reserved.saturating_add(held.share.bytes);
+        limits = limits.saturating_add(held.share.limit_bytes());
+        let taken = held
+            .holders
+            .iter()
+            .map(|r| {
+                allocated
+                    .get(&(r.container_id.clone(), gpu.uuid.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .fold(0u64, u64::saturating_add);
+        unallocated = unallocated.saturating_add(held.share.bytes.saturating_sub(taken));
     }
     GpuAccount {
         uuid: gpu.uuid.clone(),

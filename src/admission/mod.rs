@@ -30,6 +30,12 @@
 //!    a container needs room for its limit, as before limits were kept apart; without limits
 //!    it is rule 1 again.
 //!
+//! **A claim a pod already holds** ([`joins_claim`]): a container of a pod given the same
+//! Kubernetes claim devices, with the same shares, as a container of that pod that holds them
+//! now adds nothing to any GPU (the scheduler counted the claim once, and the ledger counts the
+//! hold once: [`crate::ledger::ClaimHold`]). It is admitted before the rules, which have nothing
+//! to check, and passes no one in the queue, since it takes nothing.
+//!
 //! A request larger than `total(g) - headroom` can never fit, nor a limit larger than
 //! `total(g) - headroom + limit_overcommit(g)` and is refused at once, even
 //! under the `wait` policy. A request on several GPUs must pass on every one (all or nothing).
@@ -49,7 +55,7 @@ mod account;
 
 use crate::clock::Stamp;
 use crate::inventory::{GpuMemory, Snapshot};
-use crate::ledger::{GpuShare, Ledger};
+use crate::ledger::{ClaimHold, GpuShare, Ledger};
 use crate::placement::{self, Candidate, Placement, Strategy};
 use account::vanished;
 pub use account::{account, Allocated, GpuAccount};
@@ -170,6 +176,22 @@ pub fn decide(
         0 => decision,
         ahead => Decision::Queued { ahead },
     }
+}
+
+/// A container joining the claim hold of its pod (see the module docs): admitted as it is,
+/// with no placement, when a reservation in `ledger` holds `hold` with exactly `shares`;
+/// `None` for every other request, which the rules decide.
+pub fn joins_claim(
+    ledger: &Ledger,
+    hold: Option<&ClaimHold>,
+    shares: &[GpuShare],
+    choose: Option<u32>,
+) -> Option<Decision> {
+    let hold = hold?;
+    (choose.is_none() && ledger.holds_claim(hold, shares)).then(|| Decision::Admit {
+        shares: shares.to_vec(),
+        placement: None,
+    })
 }
 
 /// [`decide`] for a request that names its GPUs (no placement, no expected duration) at wall

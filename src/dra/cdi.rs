@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-/// The CDI kind (`vendor/class`): ids are `vramgate.dev/gpu-memory=<device>`.
-pub const KIND: &str = "vramgate.dev/gpu-memory";
+pub use crate::request::claim_specs::KIND;
 /// Device names start with the claim's UID, which may start with a digit: CDI 0.5.0 allows it,
 /// and `env` and `deviceNodes` need nothing newer (containerd 1.7 and 2.x read it).
 pub const CDI_VERSION: &str = "0.5.0";
@@ -97,9 +96,7 @@ fn checked(uid: &str) -> Result<&str, CdiError> {
     }
 }
 
-/// What this driver's spec files are named by (CDI's transient-spec naming:
-/// `<vendor>-<class>_<id>`).
-const SPEC_PREFIX: &str = "vramgate.dev-gpu-memory_";
+use crate::request::claim_specs::SPEC_PREFIX;
 
 /// The spec file of claim `uid` in `dir`.
 pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
@@ -167,77 +164,8 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpe
     Ok(names.iter().map(|n| format!("{KIND}={n}")).collect())
 }
 
-/// One device of a prepared claim, as its spec file says: what the claim may hold, where, and
-/// the marker value ([`marker_value`]) its containers carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDevice {
-    pub uuid: String,
-    pub bytes: u64,
-    pub marker: String,
-}
-
-/// Every device of every claim prepared on this node, by CDI device name (`<uid>-<device>`),
-/// read back from this driver's spec files in `dir`: they are the driver's record of what it
-/// prepared, so the record survives a restart and needs no second file. Files of other kinds
-/// and files that do not parse are passed over (the runtime reads the directory too; a
-/// half-written file of ours cannot be seen, they are renamed into place).
-pub fn prepared(dir: &Path) -> std::collections::HashMap<String, PreparedDevice> {
-    let mut found = std::collections::HashMap::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return found;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !(name.starts_with(SPEC_PREFIX) && name.ends_with(".json")) {
-            continue;
-        }
-        if let Some(spec) = read_spec(&entry.path()) {
-            found.extend(prepared_in(&spec));
-        }
-    }
-    found
-}
-
-/// One of this driver's spec files, parsed; `None` when it is missing, not a regular file,
-/// too large to be ours, not JSON or of another kind.
-fn read_spec(path: &Path) -> Option<serde_json::Value> {
-    // Our files are a few hundred bytes; anything large is not ours.
-    let (_, bytes) = read_regular(path, 1 << 20)?;
-    let spec = serde_json::from_slice::<serde_json::Value>(&bytes).ok()?;
-    (spec["kind"] == KIND).then_some(spec)
-}
-
-/// The devices of one spec file. A device whose marker carries no secret (a spec written by a
-/// vramgate before markers had one) is passed over: its containers then count as held by
-/// others, which can only lower the published capacity, never over-state it.
-fn prepared_in(spec: &serde_json::Value) -> std::collections::HashMap<String, PreparedDevice> {
-    let mut found = std::collections::HashMap::new();
-    for device in spec["devices"].as_array().into_iter().flatten() {
-        let Some(device_name) = device["name"].as_str() else {
-            continue;
-        };
-        let env = device["containerEdits"]["env"].as_array().into_iter().flatten();
-        let value = |key: &str| {
-            env.clone()
-                .filter_map(|e| e.as_str()?.strip_prefix(key)?.strip_prefix('='))
-                .next()
-                .map(str::to_string)
-        };
-        let (Some(uuid), Some(bytes), Some(marker)) = (
-            value(crate::request::GPUS_ENV),
-            value(crate::request::MEMORY_ENV).and_then(|b| b.parse().ok()),
-            value(&super::claim_device_env(device_name)),
-        ) else {
-            continue;
-        };
-        if crate::request::claim_marker_device(&marker) != device_name || !marker.contains(':') {
-            continue;
-        }
-        found.insert(device_name.to_string(), PreparedDevice { uuid, bytes, marker });
-    }
-    found
-}
+pub use crate::request::claim_specs::{prepared, PreparedDevice};
+use crate::request::claim_specs::{prepared_in, read_claim_spec as read_spec};
 
 /// NVIDIA's CDI kind, as `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit) writes it.
 pub const NVIDIA_KIND: &str = "nvidia.com/gpu";
@@ -540,6 +468,7 @@ mod tests {
                     uuid: "GPU-one".into(),
                     bytes: 6 << 30,
                     marker: marker.to_string(),
+                    share: Some(format!("GPU-one,{},{}", 6u64 << 30, 6u64 << 30)),
                 }
             )])
         );

@@ -78,6 +78,12 @@ pub enum DriverError {
     Runtime(std::io::Error),
     #[error(transparent)]
     FirstView(#[from] crate::kubelet::watchdog::FirstViewError),
+    #[error("--cdi-dir {cdi_dir} is not among [enforce] cdi_spec_dirs ({dirs}) of {config}: vramgate's hook and runtime check each claim container's devices against the specs the driver writes there, and would refuse every claim's container; add {cdi_dir} to cdi_spec_dirs, or run the driver with one of those directories")]
+    CdiDirUnchecked {
+        cdi_dir: PathBuf,
+        dirs: String,
+        config: PathBuf,
+    },
 }
 
 type Result<T> = std::result::Result<T, DriverError>;
@@ -90,6 +96,30 @@ impl From<StartError<DriverError>> for DriverError {
             StartError::FirstView(e) => DriverError::FirstView(e),
         }
     }
+}
+
+/// Refuses a `--cdi-dir` the hook and the runtime wrapper would not look in: each claim's
+/// container is checked against the spec the driver writes there
+/// ([`crate::request::claim_specs::verified_claim_devices`]), so a driver writing elsewhere
+/// would see every pod placed and none started. Compared as written and as resolved (a link).
+fn checked_cdi_dir(cdi_dir: &Path, config: &Config, config_path: &Path) -> Result<()> {
+    let resolved = |p: &Path| std::fs::canonicalize(p).ok();
+    let dirs = &config.enforce.cdi_spec_dirs;
+    let listed = dirs
+        .iter()
+        .any(|d| d == cdi_dir || resolved(d).is_some_and(|d| Some(d) == resolved(cdi_dir)));
+    if listed {
+        return Ok(());
+    }
+    Err(DriverError::CdiDirUnchecked {
+        cdi_dir: cdi_dir.to_path_buf(),
+        dirs: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        config: config_path.to_path_buf(),
+    })
 }
 
 /// Recomputes the view from the service snapshot.
@@ -109,6 +139,7 @@ struct Refresher {
 impl Refresher {
     fn open(options: &Options) -> Result<(Refresher, FileWatch, ())> {
         let config = Config::load_from(&options.config_path)?;
+        checked_cdi_dir(&options.cdi_dir, &config, &options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
         // Never created here: a directory the driver made itself would hold an empty ledger,
         // and every GPU would look free.

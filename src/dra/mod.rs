@@ -39,6 +39,13 @@
 //! the claim consumed, and a device two markers name counts once; a container given several
 //! devices carries several markers, each counted on its own GPU. Any container can set the
 //! env; one that names no prepared claim counts as held by others.
+//!
+//! **Checking and holding.** Before they reserve, the hook and `vramgate-runtime` check every
+//! marker and share a container carries against the claim's spec file in `[enforce]
+//! cdi_spec_dirs` ([`crate::request::claim_specs`]), and refuse one the driver did not write; so
+//! the driver refuses a `--cdi-dir` not listed there. The containers of one pod given the same
+//! checked devices hold the claim once ([`crate::ledger::ClaimHold`]), as the scheduler counts
+//! it.
 
 pub mod cdi;
 pub mod claim;
@@ -62,27 +69,7 @@ pub mod slice;
 pub const DRIVER: &str = "gpu-memory.vramgate.dev";
 /// The capacity the slices publish and claims consume.
 pub const MEMORY_CAPACITY: &str = "memory";
-/// The variable a prepared claim device's CDI edits set to the CDI device's name
-/// (`<claim uid>-<device>`): what tells a claim's container in the ledger (see the module
-/// documentation and [`crate::request::CLAIM_DEVICE_ENV_PREFIX`]).
-pub fn claim_device_env(cdi_device: &str) -> String {
-    format!(
-        "{}{}",
-        crate::request::CLAIM_DEVICE_ENV_PREFIX,
-        cdi_device.replace(['-', '.'], "_")
-    )
-}
-
-/// The variable a prepared claim device's CDI edits set to its share
-/// (`<GPU UUID>,<bytes>,<limit bytes>`), under the same suffix as its marker: what a container
-/// given several devices is reserved from ([`crate::request::claim_shares`]).
-pub fn claim_share_env(cdi_device: &str) -> String {
-    format!(
-        "{}{}",
-        crate::request::CLAIM_SHARE_ENV_PREFIX,
-        cdi_device.replace(['-', '.'], "_")
-    )
-}
+pub use crate::request::claim_specs::{claim_device_env, claim_share_env};
 
 use crate::inventory::GpuMemory;
 

@@ -346,6 +346,7 @@ mod tests {
             bundle: Some(PathBuf::from(format!("/bundles/{id}"))),
             pending: false,
             enforcement: None,
+            claim: None,
             extra: Default::default(),
         }
     }
@@ -370,6 +371,7 @@ mod tests {
             uuid: uuid.into(),
             bytes,
             marker: marker.into(),
+            share: None,
         };
         let prepared = HashMap::from([
             ("uid-a-gpu-0".to_string(), device("GPU-0", 4 * GI, "uid-a-gpu-0:s")),
@@ -423,6 +425,7 @@ mod tests {
                     uuid: "GPU-0".into(),
                     bytes: 6 * GI,
                     marker: "uid-a-gpu-0:s3cret".into(),
+                    share: None,
                 },
             ),
             (
@@ -431,6 +434,7 @@ mod tests {
                     uuid: "GPU-1".into(),
                     bytes: 4 * GI,
                     marker: "uid-b-gpu-1:0ther".into(),
+                    share: None,
                 },
             ),
         ]);

@@ -33,6 +33,11 @@
 //! start, keeps the limit it was given). The check costs one `/proc` read per ticket, and only
 //! on writes of a ledger with limits and on admissions that ask for one.
 //!
+//! **Claim holds** ([`Reservation::claim`](super::Reservation::claim)) are refused by ed7e56d's
+//! readers as an unknown field, and kept (and ignored) by every later one. Every holder's entry
+//! carries the claim's whole share, so the hold is simply left out of what such a reader may
+//! read: each holder is then counted whole, more than the claim holds, never less.
+//!
 //! The cost: nothing when every ticket carries the field (the common case, and an empty
 //! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only.
 
@@ -114,10 +119,13 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         .iter()
         .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none())
         && !ledger.has_limits()
+        && ledger.reservations.iter().all(|r| r.claim.is_none())
     {
         return None;
     }
     let mut older = ledger.clone();
+    // Each holder of a claim carries its whole share: without the hold, each is counted whole.
+    older.reservations.iter_mut().for_each(|r| r.claim = None);
     older.queue.iter_mut().for_each(|t: &mut Ticket| {
         t.enqueued_boot_ms = None;
         t.expected_ms = None;
@@ -273,6 +281,26 @@ mod tests {
 
     /// The `/proc` answer on real processes: this test's own binary is the one at its path; a
     /// copy of `sleep` run and then replaced by another file, or removed, is not.
+    #[test]
+    fn a_claim_hold_is_left_out_for_a_reader_that_refuses_it_and_each_holder_counts_whole() {
+        let hold = crate::ledger::ClaimHold {
+            pod: "pod-1".into(),
+            devices: vec!["u-gpu-0".into()],
+        };
+        let mut with_hold = ledger(vec![ticket(1, None)]);
+        for id in ["app", "sidecar"] {
+            let mut r = crate::ledger::Reservation::for_test(id, "GPU-a", 4 << 30);
+            r.claim = Some(hold.clone());
+            with_hold.reservations.push(r);
+        }
+        assert_eq!(with_hold.reserved_on("GPU-a"), 4 << 30);
+        assert!(older_reader_waits(&with_hold, &table(&[1])));
+        let older = for_older_readers(&with_hold).expect("the hold is left out");
+        assert!(older.reservations.iter().all(|r| r.claim.is_none()));
+        assert!(!serde_json::to_string(&older).unwrap().contains("\"claim\""));
+        assert_eq!(older.reserved_on("GPU-a"), 8 << 30, "more, never less");
+    }
+
     #[test]
     fn proc_tells_a_replaced_or_removed_binary_from_the_installed_one() {
         let me = ProcessIdentity::current().unwrap();

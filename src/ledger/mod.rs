@@ -21,7 +21,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::clock::now_unix_ms;
-pub use model::{Extra, GpuShare, Ledger, Reservation, Ticket, FORMAT, FORMAT_WITHOUT_LIMITS, MAX_LEDGER_BYTES};
+pub use model::{
+    ClaimHold, Extra, GpuShare, Held, Ledger, Reservation, Ticket, FORMAT, FORMAT_WITHOUT_LIMITS, MAX_LEDGER_BYTES,
+};
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
 pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
@@ -31,17 +33,7 @@ impl Reservation {
     /// with nothing else recorded: what tests and benches build ledgers from, in one place so
     /// that a field added to a reservation is added to them once.
     pub fn held(container_id: &str, gpus: Vec<GpuShare>, init: crate::procfs::ProcessIdentity) -> Reservation {
-        Reservation {
-            container_id: container_id.to_string(),
-            gpus,
-            init,
-            created_unix_ms: 0,
-            waited_ms: 0,
-            bundle: None,
-            pending: false,
-            enforcement: None,
-            extra: Extra::default(),
-        }
+        Reservation::new(container_id, gpus, init, 0)
     }
 }
 

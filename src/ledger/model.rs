@@ -16,7 +16,10 @@ use crate::procfs::ProcessIdentity;
 /// the queue during a package upgrade) refuse its container, nor lose the field when that
 /// older one writes. That only holds for a field an older reader may ignore and still get every
 /// decision right: something shown (a label, a timestamp, a counter) or a cache of what other
-/// fields already say.
+/// fields already say; or one whose only effect is to count less where it is understood, so
+/// that an older reader ignoring it counts more, never less ([`Reservation::claim`]: a claim
+/// held by a pod's containers, counted once; the older reader counts it per container and may
+/// queue what would fit, but never admits what does not).
 ///
 /// **The rule**: bump the format for a field an older reader would get wrong by ignoring it:
 /// one that holds memory (bytes accounted anywhere but `gpus`), keeps or orders a place in
@@ -55,7 +58,7 @@ pub const MAX_LEDGER_BYTES: u64 = 32 << 20;
 pub type Extra = serde_json::Map<String, serde_json::Value>;
 
 /// The bytes one container holds (or asks for) on one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuShare {
     pub uuid: String,
@@ -110,9 +113,42 @@ pub struct Reservation {
     /// as the hook recorded it when it confirmed; absent where nothing said (the hook alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<crate::tier::Tier>,
+    /// The DRA claim devices this container holds with the other containers of its pod
+    /// ([`ClaimHold`]); absent for any other container. An older reader that ignores it (it
+    /// keeps it in `extra`) counts each holder whole: more, never less (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimHold>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// A Kubernetes resource claim's devices, as one container of a pod holds them: the containers
+/// of one pod sandbox given the same claim devices (checked against the DRA driver's record,
+/// [`crate::request::claim_specs::verified_claim_devices`]) hold their memory once, as the
+/// scheduler counted the claim once. Each holder's reservation carries the claim's whole share,
+/// so a stop or a reclaim of any one of them leaves the others holding all of it, and nothing
+/// needs moving from one entry to another ([`Ledger::held_on`] counts them once).
+///
+/// Only within a pod: a container can be handed another claim's CDI device by name (`docker
+/// --device vramgate.dev/gpu-memory=…`, a CDI annotation), and one outside the claim's pod that
+/// joined its hold would run on memory it never reserved. A claim shared by several pods is
+/// counted once per pod: more than the scheduler counts, never less.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClaimHold {
+    /// The pod sandbox's id, as the container's CRI runtime wrote it.
+    pub pod: String,
+    /// The claim devices' CDI names (`<claim uid>-gpu-0`), sorted.
+    pub devices: Vec<String>,
+}
+
+/// The memory held on one GPU by one reservation, or by the reservations of one pod that hold
+/// the same claim devices with the same share ([`ClaimHold`]): one share, counted once.
+#[derive(Debug, Clone)]
+pub struct Held<'l> {
+    pub share: &'l GpuShare,
+    /// The reservations that hold it: one, or a pod's containers that share a claim.
+    pub holders: Vec<&'l Reservation>,
 }
 
 impl Reservation {
@@ -141,6 +177,7 @@ impl Reservation {
             bundle: None,
             pending: false,
             enforcement: None,
+            claim: None,
             extra: Extra::new(),
         }
     }
@@ -320,21 +357,60 @@ impl Ledger {
         self.reservations.iter().any(|r| r.gpus.iter().any(|g| g.uuid == uuid))
     }
 
-    /// Sum of reserved bytes on every GPU, saturating as [`Ledger::reserved_on`].
-    pub fn reserved_total(&self) -> u64 {
+    /// The memory held on GPU `uuid`, one entry per share as it is counted: each reservation's
+    /// share, except that the shares of one pod's containers holding the same claim devices
+    /// with the same amount and limit ([`ClaimHold`]) are one entry. What every sum over
+    /// reservations counts from: admission's ([`crate::admission`]), status, the metrics and
+    /// the kubelet plugins, through [`Ledger::reserved_on`] and [`Ledger::limits_on`].
+    pub fn held_on(&self, uuid: &str) -> Vec<Held<'_>> {
+        let mut held: Vec<Held<'_>> = Vec::new();
+        let mut group_at: std::collections::HashMap<(&ClaimHold, &GpuShare), usize> = Default::default();
+        for r in &self.reservations {
+            for share in r.gpus.iter().filter(|s| s.uuid == uuid) {
+                if let Some(hold) = &r.claim {
+                    if let Some(&at) = group_at.get(&(hold, share)) {
+                        held[at].holders.push(r);
+                        continue;
+                    }
+                    group_at.insert((hold, share), held.len());
+                }
+                held.push(Held {
+                    share,
+                    holders: vec![r],
+                });
+            }
+        }
+        held
+    }
+
+    /// Whether a live reservation of the pod already holds these claim devices with exactly
+    /// these shares: a container that joins it adds nothing to what the GPUs hold.
+    pub fn holds_claim(&self, hold: &ClaimHold, shares: &[GpuShare]) -> bool {
         self.reservations
             .iter()
-            .map(Reservation::bytes)
+            .any(|r| r.claim.as_ref() == Some(hold) && r.gpus == shares)
+    }
+
+    /// Sum of reserved bytes on every GPU, saturating as [`Ledger::reserved_on`].
+    pub fn reserved_total(&self) -> u64 {
+        let mut uuids: Vec<&str> = self
+            .reservations
+            .iter()
+            .flat_map(|r| r.gpus.iter().map(|s| s.uuid.as_str()))
+            .collect();
+        uuids.sort_unstable();
+        uuids.dedup();
+        uuids
+            .into_iter()
+            .map(|uuid| self.reserved_on(uuid))
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Sum of the limits on one GPU, saturating as [`Ledger::reserved_on`].
+    /// Sum of the limits on one GPU ([`Ledger::held_on`]), saturating as [`Ledger::reserved_on`].
     pub fn limits_on(&self, uuid: &str) -> u64 {
-        self.reservations
+        self.held_on(uuid)
             .iter()
-            .flat_map(|r| &r.gpus)
-            .filter(|s| s.uuid == uuid)
-            .fold(0u64, |sum, s| sum.saturating_add(s.limit_bytes()))
+            .fold(0u64, |sum, h| sum.saturating_add(h.share.limit_bytes()))
     }
 
     /// Whether any share, reserved or waiting, carries a limit above its bytes.
@@ -354,14 +430,12 @@ impl Ledger {
         }
     }
 
-    /// Sum of reserved bytes on one GPU. Saturating: a ledger edited by hand can hold sums past
-    /// `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
+    /// Sum of reserved bytes on one GPU ([`Ledger::held_on`]). Saturating: a ledger edited by
+    /// hand can hold sums past `u64::MAX`, and a wrapped sum would read as a nearly empty GPU.
     pub fn reserved_on(&self, uuid: &str) -> u64 {
-        self.reservations
+        self.held_on(uuid)
             .iter()
-            .flat_map(|r| &r.gpus)
-            .filter(|s| s.uuid == uuid)
-            .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
+            .fold(0u64, |sum, h| sum.saturating_add(h.share.bytes))
     }
 
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Ledger> {

@@ -15,7 +15,7 @@ pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
 /// per name, the last value winning ([`SpecView::env`]). A name written twice (by the
 /// container, then by CDI's edits) is one variable, never a second device that would add a
 /// share again.
-fn marker_vars(spec: &SpecView) -> Vec<(&str, &str)> {
+pub(super) fn marker_vars(spec: &SpecView) -> Vec<(&str, &str)> {
     let mut vars: Vec<(&str, &str)> = Vec::new();
     for (name, value) in spec
         .env_entries()

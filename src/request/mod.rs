@@ -32,6 +32,7 @@
 //! sum of limits on a GPU (see [`crate::admission`]). No limit means limit = request; a limit
 //! below the request is refused.
 
+pub mod claim_specs;
 mod claims;
 mod gpus;
 mod nvidia;
@@ -94,6 +95,9 @@ pub const MAX_AUTO_GPUS: u32 = 64;
 pub const CRI_CONTAINER_TYPE_ANNOTATIONS: [&str; 2] =
     ["io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"];
 pub const CRI_SANDBOX: &str = "sandbox";
+/// Where containerd's CRI plugin, then CRI-O, write the id of the pod sandbox a container runs
+/// in: the same for every container of one pod.
+pub const CRI_SANDBOX_ID_ANNOTATIONS: [&str; 2] = ["io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID"];
 /// Where containerd's CRI plugin, then CRI-O, write the name of a pod's container, which KAI's
 /// annotations ([`NVIDIA_ANNOTATION_PREFIX`]) are keyed by.
 pub const CRI_CONTAINER_NAME_ANNOTATIONS: [&str; 2] =
@@ -166,6 +170,10 @@ pub enum RequestError {
     SeveralClaimDevices { count: usize, devices: String },
     #[error("the container was given Kubernetes resource claim devices that hold different amounts on different GPUs ({shares}): vramgate holds a container to one amount on each of its GPUs (the MPS and toolkit limits are one number per container); ask for the same amount in each request (count or allocationMode: All do), or give each container the devices of one amount (resources.claims[].request)")]
     UnequalClaimShares { shares: String },
+    #[error("the container carries the marker of the Kubernetes resource claim device {device}, which no claim this node's DRA driver prepared gives it (no spec of the driver in [enforce] cdi_spec_dirs = [{dirs}] sets that marker under that name): a container cannot name a claim device itself; remove its own VRAMGATE_DRA_DEVICE_* variable, or, if the driver runs with another --cdi-dir, name that directory in [enforce] cdi_spec_dirs")]
+    ClaimDeviceNotPrepared { device: String, dirs: String },
+    #[error("the container's VRAMGATE_DRA_SHARE_* of the Kubernetes resource claim device {device} is not the share this node's DRA driver prepared for it: a container cannot set a claim's share itself; remove its own VRAMGATE_DRA_SHARE_* variable")]
+    ClaimShareNotPrepared { device: String },
     #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
     ClaimAndAnnotation { device: String, annotation: String },
     #[error("{source_name} = {value:?} names {outside}, which the container's engine did not give it ({given_source} = {given_value:?}): vramgate only takes away what the engine gave, never adds a GPU (it may be another container's); name GPUs among those the engine gave, or give the container the GPU it names")]
@@ -240,6 +248,14 @@ pub struct Request {
     pub gpus: GpuSelector,
     /// Things worth a line in the event log (an annotation overriding an env var).
     pub notes: Vec<String>,
+    /// The DRA claim devices the container was given, sorted, as checked against the driver's
+    /// record ([`Request::from_spec_on_node`]); empty from [`Request::from_spec`] alone, and for
+    /// a container given none.
+    pub claim_devices: Vec<String>,
+    /// The pod sandbox a pod's container runs in, as its CRI runtime wrote it
+    /// ([`CRI_SANDBOX_ID_ANNOTATIONS`]): the containers of one pod given the same claim
+    /// devices hold them once ([`crate::ledger::ClaimHold`]).
+    pub pod_sandbox: Option<String>,
 }
 
 /// What a container is to Kubernetes, from the annotation its CRI runtime writes.
@@ -479,6 +495,34 @@ impl Request {
             expected_duration,
             gpus,
             notes,
+            claim_devices: Vec::new(),
+            pod_sandbox: match pod_role(spec) {
+                PodRole::Container => CRI_SANDBOX_ID_ANNOTATIONS
+                    .iter()
+                    .find_map(|key| spec.annotations.get(*key))
+                    .filter(|id| !id.is_empty())
+                    .map(|id| id.chars().take(128).collect()),
+                _ => None,
+            },
+        }))
+    }
+
+    /// [`Request::from_spec`] on a node: the claim devices the container carries are checked
+    /// first against the DRA driver's record in `cdi_dirs` (`[enforce] cdi_spec_dirs`), so that
+    /// a forged one is refused as such before its share is read, and kept in the request
+    /// ([`claim_specs::verified_claim_devices`]). What the hook and the runtime wrapper read; a
+    /// container without claim markers reads no spec file.
+    pub fn from_spec_on_node(
+        spec: &SpecView,
+        cdi_dirs: &[std::path::PathBuf],
+    ) -> Result<Option<Request>, RequestError> {
+        if !has_request(spec) {
+            return Ok(None);
+        }
+        let claim_devices = claim_specs::verified_claim_devices(spec, cdi_dirs)?;
+        Ok(Request::from_spec(spec)?.map(|request| Request {
+            claim_devices,
+            ..request
         }))
     }
 }

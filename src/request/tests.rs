@@ -508,3 +508,135 @@ fn a_claim_marker_written_twice_under_one_name_is_one_device() {
     assert_eq!(request.memory, Quantity::Bytes(gi4));
     assert_eq!(request.limit.unwrap_or(request.memory), Quantity::Bytes(gi4));
 }
+
+/// The claim devices a container carries are taken only as the driver's spec files say them:
+/// the marker under its own name with its secret, the share beside it. A forged secret, a real
+/// marker copied under another name, a share of the container's own, or a driver whose spec is
+/// in no directory the config names: refused with one line naming the device, never the secret.
+#[test]
+fn claim_devices_are_checked_against_the_drivers_spec_files() {
+    use crate::dra::cdi::{write_spec, ClaimDevice, HookSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let hook = HookSpec {
+        path: "/usr/bin/vramgate-hook".into(),
+        config: "/etc/vramgate/config.toml".into(),
+        timeout_secs: 60,
+    };
+    let uid = "0b6e2f5a-3c44-4a8e-9f1d-2a7c5e8b9d10";
+    let device = |name: &str, uuid: &str| ClaimDevice {
+        device: name.into(),
+        bytes: 4 << 30,
+        limit: None,
+        uuid: uuid.into(),
+        device_nodes: vec![],
+    };
+    write_spec(
+        dir.path(),
+        uid,
+        &[device("gpu-0", "GPU-aaaa"), device("gpu-1", "GPU-bbbb")],
+        &hook,
+    )
+    .unwrap();
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join(format!("vramgate.dev-gpu-memory_{uid}.json"))).unwrap())
+            .unwrap();
+    // Each device's env in turn, a name written again replacing the first (as CDI merges).
+    let mut env: Vec<String> = Vec::new();
+    for d in written["devices"].as_array().unwrap() {
+        for e in d["containerEdits"]["env"].as_array().unwrap() {
+            let e = e.as_str().unwrap().to_string();
+            let key = e.split_once('=').unwrap().0.to_string();
+            env.retain(|known| known.split_once('=').unwrap().0 != key);
+            env.push(e);
+        }
+    }
+    let with = |extra: &[String]| {
+        let all: Vec<String> = env.iter().chain(extra).cloned().collect();
+        spec(&serde_json::json!({"process": {"env": all}}).to_string())
+    };
+    let secret_of = |name: &str| {
+        env.iter()
+            .find_map(|e| {
+                e.split_once('=')
+                    .filter(|(k, _)| k.ends_with(name))
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap()
+            .split_once(':')
+            .unwrap()
+            .1
+            .to_string()
+    };
+    let dirs = [dir.path().to_path_buf()];
+    assert_eq!(
+        verified_claim(&with(&[]), &dirs).unwrap(),
+        [format!("{uid}-gpu-0"), format!("{uid}-gpu-1")]
+    );
+    let suffix = uid.replace('-', "_");
+    let secret = secret_of("gpu_0");
+    let refused = |extra: &[String], dirs: &[std::path::PathBuf]| {
+        let err = verified_claim(&with(extra), dirs).unwrap_err();
+        let said = err.to_string();
+        assert!(!said.contains(&secret) && !said.contains(&secret_of("gpu_1")), "{said}");
+        assert_eq!(said.lines().count(), 1);
+        err
+    };
+    // A third device, forged: a name the driver never prepared, then a real name with a guess.
+    let forged = refused(
+        &[
+            format!("VRAMGATE_DRA_DEVICE_{suffix}_gpu_2={uid}-gpu-2:{secret}"),
+            format!("VRAMGATE_DRA_SHARE_{suffix}_gpu_2=GPU-cccc,1,99999999999"),
+        ],
+        &dirs,
+    );
+    assert!(
+        matches!(forged, RequestError::ClaimDeviceNotPrepared { .. }),
+        "{forged}"
+    );
+    assert!(forged.to_string().contains(&format!("{uid}-gpu-2")), "{forged}");
+    let guessed = refused(
+        &[format!(
+            "VRAMGATE_DRA_DEVICE_{suffix}_gpu_0={uid}-gpu-0:{}",
+            "0".repeat(32)
+        )],
+        &dirs,
+    );
+    assert!(
+        matches!(guessed, RequestError::ClaimDeviceNotPrepared { .. }),
+        "{guessed}"
+    );
+    // A real marker and share copied under another name: a second device of the same.
+    let copied = refused(
+        &[
+            format!("VRAMGATE_DRA_DEVICE_copy={uid}-gpu-0:{secret}"),
+            format!("VRAMGATE_DRA_SHARE_copy=GPU-aaaa,{},{}", 4u64 << 30, 4u64 << 30),
+        ],
+        &dirs,
+    );
+    assert!(
+        matches!(copied, RequestError::ClaimDeviceNotPrepared { .. }),
+        "{copied}"
+    );
+    // A share of the container's own after the driver's (the last one wins).
+    let share = refused(
+        &[format!(
+            "VRAMGATE_DRA_SHARE_{suffix}_gpu_0=GPU-aaaa,{},{}",
+            4u64 << 30,
+            40u64 << 30
+        )],
+        &dirs,
+    );
+    assert!(matches!(share, RequestError::ClaimShareNotPrepared { .. }), "{share}");
+    // The driver's spec where the config does not look.
+    let elsewhere = refused(&[], &[dir.path().join("other")]);
+    assert!(elsewhere.to_string().contains("cdi_spec_dirs"), "{elsewhere}");
+    // No marker: nothing is read (a directory that cannot be listed is no error).
+    let plain = spec(r#"{"process":{"env":["VRAMGATE_MEMORY=1Gi"]}}"#);
+    assert!(verified_claim(&plain, &[dir.path().join("missing")])
+        .unwrap()
+        .is_empty());
+}
+
+fn verified_claim(spec: &SpecView, dirs: &[std::path::PathBuf]) -> Result<Vec<String>, RequestError> {
+    claim_specs::verified_claim_devices(spec, dirs)
+}

@@ -12,7 +12,7 @@ use crate::attribution;
 use crate::config::Policy;
 use crate::events::{Event, Kind};
 use crate::inventory::Snapshot;
-use crate::ledger::{GpuShare, Ledger, Reclaimed, Reservation, Ticket};
+use crate::ledger::{ClaimHold, GpuShare, Ledger, Reclaimed, Reservation, Ticket};
 use crate::procfs;
 use crate::quantity::format_duration;
 use crate::request::{Request, RequestError};
@@ -49,6 +49,15 @@ impl Service<'_> {
             for share in &mut shares {
                 *share = GpuShare::new(std::mem::take(&mut share.uuid), share.limit_bytes(), 0);
             }
+        }
+        let hold = claim_hold(req.request);
+        if let Some(joined) = admission::joins_claim(ledger, hold.as_ref(), &shares, choose) {
+            return Ok(Decided {
+                decision: joined,
+                snapshot,
+                shares,
+                choose,
+            });
         }
         let decide = |ledger: &Ledger| {
             let usage = self.cgroup_usage(ledger);
@@ -122,6 +131,7 @@ impl Service<'_> {
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
+                    claim: claim_hold(req.request),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
@@ -228,6 +238,17 @@ impl Service<'_> {
         }
         Step::Wait
     }
+}
+
+/// What a container of a pod holds with the other containers of its pod that were given the
+/// same claim devices ([`ClaimHold`]): its checked claim devices and its pod sandbox, where it
+/// has both.
+fn claim_hold(request: &Request) -> Option<ClaimHold> {
+    let pod = request.pod_sandbox.clone()?;
+    (!request.claim_devices.is_empty()).then(|| ClaimHold {
+        pod,
+        devices: request.claim_devices.clone(),
+    })
 }
 
 /// The memory each GPU share asks for on this host, resolved against the inventory. For a

@@ -32,6 +32,30 @@ pub const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
     [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\
     [[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
 
+/// Adds `cdi_dir` to `[enforce] cdi_spec_dirs` of the config at `config`, where it is not
+/// there yet: what an operator does for a driver run with another `--cdi-dir` (the driver
+/// refuses to start otherwise, since the hook checks each claim's container against the specs
+/// in those directories).
+pub fn lists_cdi_dir(config: &Path, cdi_dir: &Path) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let mut table: toml::Table = text.parse().unwrap();
+    let enforce = table
+        .entry("enforce")
+        .or_insert_with(|| toml::Value::Table(Default::default()))
+        .as_table_mut()
+        .unwrap();
+    let dirs = enforce
+        .entry("cdi_spec_dirs")
+        .or_insert_with(|| toml::Value::Array(Vec::new()))
+        .as_array_mut()
+        .unwrap();
+    let dir = toml::Value::String(cdi_dir.display().to_string());
+    if !dirs.contains(&dir) {
+        dirs.push(dir);
+        std::fs::write(config, toml::to_string(&table).unwrap()).unwrap();
+    }
+}
+
 /// A directory that a scripts/ fetcher (run by scripts/install-deps) filled: `var` if set,
 /// else `default`; the test fails, naming the script, when `marker` is not in it.
 fn fetched(var: &str, default: &str, marker: &str, what: &str, script: &str) -> PathBuf {
@@ -424,6 +448,7 @@ impl Driver {
         // makes it itself.
         let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
         vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+        lists_cdi_dir(config, cdi_dir);
         let mut driver = Driver::spawn(dir, config, kubeconfig, node, cdi_dir, extra);
         let socket = driver.registration_socket();
         wait_until("the driver's registration socket", Duration::from_secs(20), || {
@@ -436,7 +461,8 @@ impl Driver {
     }
 
     /// The driver as [`Driver::start`] runs it, with `kubeconfig`, reading nothing itself (not
-    /// even the config) and waiting for nothing.
+    /// even the config, which must list `cdi_dir` already: [`lists_cdi_dir`]) and waiting for
+    /// nothing.
     pub fn spawn(dir: &Path, config: &Path, kubeconfig: &Path, node: &str, cdi_dir: &Path, extra: &[&str]) -> Driver {
         Driver::spawn_command(Command::new(DRA), dir, config, kubeconfig, node, cdi_dir, extra)
     }
@@ -453,6 +479,7 @@ impl Driver {
     ) -> Driver {
         let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
         vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+        lists_cdi_dir(config, cdi_dir);
         let command = in_cgroup_v2(Path::new(DRA), &[]);
         let mut driver = Driver::spawn_command(command, dir, config, &api.kubeconfig, node, cdi_dir, extra);
         let socket = driver.registration_socket();

@@ -155,3 +155,82 @@ fn a_newer_format_is_refused_as_newer_and_format_zero_as_corrupt() {
     let err = Ledger::parse(zero, Path::new("/l")).unwrap_err().to_string();
     assert!(err.contains("corrupt") && err.contains("format"), "{err}");
 }
+
+/// A reservation of `id` holding claim `devices` in pod `pod` with `bytes` (limit `limit`) on
+/// GPU-a.
+fn holder(id: &str, pod: &str, devices: &[&str], bytes: u64, limit: u64) -> Reservation {
+    Reservation {
+        claim: Some(ClaimHold {
+            pod: pod.into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+        }),
+        ..Reservation::new(
+            id,
+            vec![GpuShare::new("GPU-a", bytes, limit)],
+            ProcessIdentity { pid: 1, start_time: 1 },
+            1,
+        )
+    }
+}
+
+#[test]
+fn a_claim_held_by_a_pods_containers_counts_once_and_only_within_the_pod() {
+    let mut ledger = Ledger::default();
+    ledger.reservations = vec![
+        holder("app", "pod-1", &["u-gpu-0"], 4 << 30, 6 << 30),
+        holder("sidecar", "pod-1", &["u-gpu-0"], 4 << 30, 6 << 30),
+        Reservation::for_test("plain", "GPU-a", 1 << 30),
+    ];
+    assert_eq!(
+        ledger.reserved_on("GPU-a"),
+        5 << 30,
+        "the pod's claim once, and the plain one"
+    );
+    assert_eq!(ledger.limits_on("GPU-a"), 7 << 30);
+    assert_eq!(ledger.reserved_total(), 5 << 30);
+    let held = ledger.held_on("GPU-a");
+    assert_eq!(held.len(), 2);
+    assert_eq!(held[0].holders.len(), 2);
+    let share = [GpuShare::new("GPU-a", 4 << 30, 6 << 30)];
+    let hold = ledger.reservations[0].claim.clone().unwrap();
+    assert!(ledger.holds_claim(&hold, &share));
+    // Another amount, or the limit reserved whole (an older hook waits): not the same hold.
+    assert!(!ledger.holds_claim(&hold, &[GpuShare::new("GPU-a", 6 << 30, 0)]));
+
+    // The same claim in another pod, or other devices in the same pod: counted again.
+    ledger
+        .reservations
+        .push(holder("elsewhere", "pod-2", &["u-gpu-0"], 4 << 30, 6 << 30));
+    ledger
+        .reservations
+        .push(holder("more", "pod-1", &["u-gpu-0", "v-gpu-0"], 4 << 30, 6 << 30));
+    assert_eq!(ledger.reserved_on("GPU-a"), 13 << 30);
+
+    // Either holder alone still holds all of it: a stop leaves the claim counted whole.
+    ledger.remove_reservation("app");
+    assert_eq!(ledger.reserved_on("GPU-a"), 13 << 30);
+    ledger.remove_reservation("sidecar");
+    assert_eq!(ledger.reserved_on("GPU-a"), 9 << 30);
+}
+
+#[test]
+fn a_claim_hold_is_kept_by_a_rewrite_and_absent_where_there_is_none() {
+    let mut ledger = Ledger::default();
+    ledger.reservations = vec![
+        holder("app", "pod-1", &["u-gpu-0"], 4 << 30, 0),
+        Reservation::for_test("plain", "GPU-a", 1 << 30),
+    ];
+    let text = serde_json::to_string(&ledger).unwrap();
+    assert!(
+        text.contains(r#""claim":{"pod":"pod-1","devices":["u-gpu-0"]}"#),
+        "{text}"
+    );
+    assert_eq!(text.matches("\"claim\"").count(), 1, "{text}");
+    let back = Ledger::parse(text.as_bytes(), Path::new("ledger.json")).unwrap();
+    assert_eq!(back, ledger);
+    assert_eq!(
+        back.format_needed(),
+        FORMAT_WITHOUT_LIMITS,
+        "a hold needs no newer format"
+    );
+}

@@ -265,3 +265,70 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
         "{never}"
     );
 }
+
+/// A pod's second container given the claim its first holds is admitted on a GPU that could
+/// not hold the claim twice, ahead of a waiter (it takes nothing), and recorded as a holder;
+/// another pod's container given the same devices, or the pod's container with another
+/// amount, is decided by the rules and finds no room.
+#[test]
+fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let claim = |pod: &str, bytes: u64| Request {
+        claim_devices: vec!["u-gpu-0".into()],
+        pod_sandbox: Some(pod.into()),
+        ..request(bytes, "0")
+    };
+    let (mine, other_pod, other_amount) = (claim("pod-1", 6 * GI), claim("pod-2", 6 * GI), claim("pod-1", 7 * GI));
+    let mut ledger = Ledger::default();
+    let first = step(
+        &service,
+        &mut ledger,
+        &admit_req("app", 1, &mine, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&first.0));
+    // A waiter for 5 GiB is queued behind the claim's 6.
+    let plain = request(5 * GI, "0");
+    let _waiting = queued(&service, &mut ledger, &admit_req("waiter", 2, &plain, Policy::Wait));
+    let joined = step(
+        &service,
+        &mut ledger,
+        &admit_req("sidecar", 3, &mine, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&joined.0), "{:?}", joined.0);
+    assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
+    assert!(ledger.reservations.iter().all(|r| r.claim
+        == Some(crate::ledger::ClaimHold {
+            pod: "pod-1".into(),
+            devices: vec!["u-gpu-0".into()]
+        })));
+    for (id, n, req) in [("elsewhere", 4, &other_pod), ("more", 5, &other_amount)] {
+        let refused = refusal(
+            step(
+                &service,
+                &mut ledger,
+                &admit_req(id, n, req, Policy::Reject),
+                &mut Progress::default(),
+            )
+            .0,
+        );
+        assert!(matches!(refused, Refusal::NoRoom { .. }), "{id}: {refused}");
+    }
+    // A container outside any pod never joins, whatever it names.
+    let outside = Request {
+        pod_sandbox: None,
+        ..mine.clone()
+    };
+    let refused = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("outside", 6, &outside, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}

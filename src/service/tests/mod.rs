@@ -156,6 +156,8 @@ fn request(bytes: u64, gpus: &str) -> Request {
         expected_duration: None,
         gpus: GpuSelector::parse_list(crate::request::GPUS_ANNOTATION, gpus).unwrap(),
         notes: vec![],
+        claim_devices: vec![],
+        pod_sandbox: None,
     }
 }
 
