@@ -140,6 +140,32 @@ pub fn build_with(
     build_report(&sources, &Rules::from_config(config), &config.state_dir, ledger)
 }
 
+/// What the use of each container that holds a claim with others of its pod on GPU `uuid` is
+/// judged by ([`crate::ledger::ClaimHold`]: they hold its memory once): the holders' use
+/// added up, of those that could be measured (`None` when none could), and how many they are; by
+/// container id. Containers that hold alone are absent: their own use is judged. What status's
+/// `over_reservation` and `vramgate watch` judge by.
+pub fn held_together<'l>(
+    ledger: &'l Ledger,
+    uuid: &str,
+    used: &dyn Fn(&str) -> Option<u64>,
+) -> std::collections::HashMap<&'l str, (Option<u64>, usize)> {
+    let mut together = std::collections::HashMap::new();
+    for held in ledger.held_on(uuid).iter().filter(|h| h.holders.len() > 1) {
+        // What was measured of them is a lower bound: a holder that could not be measured
+        // hides none of what the others use.
+        let sum = held
+            .holders
+            .iter()
+            .filter_map(|r| used(&r.container_id))
+            .reduce(u64::saturating_add);
+        for r in &held.holders {
+            together.insert(r.container_id.as_str(), (sum, held.holders.len()));
+        }
+    }
+    together
+}
+
 pub fn build_report(
     sources: &Sources,
     rules: &Rules,
@@ -161,20 +187,25 @@ pub fn build_report(
         .iter()
         .map(|gpu| {
             let account = admission::account(ledger, gpu, &attribution.allocated, rules);
+            let used_by = |id: &str| {
+                let key = (id.to_string(), gpu.uuid.clone());
+                (can_see_processes || attribution.measured.contains(&key))
+                    .then(|| attribution.allocated.get(&key).copied().unwrap_or(0))
+            };
+            let together = held_together(ledger, &gpu.uuid, &used_by);
             let reservations = ledger
                 .reservations
                 .iter()
                 .filter_map(|r| {
                     let share = r.gpus.iter().find(|s| s.uuid == gpu.uuid)?;
-                    let key = (r.container_id.clone(), gpu.uuid.clone());
-                    let used = (can_see_processes || attribution.measured.contains(&key))
-                        .then(|| attribution.allocated.get(&key).copied().unwrap_or(0));
+                    let used = used_by(&r.container_id);
+                    let judged = together.get(r.container_id.as_str()).map_or(used, |&(sum, _)| sum);
                     Some(ReservationStatus {
                         container_id: r.container_id.clone(),
                         bytes: share.bytes,
                         limit: share.limit_bytes(),
                         used,
-                        over_reservation: used.is_some_and(|u| u > share.limit_bytes()),
+                        over_reservation: judged.is_some_and(|u| u > share.limit_bytes()),
                         age_ms: now.saturating_sub(r.created_unix_ms),
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,

@@ -110,7 +110,7 @@ impl OverUse {
 /// limit). Where nothing was measured (`used` unknown) nothing is judged. The containers of a
 /// pod that hold one claim ([`crate::ledger::ClaimHold`]) hold its memory once, so they are
 /// judged together: their use added up, against the claim's limit, and each of them is over
-/// when the sum is (a holder that could not be measured leaves the pod's sum unjudged).
+/// when the sum is (of those that could be measured: a lower bound).
 pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec<OverUse> {
     let mut found = Vec::new();
     for gpu in &report.gpus {
@@ -121,17 +121,7 @@ pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec
                 .and_then(|s| s.used)
         };
         // What each holder of a hold shared on this GPU is judged by: the hold's sum.
-        let mut together: HashMap<&str, (Option<u64>, usize)> = HashMap::new();
-        for held in ledger.held_on(&gpu.gpu.uuid).iter().filter(|h| h.holders.len() > 1) {
-            let sum = held
-                .holders
-                .iter()
-                .map(|r| measured(&r.container_id))
-                .try_fold(0u64, |sum, used| Some(sum.saturating_add(used?)));
-            for r in &held.holders {
-                together.insert(r.container_id.as_str(), (sum, held.holders.len()));
-            }
-        }
+        let together = crate::status::held_together(ledger, &gpu.gpu.uuid, &measured);
         for r in &gpu.reservations {
             let (used, holders) = match together.get(r.container_id.as_str()) {
                 Some(&(sum, holders)) => (sum, holders),

@@ -474,7 +474,8 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     drop(dir);
 }
 
-/// A claim shared by the containers of one pod is held once (issue 35, item 2): the second
+/// A claim shared by the containers of one pod is held once (issue 35, item 2), on a node whose
+/// `vramgate watch` stops the holders together (`over_use = "kill"`): the second
 /// container of the pod given the claim's device starts where the GPU could not hold the claim
 /// twice, `vramgate status` counts the claim once, and the first container's stop leaves the
 /// second holding all of it. The same device in another pod's container is counted again (a
@@ -483,7 +484,11 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
 /// without the secret.
 #[test]
 fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refused() {
-    let (dir, tb) = runc_testbed("vramgate-dra-claims-shared", GPUS);
+    // The watch stops a pod's holders together: what lets a claim be held once.
+    let (dir, tb) = runc_testbed(
+        "vramgate-dra-claims-shared",
+        &format!("{GPUS}[enforce]\nover_use = \"kill\"\n"),
+    );
     let cleanup = Cleanup(&tb);
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);

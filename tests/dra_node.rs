@@ -32,7 +32,13 @@ fn cdi_devices(ids: &[String]) -> Vec<cri::CdiDevice> {
 
 #[test]
 fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gpu() {
-    let cri = cri_host_on(Containerd::Two, "vramgate-dra-node", GPUS);
+    // over_use = "kill": the watch stops a pod's holders of one claim together, so the pod's
+    // sidecar below holds the claim with its first container, once.
+    let cri = cri_host_on(
+        Containerd::Two,
+        "vramgate-dra-node",
+        &format!("{GPUS}[enforce]\nover_use = \"kill\"\n"),
+    );
     let cdi_dir = cri.tb.dir.join("containerd/cdi");
     let api = ApiServer::start(&cri.tb.dir, &[NODE]);
     let driver = Driver::start(&cri.tb.dir, &cri.tb.config_path, &api, NODE, &cdi_dir, &[]);

@@ -130,10 +130,14 @@ pub struct Reservation {
 /// so a stop or a reclaim of any one of them leaves the others holding all of it, and nothing
 /// needs moving from one entry to another ([`Ledger::held_on`] counts them once).
 ///
-/// Only within a pod: a container can be handed another claim's CDI device by name (`docker
-/// --device vramgate.dev/gpu-memory=…`, a CDI annotation), and one outside the claim's pod that
-/// joined its hold would run on memory it never reserved. A claim shared by several pods is
-/// counted once per pod: more than the scheduler counts, never less.
+/// Only where `vramgate watch` stops a pod's holders together (`[enforce] over_use = "kill"`,
+/// see the service): each tier holds a container alone to the claim's limit, so elsewhere K
+/// holders could use K limits, and each is counted whole. Only within a pod: a container can be
+/// handed another claim's CDI device by name (`docker --device vramgate.dev/gpu-memory=…`, a
+/// CDI annotation), and one outside the claim's pod that joined its hold would run on memory it
+/// never reserved. A claim shared by several pods is counted once per pod: more than the
+/// scheduler counts, never less. The pod is what the CRI runtime's annotations say, which
+/// someone allowed to start containers with annotations can also write (docs/src/dra.md).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClaimHold {
     /// The pod sandbox's id, as the container's CRI runtime wrote it.

@@ -154,7 +154,8 @@ pub fn verified_claim_devices(spec: &SpecView, dirs: &[PathBuf]) -> Result<Vec<S
     let mut devices = Vec::with_capacity(markers.len());
     for (suffix, value) in &markers {
         let device = claim_marker_device(value);
-        let shown: String = device.chars().take(100).collect();
+        // The container's own text: one line, whatever it holds.
+        let shown: String = device.chars().filter(|c| !c.is_control()).take(100).collect();
         let not_prepared = || RequestError::ClaimDeviceNotPrepared {
             device: shown.clone(),
             dirs: dirs

@@ -280,6 +280,24 @@ pub fn pod_role(spec: &SpecView) -> PodRole {
     }
 }
 
+/// The pod sandbox of a pod's container, as its CRI runtime wrote it: the sandbox id under the
+/// key of the runtime whose container-type key marks it a container. `None` outside a pod, for
+/// a sandbox, and where the two runtimes' keys are mixed or both present (a pod annotation
+/// passed through under the other runtime's name), so that no hold is made from it.
+fn pod_sandbox(spec: &SpecView) -> Option<String> {
+    let by_runtime: Vec<(Option<&String>, Option<&String>)> = CRI_CONTAINER_TYPE_ANNOTATIONS
+        .iter()
+        .zip(CRI_SANDBOX_ID_ANNOTATIONS)
+        .map(|(kind, id)| (spec.annotations.get(*kind), spec.annotations.get(id)))
+        .filter(|(kind, id)| kind.is_some() || id.is_some())
+        .collect();
+    let [(Some(kind), Some(id))] = by_runtime.as_slice() else {
+        return None;
+    };
+    (kind.as_str() != CRI_SANDBOX && !id.is_empty() && id.len() <= 128 && !id.chars().any(char::is_control))
+        .then(|| id.to_string())
+}
+
 /// True when the spec asks for VRAM at all. This is the whole of the no-request fast path,
 /// and the one place that decides which containers of a pod have a request (see the module
 /// documentation): the hook admits, and the runtime wrapper adds hooks, only where it is true.
@@ -496,14 +514,7 @@ impl Request {
             gpus,
             notes,
             claim_devices: Vec::new(),
-            pod_sandbox: match pod_role(spec) {
-                PodRole::Container => CRI_SANDBOX_ID_ANNOTATIONS
-                    .iter()
-                    .find_map(|key| spec.annotations.get(*key))
-                    .filter(|id| !id.is_empty())
-                    .map(|id| id.chars().take(128).collect()),
-                _ => None,
-            },
+            pod_sandbox: pod_sandbox(spec),
         }))
     }
 

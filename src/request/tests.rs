@@ -640,3 +640,30 @@ fn claim_devices_are_checked_against_the_drivers_spec_files() {
 fn verified_claim(spec: &SpecView, dirs: &[std::path::PathBuf]) -> Result<Vec<String>, RequestError> {
     claim_specs::verified_claim_devices(spec, dirs)
 }
+
+/// The pod sandbox is read under the key of the runtime that marked the container: one
+/// runtime's keys, both present; mixed or doubled keys (a pod annotation passed through under
+/// the other runtime's name) make no sandbox, so no hold.
+#[test]
+fn the_pod_sandbox_is_read_from_one_runtimes_keys_only() {
+    let with = |annotations: &str| {
+        let text = format!(
+            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa"]}},"annotations":{{{annotations}}}}}"#
+        );
+        Request::from_spec(&spec(&text)).unwrap().unwrap().pod_sandbox
+    };
+    let containerd = r#""io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"abc""#;
+    let crio = r#""io.kubernetes.cri-o.ContainerType":"container","io.kubernetes.cri-o.SandboxID":"def""#;
+    assert_eq!(with(containerd).as_deref(), Some("abc"));
+    assert_eq!(with(crio).as_deref(), Some("def"));
+    assert_eq!(with(&format!("{containerd},{crio}")), None);
+    assert_eq!(
+        with(r#""io.kubernetes.cri-o.ContainerType":"container","io.kubernetes.cri.sandbox-id":"abc""#),
+        None
+    );
+    assert_eq!(with(r#""io.kubernetes.cri.sandbox-id":"abc""#), None, "not in a pod");
+    assert_eq!(
+        with(r#""io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"a\nb""#),
+        None
+    );
+}

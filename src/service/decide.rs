@@ -26,6 +26,20 @@ pub(super) struct Decided {
 }
 
 impl Service<'_> {
+    /// What a container of a pod holds with the other containers of its pod that were given the
+    /// same claim devices ([`ClaimHold`]): its checked claim devices and its pod sandbox, where
+    /// it has both and the node holds such containers together (see `claims_held_together`).
+    fn claim_hold(&self, request: &Request) -> Option<ClaimHold> {
+        if !self.claims_held_together {
+            return None;
+        }
+        let pod = request.pod_sandbox.clone()?;
+        (!request.claim_devices.is_empty()).then(|| ClaimHold {
+            pod,
+            devices: request.claim_devices.clone(),
+        })
+    }
+
     /// The admission rule on the GPUs' numbers now (see [`crate::admission`]).
     pub(super) fn decide(
         &self,
@@ -50,7 +64,7 @@ impl Service<'_> {
                 *share = GpuShare::new(std::mem::take(&mut share.uuid), share.limit_bytes(), 0);
             }
         }
-        let hold = claim_hold(req.request);
+        let hold = self.claim_hold(req.request);
         if let Some(joined) = admission::joins_claim(ledger, hold.as_ref(), &shares, choose) {
             return Ok(Decided {
                 decision: joined,
@@ -131,7 +145,7 @@ impl Service<'_> {
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
-                    claim: claim_hold(req.request),
+                    claim: self.claim_hold(req.request),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
@@ -238,17 +252,6 @@ impl Service<'_> {
         }
         Step::Wait
     }
-}
-
-/// What a container of a pod holds with the other containers of its pod that were given the
-/// same claim devices ([`ClaimHold`]): its checked claim devices and its pod sandbox, where it
-/// has both.
-fn claim_hold(request: &Request) -> Option<ClaimHold> {
-    let pod = request.pod_sandbox.clone()?;
-    (!request.claim_devices.is_empty()).then(|| ClaimHold {
-        pod,
-        devices: request.claim_devices.clone(),
-    })
 }
 
 /// The memory each GPU share asks for on this host, resolved against the inventory. For a

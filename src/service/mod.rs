@@ -114,6 +114,12 @@ pub struct Service<'a> {
     /// already loaded and started the same library, so this is a reference count, not a
     /// driver start.
     cgroup_usage: std::cell::OnceCell<crate::enforce::driver_limit::DriverUsage>,
+    /// Whether the containers of a pod that share a claim may hold it once
+    /// ([`crate::ledger::ClaimHold`]): only where `vramgate watch` stops them together when
+    /// their use added up passes the claim's limit (`[enforce] over_use = "kill"`). Every other
+    /// tier holds each container to the claim's limit alone, so K containers could use K times
+    /// what one hold counts; there each holder is counted whole.
+    claims_held_together: bool,
 }
 
 impl<'a> Service<'a> {
@@ -133,6 +139,7 @@ impl<'a> Service<'a> {
             poll_interval: config.queue.poll_interval,
             nvml_library: config.inventory.nvml_library.clone().into(),
             cgroup_usage: std::cell::OnceCell::new(),
+            claims_held_together: config.enforce.over_use == crate::config::OverUseAction::Kill,
         }
     }
 

@@ -272,7 +272,8 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
 /// amount, is decided by the rules and finds no room.
 #[test]
 fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
-    let w = World::new(1, 10 * GI);
+    let mut w = World::new(1, 10 * GI);
+    w.config.enforce.over_use = crate::config::OverUseAction::Kill;
     let service = w.service();
     let claim = |pod: &str, bytes: u64| Request {
         claim_devices: vec!["u-gpu-0".into()],
@@ -326,6 +327,39 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
             &service,
             &mut ledger,
             &admit_req("outside", 6, &outside, Policy::Reject),
+            &mut Progress::default(),
+        )
+        .0,
+    );
+    assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}
+
+/// Where `vramgate watch` does not stop a pod's holders together (`over_use` other than
+/// `kill`), each container's tier holds it alone to the claim's limit: the pod's containers
+/// could use that limit each, so each is counted whole and no hold is recorded.
+#[test]
+fn a_claim_is_held_once_only_where_the_watch_stops_its_holders_together() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mine = Request {
+        claim_devices: vec!["u-gpu-0".into()],
+        pod_sandbox: Some("pod-1".into()),
+        ..request(6 * GI, "0")
+    };
+    let mut ledger = Ledger::default();
+    let first = step(
+        &service,
+        &mut ledger,
+        &admit_req("app", 1, &mine, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&first.0));
+    assert_eq!(ledger.reservations[0].claim, None);
+    let refused = refusal(
+        step(
+            &service,
+            &mut ledger,
+            &admit_req("sidecar", 2, &mine, Policy::Reject),
             &mut Progress::default(),
         )
         .0,
