@@ -64,6 +64,14 @@ pub fn read_regular(path: &Path, limit: u64) -> Option<(Stamp, Vec<u8>)> {
 /// tens of KiB.
 pub const NVIDIA_SPEC_LIMIT: u64 = 4 << 20;
 
+/// The directories, for a message.
+pub fn dirs_named(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The spec files in `dirs` as a CDI runtime would read them (`*.yaml`, `*.yml`, `*.json`),
 /// sorted within each directory, each once; a directory that cannot be listed has none.
 pub fn spec_files(dirs: &[PathBuf]) -> Vec<PathBuf> {

@@ -113,11 +113,7 @@ fn checked_cdi_dir(cdi_dir: &Path, config: &Config, config_path: &Path) -> Resul
     }
     Err(DriverError::CdiDirUnchecked {
         cdi_dir: cdi_dir.to_path_buf(),
-        dirs: dirs
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
+        dirs: crate::cdi_files::dirs_named(dirs),
         config: config_path.to_path_buf(),
     })
 }

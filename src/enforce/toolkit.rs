@@ -61,13 +61,7 @@ fn carries_hook(spec: &serde_json::Value) -> bool {
         })
 }
 
-/// The directories, for a message.
-pub fn dirs_named(dirs: &[PathBuf]) -> String {
-    dirs.iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+pub use crate::cdi_files::dirs_named;
 
 /// The toolkit variables a container's own env sets (`None` when neither), named for a
 /// message. They are a request ([`crate::request::nvidia_memory`]) and the container is

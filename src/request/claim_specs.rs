@@ -158,11 +158,7 @@ pub fn verified_claim_devices(spec: &SpecView, dirs: &[PathBuf]) -> Result<Vec<S
         let shown: String = device.chars().filter(|c| !c.is_control()).take(100).collect();
         let not_prepared = || RequestError::ClaimDeviceNotPrepared {
             device: shown.clone(),
-            dirs: dirs
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            dirs: crate::cdi_files::dirs_named(dirs),
         };
         if let Some(uid) = claim_uid(device) {
             for dir in dirs {

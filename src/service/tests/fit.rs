@@ -282,22 +282,12 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
     };
     let (mine, other_pod, other_amount) = (claim("pod-1", 6 * GI), claim("pod-2", 6 * GI), claim("pod-1", 7 * GI));
     let mut ledger = Ledger::default();
-    let first = step(
-        &service,
-        &mut ledger,
-        &admit_req("app", 1, &mine, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let first = reject_once(&service, &mut ledger, "app", 1, &mine);
     assert!(admitted(&first.0));
     // A waiter for 5 GiB is queued behind the claim's 6.
     let plain = request(5 * GI, "0");
     let _waiting = queued(&service, &mut ledger, &admit_req("waiter", 2, &plain, Policy::Wait));
-    let joined = step(
-        &service,
-        &mut ledger,
-        &admit_req("sidecar", 3, &mine, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let joined = reject_once(&service, &mut ledger, "sidecar", 3, &mine);
     assert!(admitted(&joined.0), "{:?}", joined.0);
     assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
     assert!(ledger.reservations.iter().all(|r| r.claim
@@ -306,15 +296,7 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
             devices: vec!["u-gpu-0".into()]
         })));
     for (id, n, req) in [("elsewhere", 4, &other_pod), ("more", 5, &other_amount)] {
-        let refused = refusal(
-            step(
-                &service,
-                &mut ledger,
-                &admit_req(id, n, req, Policy::Reject),
-                &mut Progress::default(),
-            )
-            .0,
-        );
+        let refused = refusal(reject_once(&service, &mut ledger, id, n, req).0);
         assert!(matches!(refused, Refusal::NoRoom { .. }), "{id}: {refused}");
     }
     // A container outside any pod never joins, whatever it names.
@@ -322,15 +304,7 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
         pod_sandbox: None,
         ..mine.clone()
     };
-    let refused = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("outside", 6, &outside, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let refused = refusal(reject_once(&service, &mut ledger, "outside", 6, &outside).0);
     assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
 }
 
@@ -347,22 +321,19 @@ fn a_claim_is_held_once_only_where_the_watch_stops_its_holders_together() {
         ..request(6 * GI, "0")
     };
     let mut ledger = Ledger::default();
-    let first = step(
-        &service,
-        &mut ledger,
-        &admit_req("app", 1, &mine, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let first = reject_once(&service, &mut ledger, "app", 1, &mine);
     assert!(admitted(&first.0));
     assert_eq!(ledger.reservations[0].claim, None);
-    let refused = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("sidecar", 2, &mine, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let refused = refusal(reject_once(&service, &mut ledger, "sidecar", 2, &mine).0);
     assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}
+
+/// One attempt of `req` for container `id` (init pid `n`) under policy `reject`.
+fn reject_once(service: &Service, ledger: &mut Ledger, id: &str, n: u32, req: &Request) -> (Result<Step>, Vec<Event>) {
+    step(
+        service,
+        ledger,
+        &admit_req(id, n, req, Policy::Reject),
+        &mut Progress::default(),
+    )
 }
