@@ -24,7 +24,16 @@ pub const NVIDIA_CONTROL_MINORS: [u64; 2] = [254, 255];
 /// NVIDIA CDI specs add per GPU.
 pub const DRM_MAJOR: u64 = 226;
 
-/// One rule, as the OCI spec writes it.
+/// The keys of a rule object, as the OCI spec spells them. runc decodes the spec with Go's
+/// `encoding/json`, which matches keys without regard to case (and folds `ſ` into `s`), so a
+/// rule written `{"Allow": true}` is an allow rule to runc and no rule at all to a reader that
+/// matches keys exactly: a rule with any other key is refused ([`misread_rule`]).
+pub const RULE_KEYS: [&str; 5] = ["allow", "type", "major", "minor", "access"];
+
+/// One rule, as the OCI spec writes it, read as runc reads it: a rule of type `a` (or with no
+/// type, or an empty one) is runc's wildcard device, every block and character device with
+/// every access, whatever major, minor and access it names (cgroup v1, the v2 eBPF filter and
+/// the systemd driver alike); so `a 195:0 rwm` and `a *:* m` are `--privileged`'s rule.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceRule<'a>(pub &'a Value);
 
@@ -41,24 +50,30 @@ impl DeviceRule<'_> {
         }
     }
 
-    fn number(&self, key: &str) -> Option<u64> {
+    fn every_device(&self) -> bool {
+        self.kind() == "a"
+    }
+
+    fn written_number(&self, key: &str) -> Option<u64> {
         // Missing, null and -1 are the wildcard `*`.
         self.0.get(key).and_then(Value::as_u64)
     }
 
-    /// The major number, `None` for every major.
+    /// The major number, `None` for every major (always, for a rule of type `a`).
     pub fn major(&self) -> Option<u64> {
-        self.number("major")
+        self.written_number("major").filter(|_| !self.every_device())
     }
 
-    /// The minor number, `None` for every minor.
+    /// The minor number, `None` for every minor (always, for a rule of type `a`).
     pub fn minor(&self) -> Option<u64> {
-        self.number("minor")
+        self.written_number("minor").filter(|_| !self.every_device())
     }
 
-    /// Whether it lets the container read or write a node (a rule without access is `rwm`).
+    /// Whether it lets the container read or write a node (a rule without access is `rwm`,
+    /// and one of type `a` is every access).
     pub fn opens(&self) -> bool {
         match self.0.get("access").and_then(Value::as_str) {
+            _ if self.every_device() => true,
             None | Some("") => true,
             Some(access) => access.contains(['r', 'w']),
         }
@@ -73,40 +88,134 @@ impl DeviceRule<'_> {
             && self.minor().is_none_or(|m| m == minor)
     }
 
-    /// Whether it allows opening character devices of every major (`c *:* rw`, `a`).
+    /// Whether it allows opening character devices of every major (`c *:* rw`, and any allow
+    /// rule of type `a`).
     pub fn opens_every_char_major(&self) -> bool {
         self.allows() && self.opens() && matches!(self.kind(), "a" | "c") && self.major().is_none()
     }
 
-    /// How the rule reads on a command line: `c 195:* rwm`, `a *:* rwm`.
+    /// How the rule reads on a command line, as written: `allow c 195:* rwm`, `allow a 195:0 rwm`.
     pub fn describe(&self) -> String {
         let number = |n: Option<u64>| n.map_or("*".to_string(), |n| n.to_string());
         let access = self.0.get("access").and_then(Value::as_str).unwrap_or("rwm");
+        let access: String = access.chars().filter(|c| !c.is_control()).take(8).collect();
+        let kind: String = self.kind().chars().filter(|c| !c.is_control()).take(8).collect();
         format!(
-            "{} {} {}:{} {access}",
+            "{} {kind} {}:{} {access}",
             if self.allows() { "allow" } else { "deny" },
-            self.kind(),
-            number(self.major()),
-            number(self.minor())
+            number(self.written_number("major")),
+            number(self.written_number("minor"))
         )
     }
 }
 
-/// The first allow rule of `rules` that lets a container holding a reservation on the GPUs of
-/// minors `kept` open another GPU's node: a rule over every character major, or one over
-/// NVIDIA's major that is a wildcard or names a GPU minor outside `kept`. `None` when the rules
-/// keep the container to its GPUs. For a caller that cannot rewrite the spec (the hook alone).
-pub fn reaching_other_gpus<'a>(rules: &'a [Value], kept: &[u32]) -> Option<DeviceRule<'a>> {
+/// The first rule of `rules` that runc would read otherwise than [`DeviceRule`] does, with
+/// why: not an object, a key other than [`RULE_KEYS`] (`"Allow"`, `"ALLOW"`: Go matches keys
+/// without case), a value of another type than the OCI spec's, a type other than `a`, `b` and
+/// `c`, or an access other than letters of `rwm`. A caller that judges what the rules open
+/// refuses such a spec, so that what it judged is what runc applies.
+pub fn misread_rule(rules: &[Value]) -> Option<(usize, String)> {
+    rules.iter().enumerate().find_map(|(index, rule)| {
+        let why = |reason: String| Some((index, reason));
+        let Some(object) = rule.as_object() else {
+            return why(format!("is a {}, not an object", crate::spec::json_type(rule)));
+        };
+        if let Some(key) = object.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
+            return why(format!(
+                "has the key {:?}, which the OCI spec does not name (runc reads keys without regard to case; write only {})",
+                key.chars().take(40).collect::<String>(),
+                RULE_KEYS.join(", ")
+            ));
+        }
+        let wrong_type = |key: &str, expected: &str| why(format!("has {key} of another type than {expected}"));
+        for (key, value) in object {
+            let fits = match key.as_str() {
+                "allow" => value.is_boolean(),
+                "type" | "access" => value.is_string(),
+                _ => value.is_null() || value.is_i64() || value.is_u64(),
+            };
+            if !fits {
+                let expected = match key.as_str() {
+                    "allow" => "a boolean",
+                    "type" | "access" => "a string",
+                    _ => "an integer",
+                };
+                return wrong_type(key, expected);
+            }
+        }
+        let kind = object.get("type").and_then(Value::as_str).unwrap_or_default();
+        if !matches!(kind, "" | "a" | "b" | "c") {
+            return why(format!(
+                "has the type {:?}; a device rule's type is a, b or c",
+                kind.chars().take(8).collect::<String>()
+            ));
+        }
+        let access = object.get("access").and_then(Value::as_str).unwrap_or_default();
+        if !access.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
+            return why(format!(
+                "has the access {:?}; a device rule's access is made of r, w and m",
+                access.chars().take(8).collect::<String>()
+            ));
+        }
+        None
+    })
+}
+
+/// What a container holding a reservation may keep open: the nodes of its GPUs, and through
+/// `host` the DRM and MIG capability nodes that are theirs (or no GPU's).
+#[derive(Debug, Clone)]
+pub struct Kept<'a> {
+    /// The minors of its GPUs' `/dev/nvidiaN` (the control nodes are always kept).
+    pub gpu_minors: &'a [u32],
+    /// The MIG capabilities' major (assigned at load, from `/proc/devices`) and the minors it
+    /// keeps there: its MIG devices' and the host-wide ones. `None` where the driver has none.
+    pub caps: Option<(u64, Vec<u64>)>,
+    pub host: &'a HostPaths,
+}
+
+impl Kept<'_> {
+    fn keeps_gpu_minor(&self, minor: u64) -> bool {
+        NVIDIA_CONTROL_MINORS.contains(&minor) || self.gpu_minors.iter().any(|k| u64::from(*k) == minor)
+    }
+
+    /// Whether the DRM node `226:minor` may stay open: another vendor's, or one of its GPUs'.
+    /// An NVIDIA node whose GPU cannot be told, or a minor with no device, may be another
+    /// GPU's (a driver loaded later): not kept.
+    pub fn keeps_drm_minor(&self, minor: u64) -> bool {
+        match self.host.drm_node(minor) {
+            DrmNode::OtherVendor => true,
+            DrmNode::NvidiaGpu(gpu) => self.gpu_minors.contains(&gpu),
+            DrmNode::Unknown => false,
+        }
+    }
+}
+
+/// The first allow rule of `rules` that lets a container holding a reservation on the GPUs
+/// `kept` open another GPU's node: a rule over every character major (any allow rule of type
+/// `a`), one over NVIDIA's major that is a wildcard or names a GPU minor it does not keep, one
+/// over the DRM major that reaches an NVIDIA DRM node of the host it does not keep, or one over
+/// the MIG capabilities' major that is a wildcard or names a capability it does not keep.
+/// `None` when the rules keep the container to its GPUs. For a caller that cannot rewrite the
+/// spec (the hook alone); the wrapper narrows the same rules instead.
+pub fn reaching_other_gpus<'a>(rules: &'a [Value], kept: &Kept) -> Option<DeviceRule<'a>> {
     rules.iter().map(DeviceRule).find(|rule| {
         if rule.opens_every_char_major() {
             return true;
         }
-        if !(rule.allows() && rule.opens() && matches!(rule.kind(), "a" | "c")) || rule.major() != Some(NVIDIA_MAJOR) {
+        if !(rule.allows() && rule.opens() && rule.kind() == "c") {
             return false;
         }
-        match rule.minor() {
-            None => true,
-            Some(minor) => !NVIDIA_CONTROL_MINORS.contains(&minor) && !kept.iter().any(|k| u64::from(*k) == minor),
+        match (rule.major(), rule.minor()) {
+            (Some(NVIDIA_MAJOR), None) => true,
+            (Some(NVIDIA_MAJOR), Some(minor)) => !kept.keeps_gpu_minor(minor),
+            (Some(DRM_MAJOR), Some(minor)) => !kept.keeps_drm_minor(minor),
+            (Some(DRM_MAJOR), None) => kept.host.drm_minors().iter().any(|m| !kept.keeps_drm_minor(*m)),
+            (Some(major), minor) => match &kept.caps {
+                Some((caps_major, minors)) if *caps_major == major => minor.is_none_or(|m| !minors.contains(&m)),
+                _ => false,
+            },
+            // Every major: answered by opens_every_char_major above.
+            (None, _) => true,
         }
     })
 }
@@ -155,6 +264,18 @@ impl HostPaths {
                 let (major, driver) = line.trim().split_once(' ')?;
                 (driver.trim() == name).then(|| major.parse().ok()).flatten()
             })
+    }
+
+    /// The minors of the host's DRM nodes (`/sys/dev/char/226:*`), sorted.
+    pub fn drm_minors(&self) -> Vec<u64> {
+        let prefix = format!("{DRM_MAJOR}:");
+        let mut minors: Vec<u64> = std::fs::read_dir(self.sys.join("dev/char"))
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_prefix(&prefix)?.parse().ok())
+            .collect();
+        minors.sort_unstable();
+        minors
     }
 
     /// Whose the DRM node `226:minor` is: the PCI device behind `/sys/dev/char/226:<minor>`,
@@ -254,7 +375,16 @@ mod tests {
     #[test]
     fn rules_that_reach_another_gpu() {
         let rule = |v: Value| vec![json!({"allow": false, "access": "rwm"}), v];
-        let kept = [0];
+        let root = tempfile::tempdir().unwrap();
+        let host = HostPaths {
+            sys: root.path().join("sys"),
+            proc: root.path().join("proc"),
+        };
+        let kept = Kept {
+            gpu_minors: &[0],
+            caps: None,
+            host: &host,
+        };
         for (rules, reaches) in [
             (
                 rule(json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"})),
@@ -274,6 +404,20 @@ mod tests {
             ),
             (rule(json!({"allow": true, "type": "c", "access": "rw"})), true),
             (rule(json!({"allow": true, "access": "rwm"})), true),
+            // Type `a` is every device to runc, whatever its numbers and access.
+            (
+                rule(json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "rwm"})),
+                true,
+            ),
+            (rule(json!({"allow": true, "type": "a", "access": "m"})), true),
+            (
+                rule(json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rwm"})),
+                true,
+            ),
+            (
+                rule(json!({"allow": true, "type": "", "major": 1, "minor": 3, "access": "r"})),
+                true,
+            ),
             (rule(json!({"allow": true, "type": "c", "access": "m"})), false),
             (
                 rule(json!({"allow": true, "type": "c", "major": 226, "access": "rwm"})),
@@ -282,5 +426,98 @@ mod tests {
         ] {
             assert_eq!(reaching_other_gpus(&rules, &kept).is_some(), reaches, "{rules:?}");
         }
+    }
+
+    #[test]
+    fn drm_and_mig_capability_rules_reach_other_gpus_as_the_gpu_major_does() {
+        let root = tempfile::tempdir().unwrap();
+        let host = HostPaths {
+            sys: root.path().join("sys"),
+            proc: root.path().join("proc"),
+        };
+        // DRM 226:0 is an integrated GPU's, 226:128 GPU 0's render node, 226:129 GPU 1's.
+        let node = |minor: u64, address: &str, vendor: &str| {
+            let pci = root.path().join("sys/devices/pci0000:00").join(address);
+            std::fs::create_dir_all(&pci).unwrap();
+            std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
+            let char_dir = root.path().join(format!("sys/dev/char/226:{minor}"));
+            std::fs::create_dir_all(&char_dir).unwrap();
+            std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
+        };
+        node(0, "0000:00:02.0", "0x8086");
+        node(128, "0000:3b:00.0", NVIDIA_VENDOR);
+        node(129, "0000:5e:00.0", NVIDIA_VENDOR);
+        for (address, gpu) in [("0000:3b:00.0", 0), ("0000:5e:00.0", 1)] {
+            let info = root.path().join("proc/driver/nvidia/gpus").join(address);
+            std::fs::create_dir_all(&info).unwrap();
+            std::fs::write(info.join("information"), format!("Device Minor: {gpu}\n")).unwrap();
+        }
+        assert_eq!(host.drm_minors(), [0, 128, 129]);
+        let kept = Kept {
+            gpu_minors: &[0],
+            caps: Some((508, vec![12, 13, 1])),
+            host: &host,
+        };
+        let allow = |major: Option<u64>, minor: Option<u64>| {
+            vec![json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rw"})]
+        };
+        for (rules, reaches, why) in [
+            (allow(Some(226), Some(128)), false, "its own GPU's render node"),
+            (allow(Some(226), Some(0)), false, "another vendor's card"),
+            (
+                allow(Some(226), Some(129)),
+                true,
+                "GPU 1's render node, with no node in the spec",
+            ),
+            (allow(Some(226), Some(200)), true, "a DRM minor no device has yet"),
+            (allow(Some(226), None), true, "every DRM node, GPU 1's among them"),
+            (allow(Some(508), Some(12)), false, "its MIG device's capability"),
+            (allow(Some(508), Some(1)), false, "a host-wide capability"),
+            (allow(Some(508), Some(21)), true, "another MIG device's capability"),
+            (allow(Some(508), None), true, "every MIG capability"),
+        ] {
+            assert_eq!(reaching_other_gpus(&rules, &kept).is_some(), reaches, "{why}");
+        }
+        let one_gpu = Kept {
+            gpu_minors: &[0, 1],
+            ..kept
+        };
+        assert!(
+            reaching_other_gpus(&allow(Some(226), None), &one_gpu).is_none(),
+            "every DRM node of the host is its GPUs' or another vendor's"
+        );
+    }
+
+    #[test]
+    fn a_rule_runc_would_read_otherwise_is_named() {
+        for (rule, said) in [
+            (
+                json!({"Allow": true, "type": "c", "major": 195, "access": "rwm"}),
+                "\"Allow\"",
+            ),
+            (json!({"allow": false, "ALLOW": true}), "\"ALLOW\""),
+            (json!({"allow": true, "type": "c", "acce\u{17f}s": "rwm"}), "acce"),
+            (json!({"allow": "true", "type": "c"}), "allow of another type"),
+            (
+                json!({"allow": true, "type": "c", "major": 195.0}),
+                "major of another type",
+            ),
+            (json!({"allow": true, "type": "C", "major": 195}), "type \"C\""),
+            (json!({"allow": true, "type": "c", "access": "RW"}), "access \"RW\""),
+            (json!("a *:* rwm"), "a string, not an object"),
+        ] {
+            let rules = vec![json!({"allow": false, "access": "rwm"}), rule.clone()];
+            let (index, why) = misread_rule(&rules).unwrap_or_else(|| panic!("{rule} passed"));
+            assert_eq!(index, 1, "{rule}");
+            assert!(why.contains(said), "{rule}: {why}");
+        }
+        let fine = [
+            json!({"allow": false, "access": "rwm"}),
+            json!({"allow": true, "type": "c", "major": 195, "minor": -1, "access": "rw"}),
+            json!({"allow": true, "type": "c", "major": null, "minor": null, "access": "m"}),
+        ];
+        assert_eq!(misread_rule(&fine), None);
+        let written = json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "rwm"});
+        assert_eq!(DeviceRule(&written).describe(), "allow a 195:0 rwm");
     }
 }

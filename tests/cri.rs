@@ -95,6 +95,10 @@ impl Watch {
 /// A pod whose one container asks for 1205 MiB on GPU 0, with `policy`. Waits end after
 /// 30 s (the jobs queue for a few seconds), so a wait that can never end fails the test with
 /// vramgate's own message well before kubelet's deadline.
+/// What the device plugin gives a container on GPU 0: a pod's containers get GPUs from the
+/// scheduler alone, and the pod's `vramgate.dev/gpus` only chooses among those.
+const GIVEN_GPU_0: (&str, &str) = ("NVIDIA_VISIBLE_DEVICES", "0");
+
 fn gpu_pod(name: &str, policy: &str) -> cri::PodSandboxConfig {
     pod_config(
         name,
@@ -141,7 +145,7 @@ fn of_25_pods_under_reject_20_run_and_5_are_refused_on(containerd: Containerd) {
 
     let ids: Vec<String> = pods
         .iter()
-        .map(|pod| cri.create(pod, container_config("app", RUN_UNTIL_STOPPED, &[])))
+        .map(|pod| cri.create(pod, container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0])))
         .collect();
     let client = cri.runtime.clone();
     let results = cri.concurrently(ids.len(), 4, |i| start_container(client.clone(), ids[i].clone()));
@@ -197,7 +201,7 @@ fn of_25_pods_under_wait_all_run_and_complete_never_over_capacity() {
     let pods = run_all(&cri, configs);
     let ids: Vec<String> = pods
         .iter()
-        .map(|pod| cri.create(pod, container_config("job", &["/bin/sleep", "2"], &[])))
+        .map(|pod| cri.create(pod, container_config("job", &["/bin/sleep", "2"], &[GIVEN_GPU_0])))
         .collect();
 
     // All 25 StartContainer calls at once; those that do not fit return when earlier jobs end.
@@ -303,7 +307,9 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
         assert!(vramgate_hook_stages(&cri.bundle_spec(id)).is_empty(), "{id} got hooks");
     }
 
-    // `vramgate.dev/gpus` on the pod names the GPU for every container: both reserve.
+    // `vramgate.dev/gpus` on the pod chooses among the GPUs each container was given, and
+    // gives none to a container given none: the one given every GPU (a CUDA image's env)
+    // reserves on GPU 0, the one given nothing reserves nothing.
     let pods2 = run_all(
         &cri,
         vec![pod_config(
@@ -311,19 +317,19 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
             &[("vramgate.dev/memory", REQUEST), ("vramgate.dev/gpus", "0")],
         )],
     );
-    let a = cri.create(&pods2[0], container_config("a", RUN_UNTIL_STOPPED, &[]));
+    let a = cri.create(
+        &pods2[0],
+        container_config("a", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "all")]),
+    );
     let b = cri.create(&pods2[0], container_config("b", RUN_UNTIL_STOPPED, &[]));
     cri.start_one(&a).unwrap();
     cri.start_one(&b).unwrap();
     let mut held = reservations(&cri.tb);
     held.sort();
-    let mut want = vec![
-        (gpu.clone(), REQUEST_BYTES),
-        (a.clone(), REQUEST_BYTES),
-        (b.clone(), REQUEST_BYTES),
-    ];
+    let mut want = vec![(gpu.clone(), REQUEST_BYTES), (a.clone(), REQUEST_BYTES)];
     want.sort();
-    assert_eq!(held, want);
+    assert_eq!(held, want, "b, given no GPU, reserved one");
+    assert!(vramgate_hook_stages(&cri.bundle_spec(&b)).is_empty(), "b got hooks");
 
     cri.delete_pods(&pods);
     cri.delete_pods(&pods2);
@@ -433,7 +439,7 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
             &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")],
         )],
     );
-    let big_id = cri.create(&big[0], container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let big_id = cri.create(&big[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
     cri.start_one(&big_id).unwrap();
     let pods = run_all(
         &cri,
@@ -447,7 +453,7 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
             ],
         )],
     );
-    let id = cri.create(&pods[0], container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let id = cri.create(&pods[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
 
     // A 3 s deadline stands for kubelet's 2 min.
     let mut client = cri.runtime.clone();
@@ -526,7 +532,7 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
             &[("vramgate.dev/memory", "10Gi"), ("vramgate.dev/gpus", "0")],
         )],
     );
-    let next_id = cri.create(&next[0], container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let next_id = cri.create(&next[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
     cri.start_one(&next_id).unwrap();
     assert_eq!(
         reservations(&cri.tb).iter().filter(|(c, _)| c == &next_id).count(),

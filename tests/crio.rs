@@ -24,6 +24,12 @@ use support::*;
 /// The host's vramgate config: one simulated 24,265 MiB GPU.
 const STATIC_GPU: &str = "[inventory]\nbackend = \"static\"";
 
+/// A container the device plugin gave GPU 0 (its `NVIDIA_VISIBLE_DEVICES`): a pod's containers
+/// get GPUs from the scheduler alone, and the pod's `vramgate.dev/gpus` chooses among them.
+fn gpu_container(name: &str) -> cri::ContainerConfig {
+    container_config(name, RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "0")])
+}
+
 fn gpu_pod(name: &str, memory: &str, extra: &[(&str, &str)]) -> cri::PodSandboxConfig {
     let mut annotations = vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")];
     annotations.extend_from_slice(extra);
@@ -39,7 +45,7 @@ fn hooks_d_reserves_at_create_releases_at_removal_and_refuses_in_create_containe
     let crio = crio_host("vramgate-crio-hooks", STATIC_GPU);
     let pod = crio.run_pod(gpu_pod("gpu", "6Gi", &[]));
     assert_eq!(reservations(&crio.tb), [], "the pod's sandbox holds a reservation");
-    let id = crio.create(&pod, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let id = crio.create(&pod, gpu_container("app"));
     // Reserved by CreateContainer itself, before any StartContainer.
     assert_eq!(reservations(&crio.tb), [(id.clone(), 6 * GIB)]);
     // CRI-O puts the hooks.d entry's `prestart` stage into the spec as `createRuntime` (the
@@ -59,7 +65,7 @@ fn hooks_d_reserves_at_create_releases_at_removal_and_refuses_in_create_containe
     // 6 GiB held, 20 GiB asked: refused, and the CRI error says so in vramgate's words.
     let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
     let err = crio
-        .try_create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]))
+        .try_create(&big, gpu_container("app"))
         .expect_err("a 20Gi request was created beside 6Gi");
     eprintln!("the refusal as the CRI client sees it: {err}");
     assert!(
@@ -108,7 +114,7 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
 
     // The pod's annotation, nothing on the container.
     let from_pod = crio.run_pod(gpu_pod("from-pod", "2Gi", &[]));
-    let a = crio.create(&from_pod, annotated("app", &[], &[]));
+    let a = crio.create(&from_pod, annotated("app", &[("NVIDIA_VISIBLE_DEVICES", "0")], &[]));
     assert_eq!(held(&a), [2 * GIB]);
 
     // The container's annotations, nothing on the pod.
@@ -117,7 +123,7 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
         &plain,
         annotated(
             "app",
-            &[],
+            &[("NVIDIA_VISIBLE_DEVICES", "0")],
             &[("vramgate.dev/memory", "3Gi"), ("vramgate.dev/gpus", "0")],
         ),
     );
@@ -125,7 +131,14 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
 
     // Both: the container's value is the one in the spec.
     let both = crio.run_pod(gpu_pod("both", "1Gi", &[]));
-    let c = crio.create(&both, annotated("app", &[], &[("vramgate.dev/memory", "4Gi")]));
+    let c = crio.create(
+        &both,
+        annotated(
+            "app",
+            &[("NVIDIA_VISIBLE_DEVICES", "0")],
+            &[("vramgate.dev/memory", "4Gi")],
+        ),
+    );
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&c)).unwrap()).unwrap();
     assert_eq!(spec["annotations"]["vramgate.dev/memory"], "4Gi");
     assert_eq!(held(&c), [4 * GIB]);
@@ -146,12 +159,95 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
             ("vramgate.dev/gpus", "0"),
         ],
     ));
-    let worker = crio.create(&kai, annotated("worker", &[], &[]));
+    let worker = crio.create(&kai, annotated("worker", &[("NVIDIA_VISIBLE_DEVICES", "0")], &[]));
     let other = crio.create(&kai, annotated("other", &[], &[]));
     assert_eq!(held(&worker), [512 << 20]);
     assert_eq!(held(&other), Vec::<u64>::new());
 
     for pod in [&from_pod, &plain, &both, &sidecar_pod, &kai] {
+        crio.delete_pod(pod);
+    }
+    assert_eq!(reservations(&crio.tb), []);
+}
+
+/// A pod author's annotations never switch vramgate off nor hand a container a GPU (the hooks.d
+/// path). CRI-O copies every pod annotation but its own `io.kubernetes.cri-o.*` keys into each
+/// container's spec, containerd's sandbox marker included: the GPU container under it still
+/// reserves. A pod whose container its engine gave no GPU, naming every GPU in full, reserves
+/// nothing (a pod's GPUs come from the scheduler alone); the same through the container's own
+/// env is refused with the line saying so.
+///
+/// CRI-O strips containerd's key unless the runtime handler's `allowed_annotations` names it, as
+/// the handlers CRI-O documents for crun's wasm images do: the forged pod runs on such a handler
+/// (`ANNOTATIONS_HANDLER`), and on the default one the key is seen stripped.
+#[test]
+fn a_pods_annotations_neither_hide_a_gpu_container_nor_give_a_container_a_gpu() {
+    let crio = crio_host("vramgate-crio-pod-edges", STATIC_GPU);
+    let forged_pod = |name: &str| {
+        pod_config(
+            name,
+            &[
+                ("vramgate.dev/memory", "2Gi"),
+                ("io.kubernetes.cri.container-type", "sandbox"),
+            ],
+        )
+    };
+    let stripped = crio.run_pod(forged_pod("stripped"));
+    let plain = crio.create(&stripped, gpu_container("gpu"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&plain)).unwrap()).unwrap();
+    assert_eq!(
+        spec["annotations"]["io.kubernetes.cri.container-type"],
+        serde_json::Value::Null,
+        "the default handler strips containerd's key"
+    );
+    assert_eq!(reservations(&crio.tb), [(plain.clone(), 2 * GIB)]);
+    crio.delete_pod(&stripped);
+    assert_eq!(reservations(&crio.tb), []);
+
+    let forged = crio
+        .run_pod_on(forged_pod("forged"), ANNOTATIONS_HANDLER)
+        .unwrap_or_else(|e| panic!("RunPodSandbox on {ANNOTATIONS_HANDLER}: {e}\n{}", crio.log()));
+    let gpu = crio.create(&forged, gpu_container("gpu"));
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&gpu)).unwrap()).unwrap();
+    assert_eq!(
+        (
+            &spec["annotations"]["io.kubernetes.cri.container-type"],
+            &spec["annotations"]["io.kubernetes.cri-o.ContainerType"]
+        ),
+        (&serde_json::json!("sandbox"), &serde_json::json!("container")),
+        "CRI-O passes the pod's key beside its own"
+    );
+    assert_eq!(reservations(&crio.tb), [(gpu.clone(), 2 * GIB)]);
+    crio.start_one(&gpu).unwrap();
+
+    let greedy = crio.run_pod(pod_config(
+        "greedy",
+        &[("vramgate.dev/memory", "100%"), ("vramgate.dev/gpus", "all")],
+    ));
+    let app = crio.create(&greedy, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    crio.start_one(&app).unwrap();
+    assert_eq!(
+        crio.container_status(&app).state,
+        cri::ContainerState::ContainerRunning as i32
+    );
+    assert_eq!(
+        reservations(&crio.tb),
+        [(gpu.clone(), 2 * GIB)],
+        "the container its engine gave no GPU reserved one"
+    );
+    let err = crio
+        .try_create(
+            &greedy,
+            container_config(
+                "own",
+                RUN_UNTIL_STOPPED,
+                &[("VRAMGATE_MEMORY", "1Gi"), ("VRAMGATE_GPUS", "all")],
+            ),
+        )
+        .expect_err("a pod's container given no GPU was created on one");
+    assert!(err.message().contains("Kubernetes gave it no GPU"), "{err}");
+    assert_eq!(reservations(&crio.tb), [(gpu.clone(), 2 * GIB)]);
+    for pod in [&forged, &greedy] {
         crio.delete_pod(pod);
     }
     assert_eq!(reservations(&crio.tb), []);
@@ -164,7 +260,7 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
 fn a_crio_restart_with_pods_running_keeps_each_reservation_once() {
     let mut crio = crio_host("vramgate-crio-restart", STATIC_GPU);
     let pod = crio.run_pod(gpu_pod("gpu", "6Gi", &[]));
-    let id = crio.create(&pod, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let id = crio.create(&pod, gpu_container("app"));
     crio.start_one(&id).unwrap();
     let before = status(&crio.tb.config_path);
     crio.stop();
@@ -189,7 +285,7 @@ fn a_crio_restart_with_pods_running_keeps_each_reservation_once() {
         "the reservation changed across the restart"
     );
     // A second container in the restored pod reserves its own, once.
-    let second = crio.create(&pod, container_config("second", RUN_UNTIL_STOPPED, &[]));
+    let second = crio.create(&pod, gpu_container("second"));
     crio.start_one(&second).unwrap();
     let mut both = reservations(&crio.tb);
     both.sort();
@@ -210,7 +306,7 @@ fn a_crio_restart_with_pods_running_keeps_each_reservation_once() {
 /// and the pod "queued" whose 10 GiB container may wait `timeout` for it.
 fn full_gpu_and_a_waiting_pod(crio: &Crio, timeout: &str) -> (Pod, String, Pod) {
     let big = crio.run_pod(gpu_pod("big", "20Gi", &[]));
-    let big_id = crio.create(&big, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let big_id = crio.create(&big, gpu_container("app"));
     crio.start_one(&big_id).unwrap();
     let queued = crio.run_pod(gpu_pod(
         "queued",
@@ -230,7 +326,7 @@ fn full_gpu_and_a_waiting_pod(crio: &Crio, timeout: &str) -> (Pod, String, Pod) 
 fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container() {
     let crio = crio_host("vramgate-crio-deadline", STATIC_GPU);
     let (big, _, pod) = full_gpu_and_a_waiting_pod(&crio, "60s");
-    let config = container_config("app", RUN_UNTIL_STOPPED, &[]);
+    let config = gpu_container("app");
 
     // A 3 s deadline stands for kubelet's 2 min.
     let created = crio.try_create_within(&pod, config.clone(), Duration::from_secs(3));
@@ -334,7 +430,11 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
             HANDLER,
         )
         .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
-    let id = crio.create(&pod, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    // Given every GPU (a CUDA image's `NVIDIA_VISIBLE_DEVICES=all`): `auto` chooses among them.
+    let id = crio.create(
+        &pod,
+        container_config("app", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "all")]),
+    );
     crio.start_one(&id).unwrap();
     let by_gpu = reservations_by_gpu(&crio.tb);
     eprintln!("placed: {by_gpu:?}");
@@ -368,6 +468,34 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
     crio.delete_pod(&pod);
     assert_eq!(reservations(&crio.tb), []);
 
+    // A pod on the handler whose container was given no GPU: `auto` places it on none, and
+    // vramgate-runtime writes no GPU into its spec behind the scheduler's back.
+    let sneaky = crio
+        .run_pod_on(
+            pod_config(
+                "sneaky",
+                &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "auto")],
+            ),
+            HANDLER,
+        )
+        .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
+    let id = crio.create(&sneaky, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    crio.start_one(&id).unwrap();
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&id)).unwrap()).unwrap();
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .collect();
+    assert!(
+        !env.iter().any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")),
+        "a GPU was handed out: {env:?}"
+    );
+    assert_eq!(spec["annotations"]["vramgate.dev/gpus"], "auto");
+    assert_eq!(reservations(&crio.tb), []);
+    crio.delete_pod(&sneaky);
+
     // --remove: vramgate's drop-in and hooks.d files go, the admin's drop-in stays, and
     // nothing else is left in crio's drop-in directory (no backup, which crio would read).
     let out = setup(true);
@@ -394,11 +522,7 @@ fn a_pod_removed_while_its_create_is_queued_holds_its_ticket_until_the_wait_time
     let (big, big_id, pod) = full_gpu_and_a_waiting_pod(&crio, "10s");
     let asked = Instant::now();
     let err = crio
-        .try_create_within(
-            &pod,
-            container_config("app", RUN_UNTIL_STOPPED, &[]),
-            Duration::from_secs(3),
-        )
+        .try_create_within(&pod, gpu_container("app"), Duration::from_secs(3))
         .expect_err("CreateContainer returned before its deadline");
     assert!(
         matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
@@ -428,7 +552,7 @@ fn a_pod_removed_while_its_create_is_queued_holds_its_ticket_until_the_wait_time
     // The GPU serves the next request once the big one is gone.
     crio.delete_pod(&big);
     let next = crio.run_pod(gpu_pod("next", "10Gi", &[]));
-    let next_id = crio.create(&next, container_config("app", RUN_UNTIL_STOPPED, &[]));
+    let next_id = crio.create(&next, gpu_container("app"));
     assert_eq!(reservations(&crio.tb), [(next_id, 10 * GIB)]);
     crio.delete_pod(&next);
 }

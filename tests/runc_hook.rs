@@ -123,14 +123,17 @@ fn nvidias_variables_and_kai_annotations_are_a_request_to_the_hook_alone() {
     // A pod's container, named by the CRI annotations, with KAI's annotations for it: the
     // request (1 GiB) is reserved with the limit (2 GiB) beside it; `true` exits, and `runc
     // run` returns once it is released.
+    // Its GPU is the device plugin's (a pod's containers get GPUs from the scheduler alone).
     let kai = [
         ("io.kubernetes.cri.container-type", "container"),
         ("io.kubernetes.cri.container-name", "trainer"),
         ("nvidia.com/container.trainer.gpu-memory.request", "1024"),
         ("nvidia.com/container.trainer.gpu-memory.limit", "2048"),
-        ("vramgate.dev/gpus", "0"),
     ];
-    let out = run(&bed, "kai", &["true"], &kai);
+    let bundle = bed
+        .bundle("kai", &["true"], &kai, &["NVIDIA_VISIBLE_DEVICES=0"], true)
+        .unwrap();
+    let out = bed.runc_run(&bundle, "kai").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
     let admitted = events

@@ -211,3 +211,115 @@ fn a_wildcard_rule_over_nvidias_major_is_refused_by_the_hook_alone() {
         "{stdout}"
     );
 }
+
+/// Rules that runc reads as every device or otherwise than their keys say: a rule of type `a`
+/// whatever its numbers and access, one with no type, and one whose key is `"Allow"` (Go's
+/// JSON decoder matches keys without case). Each, with the rule and what the refusal says.
+fn misread_rules() -> [(&'static str, Value, &'static str); 5] {
+    [
+        (
+            "a-nv0",
+            json!({"allow": true, "type": "a", "major": 195, "minor": 0, "access": "rwm"}),
+            "allow a 195:0 rwm",
+        ),
+        (
+            "a-mknod",
+            json!({"allow": true, "type": "a", "access": "m"}),
+            "allow a *:* m",
+        ),
+        (
+            "a-null",
+            json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rwm"}),
+            "allow a 1:3 rwm",
+        ),
+        (
+            "no-type",
+            json!({"allow": true, "major": 1, "minor": 3, "access": "rwm"}),
+            "allow a 1:3 rwm",
+        ),
+        (
+            "case",
+            json!({"Allow": true, "type": "c", "major": 195, "minor": 1, "access": "rwm"}),
+            "Allow",
+        ),
+    ]
+}
+
+/// What real runc does with these rules, without vramgate: the container makes the other
+/// GPU's node and the device cgroup lets the open through (no driver here: ENXIO, where a
+/// denied open is EPERM). This is why vramgate must refuse them.
+#[test]
+fn runc_reads_a_rule_of_type_a_as_every_device_and_keys_without_case() {
+    let (_dir, bed) = runc_testbed("vg-rule-runc", TWO_GPUS);
+    let _cleanup = Cleanup(&bed);
+    for (id, rule, _) in misread_rules() {
+        let bundle = mknod_bundle(&bed, id, false, rule);
+        let (ok, stdout, stderr) = run_foreground(&bed, &bundle, id);
+        assert!(ok, "{id}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("nvidia1: cat: can't open '/dev/nvidia1': No such device or address"),
+            "{id}: runc let the container open GPU 1's node: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_rule_runc_reads_as_every_device_or_otherwise_is_refused_through_the_wrapper() {
+    let (_dir, bed) = wrapper_testbed("vg-rule-wrap", TWO_GPUS);
+    let _cleanup = Cleanup(&bed);
+    for (id, rule, says) in misread_rules() {
+        let bundle = mknod_bundle(&bed, id, false, rule);
+        let (ok, stdout, stderr) = run_foreground(&bed, &bundle, id);
+        assert!(!ok, "{id}: ran: {stdout}");
+        let refused = if id == "case" {
+            stderr.contains("linux.resources.devices[")
+                && stderr.contains("has the key \"Allow\"")
+                && stderr.contains("runc would read it otherwise than vramgate")
+        } else {
+            stderr.contains(&format!("has the device rule \"{says}\""))
+                && stderr.contains("lets it open every character device")
+        };
+        assert!(refused, "{id}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{id}: one line: {stderr}");
+        assert!(reservations(&bed).is_empty(), "{id}: nothing reserved");
+    }
+}
+
+#[test]
+fn a_rule_runc_reads_as_every_device_or_otherwise_is_refused_by_the_hook_alone() {
+    let (_dir, bed) = runc_testbed("vg-rule-hook", TWO_GPUS);
+    let _cleanup = Cleanup(&bed);
+    for (id, rule, says) in misread_rules() {
+        let bundle = mknod_bundle(&bed, id, true, rule);
+        let (ok, stdout, stderr) = run_foreground(&bed, &bundle, id);
+        assert!(!ok, "{id}: ran: {stdout}");
+        // runc quotes the hook's stderr (Go's %q): the line's own quotes come escaped.
+        let refused = if id == "case" {
+            stderr.contains(&format!(
+                "vramgate: container {id}: its device rule linux.resources.devices["
+            )) && stderr.contains("Allow")
+                && stderr.contains("runc would read it otherwise than vramgate")
+        } else {
+            stderr.contains(&format!("vramgate: container {id}: its device rule "))
+                && stderr.contains(says)
+                && stderr.contains("lets it open the nodes of GPUs it holds no reservation on")
+        };
+        assert!(refused, "{id}: {stderr}");
+        assert!(reservations(&bed).is_empty(), "{id}: nothing reserved");
+    }
+    // A rule for a DRM minor that is no GPU's the host can name (here: no DRM device at all)
+    // may be another GPU's render node: the hook alone refuses it, as it does NVIDIA's major.
+    assert!(
+        !std::path::Path::new("/sys/dev/char/226:129").exists(),
+        "this test needs a host without DRM node 226:129"
+    );
+    let drm = json!({"allow": true, "type": "c", "major": 226, "minor": 129, "access": "rw"});
+    let bundle = mknod_bundle(&bed, "drm", true, drm);
+    let (ok, stdout, stderr) = run_foreground(&bed, &bundle, "drm");
+    assert!(!ok, "drm: ran: {stdout}");
+    assert!(
+        stderr.contains("vramgate: container drm: its device rule ") && stderr.contains("allow c 226:129 rw"),
+        "{stderr}"
+    );
+    assert!(reservations(&bed).is_empty());
+}

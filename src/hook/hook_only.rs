@@ -24,6 +24,12 @@ use crate::spec::SpecView;
 pub enum HookOnlyError {
     #[error("container {container}: its device rule \"{rule}\" lets it open the nodes of GPUs it holds no reservation on (a container with CAP_MKNOD can make them); drop the rule or --privileged (name the devices it needs instead), reserve on every GPU it can reach, or start it through vramgate-runtime, which narrows a rule over NVIDIA's devices to the reserved GPUs")]
     DeviceRuleReachesOtherGpus { container: String, rule: String },
+    #[error("container {container}: its device rule linux.resources.devices[{index}] {why}; runc would read it otherwise than vramgate, which must judge what the container can open: write the rule as the OCI spec spells it")]
+    MisreadDeviceRule {
+        container: String,
+        index: usize,
+        why: String,
+    },
     #[error("container {container}: its env sets {variables}, which nvidia-container-toolkit's apply-cuda-memory-limits hook would apply as a second driver limit over vramgate's ([enforce] limit = \"driver\" sets it from the reservation); ask for the memory with VRAMGATE_MEMORY instead, or start the container through vramgate-runtime, which admits it on them and then removes them")]
     ToolkitConflict { container: String, variables: String },
     #[error("container {container}: cannot set its GPU memory limit ([enforce] limit = \"driver\"): {source}")]
@@ -59,6 +65,14 @@ pub fn refuse_before_admission(
         }
     }
     if !holds_every_gpu(request) {
+        if let Some((index, why)) = device_rules::misread_rule(spec.device_rules()) {
+            return Err(HookOnlyError::MisreadDeviceRule {
+                container: container.to_string(),
+                index,
+                why,
+            });
+        }
+        // Any allow rule of type `a` is every device to runc, whatever its numbers.
         let every = spec
             .device_rules()
             .iter()
@@ -88,7 +102,22 @@ pub fn refuse_reaching(
     if holds_every_gpu(request) {
         return Ok(());
     }
-    let kept: Vec<u32> = gpus.iter().filter_map(|g| g.minor).collect();
+    let minors: Vec<u32> = gpus.iter().filter_map(|g| g.minor).collect();
+    let host = device_rules::HostPaths::default();
+    // The MIG capabilities it keeps: its MIG devices' and the host-wide ones, as the wrapper
+    // keeps them when it narrows.
+    let caps = host
+        .char_major(crate::inventory::mig_caps::NVIDIA_CAPS_DRIVER)
+        .map(|major| {
+            let host_wide = crate::inventory::mig_caps::MigMinors::read().host_wide_minors();
+            let minors = gpus.iter().flat_map(|g| g.mig_caps.iter().copied()).chain(host_wide);
+            (major, minors.map(u64::from).collect())
+        });
+    let kept = device_rules::Kept {
+        gpu_minors: &minors,
+        caps,
+        host: &host,
+    };
     let Some(rule) = device_rules::reaching_other_gpus(spec.device_rules(), &kept) else {
         return Ok(());
     };

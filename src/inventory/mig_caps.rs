@@ -16,6 +16,9 @@
 use std::collections::{HashMap, HashSet};
 
 pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
+/// The character driver of the MIG capability nodes, in `/proc/devices`: its major is
+/// assigned at load.
+pub const NVIDIA_CAPS_DRIVER: &str = "nvidia-caps";
 
 /// The capability minors, by (parent minor, GPU instance id, compute instance id): `None`
 /// for the GPU instance's own access capability.

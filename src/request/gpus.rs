@@ -73,6 +73,21 @@ impl GpuSelector {
     pub(super) fn own(spec: &SpecView, source: &str, value: &str) -> Result<GpuSelector, RequestError> {
         let mut selector = GpuSelector::parse(source, value, true)?;
         let given = GpuSelector::given(spec)?;
+        // A pod's containers get GPUs from the scheduler alone (the device plugin, a claim):
+        // one given none has none, whatever the pod's annotation or its own env names, so a pod
+        // author can neither reserve a GPU it was not given (every GPU of the node, in full)
+        // nor have vramgate-runtime place it on one behind the scheduler's back. Outside a pod
+        // the engine's user can add any device anyway; there, `all` and `auto` with nothing
+        // given still span or choose among the host's GPUs. A claim's GPUs are the scheduler's
+        // too: its devices' CDI edits write `VRAMGATE_GPUS` after the container's own env, and
+        // the hook and wrapper check each claim marker against the driver's spec files.
+        let scheduled_claim = claim_devices(spec).next().is_some();
+        if given.selection == GpuSelection::Nothing && pod_role(spec) == PodRole::Container && !scheduled_claim {
+            return Ok(GpuSelector {
+                selection: GpuSelection::Nothing,
+                ..selector
+            });
+        }
         match (&mut selector.selection, given.selection) {
             (_, GpuSelection::All | GpuSelection::Nothing | GpuSelection::Auto { .. }) => {}
             (GpuSelection::Auto { among, .. }, GpuSelection::Devices(devices)) => *among = Some(devices),

@@ -11,11 +11,14 @@
 //! So, for the hook and the runtime wrapper alike (both ask [`has_request`]):
 //! - a sandbox container never has a request: it runs no GPU work, and reserving for it would
 //!   hold every pod's request twice;
-//! - the pod annotation `vramgate.dev/memory` is the request of each container of the pod that
-//!   names a GPU (the device plugin's `NVIDIA_VISIBLE_DEVICES`, a `/dev/nvidiaN` device, or the
-//!   pod annotation `vramgate.dev/gpus`, which names it for every container of the pod); a
-//!   container of the pod that names none (a sidecar) has no request, where outside a pod that
-//!   is an error. A container's own `VRAMGATE_MEMORY` keeps the usual rule.
+//! - the pod annotation `vramgate.dev/memory` is the request of each container of the pod its
+//!   engine gave a GPU (the device plugin's `NVIDIA_VISIBLE_DEVICES`, a `/dev/nvidiaN` device,
+//!   a claim's devices); the pod annotation `vramgate.dev/gpus` (or `VRAMGATE_GPUS`) only
+//!   chooses among the GPUs a container was given, so a pod gets GPUs from its scheduler alone;
+//!   a container of the pod given none (a sidecar) has no request, where outside a pod that is
+//!   an error. A container's own `VRAMGATE_MEMORY` keeps the usual rule (refused without a GPU);
+//! - which container is a sandbox is read from the keys of the runtime that wrote the spec: a
+//!   container is one only when every runtime's key says so ([`pod_role`]).
 //!
 //! **NVIDIA's vocabulary.** `NVIDIA_GPU_MEMORY_REQUEST` / `NVIDIA_GPU_MEMORY_LIMIT` (whole MiB,
 //! what nvidia-container-toolkit's CDI hook `apply-cuda-memory-limits` reads) and, in a pod,
@@ -151,6 +154,8 @@ pub enum RequestError {
     LimitWithoutRequest { source_name: String, value: String },
     #[error("the container requests VRAM ({memory}) but names no GPU: set NVIDIA_VISIBLE_DEVICES, pass an NVIDIA device, or set the annotation vramgate.dev/gpus")]
     NoGpu { memory: String },
+    #[error("the pod's container requests VRAM ({memory}) but Kubernetes gave it no GPU: a pod's containers get GPUs only from the scheduler (a device plugin's resource such as vramgate.dev/gpu-memory-gib, or a resource claim), and vramgate.dev/gpus or VRAMGATE_GPUS only choose among the GPUs a container was given; ask for a GPU in the container's resources, or remove VRAMGATE_MEMORY from a container that needs none")]
+    PodGivenNoGpu { memory: String },
     #[error("{source_name} = {value:?} names GPU {device:?}, which this host does not have (it has {available})")]
     UnknownGpu {
         source_name: String,
@@ -269,14 +274,25 @@ pub enum PodRole {
     Container,
 }
 
+/// A container is a sandbox only when every runtime's container-type key in its spec says so.
+/// CRI-O copies every pod annotation into each container's spec (it filters only its own
+/// `io.kubernetes.cri-o.*` keys), and containerd those its `pod_annotations` let through, so the
+/// other runtime's key may be the pod author's: a pod writing containerd's key `sandbox` under
+/// CRI-O would otherwise make its GPU containers reserve nothing. Keys that disagree make the
+/// container one of the pod's own, which reserves more, never less (a real sandbox names no
+/// GPU, so it reserves nothing either way: [`has_request`]).
 pub fn pod_role(spec: &SpecView) -> PodRole {
-    let kind = CRI_CONTAINER_TYPE_ANNOTATIONS
+    let mut kinds = CRI_CONTAINER_TYPE_ANNOTATIONS
         .iter()
-        .find_map(|key| spec.annotations.get(*key));
-    match kind.map(String::as_str) {
-        None => PodRole::NotInPod,
-        Some(CRI_SANDBOX) => PodRole::Sandbox,
-        Some(_) => PodRole::Container,
+        .filter_map(|key| spec.annotations.get(*key))
+        .peekable();
+    if kinds.peek().is_none() {
+        return PodRole::NotInPod;
+    }
+    if kinds.all(|kind| kind == CRI_SANDBOX) {
+        PodRole::Sandbox
+    } else {
+        PodRole::Container
     }
 }
 
@@ -313,8 +329,9 @@ pub fn has_request(spec: &SpecView) -> bool {
         PodRole::NotInPod => annotated || own,
         PodRole::Sandbox => false,
         // An annotation here is the pod's, copied into each of its containers: it applies to
-        // those that name a GPU. An unreadable device list counts as naming one, so the
-        // request is read and refused with what is wrong with it.
+        // those their engine gave a GPU (the pod's own `vramgate.dev/gpus` only chooses among
+        // those, [`GpuSelector::from_spec`]). An unreadable device list counts as naming one,
+        // so the request is read and refused with what is wrong with it.
         PodRole::Container => own || (annotated && !names_no_gpu(spec)),
     }
 }
@@ -497,8 +514,10 @@ impl Request {
             None => GpuSelector::from_spec(spec)?,
         };
         if gpus.selection == GpuSelection::Nothing {
-            return Err(RequestError::NoGpu {
-                memory: memory.to_string(),
+            let memory = memory.to_string();
+            return Err(match pod_role(spec) {
+                PodRole::Container => RequestError::PodGivenNoGpu { memory },
+                _ => RequestError::NoGpu { memory },
             });
         }
         Ok(Some(Request {

@@ -143,9 +143,10 @@ fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
             r#"{{"annotations":{{"vramgate.dev/memory":"1205Mi","io.kubernetes.cri.container-type":"container"{extra}}},"process":{{"env":["PATH=/bin"{env}]}}}}"#
         ))
     };
-    // The pod names the GPU for all its containers, or the device plugin for one.
+    // The device plugin gives one container a GPU; the pod's own word only chooses among the
+    // GPUs a container was given (here, all of them through the image's env).
     for s in [
-        container(r#","vramgate.dev/gpus":"0""#, ""),
+        container(r#","vramgate.dev/gpus":"0""#, r#","NVIDIA_VISIBLE_DEVICES=all""#),
         container("", r#","NVIDIA_VISIBLE_DEVICES=0""#),
     ] {
         assert_eq!(pod_role(&s), PodRole::Container);
@@ -166,7 +167,85 @@ fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
     let bad = container("", r#","NVIDIA_VISIBLE_DEVICES=gpu7""#);
     assert!(matches!(Request::from_spec(&bad), Err(RequestError::Invalid { .. })));
     let own = container("", r#","VRAMGATE_MEMORY=1Gi""#);
-    assert!(matches!(Request::from_spec(&own), Err(RequestError::NoGpu { .. })));
+    assert!(matches!(
+        Request::from_spec(&own),
+        Err(RequestError::PodGivenNoGpu { .. })
+    ));
+}
+
+/// A pod's containers get GPUs from the scheduler alone: one its engine gave none reserves
+/// nothing and is placed on none, whatever the pod's annotation or its own env names.
+#[test]
+fn a_pods_container_given_no_gpu_names_none() {
+    let container = |annotations: &str, env: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"io.kubernetes.cri-o.ContainerType":"container"{annotations}}},"process":{{"env":["PATH=/bin"{env}]}}}}"#
+        ))
+    };
+    for gpus in ["all", "0", "GPU-bbbb", "auto", "auto:2", "0,1"] {
+        // The pod's annotations: no request at all, so the container starts as a sidecar.
+        let pod = container(
+            &format!(r#","vramgate.dev/memory":"100%","vramgate.dev/gpus":"{gpus}""#),
+            "",
+        );
+        assert!(!has_request(&pod), "{gpus}");
+        assert_eq!(Request::from_spec(&pod), Ok(None), "{gpus}");
+        // Its own env: refused with the line that says where a pod's GPUs come from.
+        let own = container("", &format!(r#","VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS={gpus}""#));
+        let err = Request::from_spec(&own).unwrap_err();
+        assert!(matches!(err, RequestError::PodGivenNoGpu { .. }), "{gpus}: {err}");
+        assert!(err.to_string().contains("Kubernetes gave it no GPU"), "{err}");
+    }
+    // Given GPU 1, `auto` chooses among GPU 1 alone, and a name outside it is refused.
+    let given = container(
+        r#","vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"auto""#,
+        r#","NVIDIA_VISIBLE_DEVICES=1""#,
+    );
+    let r = Request::from_spec(&given).unwrap().unwrap();
+    assert_eq!(
+        r.gpus.candidates(&host()).unwrap().unwrap(),
+        (1, vec!["GPU-bbbb".to_string()])
+    );
+    let outside = container(
+        r#","vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"all""#,
+        r#","NVIDIA_VISIBLE_DEVICES=1""#,
+    );
+    let r = Request::from_spec(&outside).unwrap().unwrap();
+    assert!(matches!(
+        r.gpus.resolve(&host()),
+        Err(RequestError::OutsideGiven { .. })
+    ));
+    // Outside a pod the engine's user may add any device anyway: `all` still spans the host.
+    let docker = spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"all"}}"#);
+    let r = Request::from_spec(&docker).unwrap().unwrap();
+    assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-aaaa", "GPU-bbbb"]);
+}
+
+/// A pod author's annotation under the other runtime's key never makes a container a sandbox:
+/// CRI-O copies every pod annotation but its own keys into each container's spec.
+#[test]
+fn a_pod_annotation_cannot_make_its_container_a_sandbox() {
+    let with = |keys: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"vramgate.dev/memory":"2Gi"{keys}}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}}}"#
+        ))
+    };
+    for keys in [
+        r#","io.kubernetes.cri.container-type":"sandbox","io.kubernetes.cri-o.ContainerType":"container""#,
+        r#","io.kubernetes.cri-o.ContainerType":"sandbox","io.kubernetes.cri.container-type":"container""#,
+    ] {
+        let s = with(keys);
+        assert_eq!(pod_role(&s), PodRole::Container, "{keys}");
+        let r = Request::from_spec(&s).unwrap().expect("the GPU container reserves");
+        assert_eq!(r.memory, Quantity::Bytes(2 << 30));
+    }
+    for keys in [
+        r#","io.kubernetes.cri.container-type":"sandbox""#,
+        r#","io.kubernetes.cri-o.ContainerType":"sandbox""#,
+        r#","io.kubernetes.cri.container-type":"sandbox","io.kubernetes.cri-o.ContainerType":"sandbox""#,
+    ] {
+        assert_eq!(pod_role(&with(keys)), PodRole::Sandbox, "{keys}");
+    }
 }
 
 /// NVIDIA's variables and KAI's annotations are a request: the request with the limit beside
@@ -648,7 +727,7 @@ fn verified_claim(spec: &SpecView, dirs: &[std::path::PathBuf]) -> Result<Vec<St
 fn the_pod_sandbox_is_read_from_one_runtimes_keys_only() {
     let with = |annotations: &str| {
         let text = format!(
-            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa"]}},"annotations":{{{annotations}}}}}"#
+            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa","NVIDIA_VISIBLE_DEVICES=0"]}},"annotations":{{{annotations}}}}}"#
         );
         Request::from_spec(&spec(&text)).unwrap().unwrap().pod_sandbox
     };

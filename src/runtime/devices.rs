@@ -34,16 +34,14 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::{Result, RuntimeError};
-use crate::device_rules::{DeviceRule, DrmNode, HostPaths, DRM_MAJOR, NVIDIA_CONTROL_MINORS, NVIDIA_MAJOR};
-use crate::inventory::mig_caps::MigMinors;
+use crate::device_rules::{self, DeviceRule, DrmNode, HostPaths, Kept, DRM_MAJOR, NVIDIA_CONTROL_MINORS, NVIDIA_MAJOR};
+use crate::inventory::mig_caps::{MigMinors, NVIDIA_CAPS_DRIVER};
 use crate::inventory::GpuMemory;
 use crate::request::{CDI_ANNOTATION_PREFIX, CDI_GPU_PREFIX, GPUS_ANNOTATION, GPUS_ENV, VISIBLE_DEVICES_ENV};
 use crate::spec::{array_at, object_at};
 
 /// Where DRM nodes live in a container.
 const DRM_DIR: &str = "/dev/dri/";
-/// The character driver of the MIG capability nodes, in `/proc/devices`.
-const NVIDIA_CAPS_DRIVER: &str = "nvidia-caps";
 
 fn shape(path: &Path, field: &str, found: &Value, expected: &'static str) -> RuntimeError {
     RuntimeError::SpecShape {
@@ -164,7 +162,19 @@ pub fn narrow_to(
                 .collect::<Vec<u64>>();
             (major, minors)
         });
-        *rules = narrow_rules(std::mem::take(rules), &removed, &gpu_minors, &kept_drm, caps.as_ref());
+        let kept = Kept {
+            gpu_minors: &keep_minors,
+            caps: None,
+            host,
+        };
+        *rules = narrow_rules(
+            std::mem::take(rules),
+            &removed,
+            &gpu_minors,
+            &kept_drm,
+            caps.as_ref(),
+            &kept,
+        );
     }
 
     // vramgate's own request names what it chose only after a placement (`auto`); a request
@@ -235,15 +245,24 @@ pub fn narrow_to(
     Ok(())
 }
 
-/// A container holding a reservation must not keep a rule that opens every character device:
-/// with `mknod` it reaches every GPU, and no rewrite of the rule both keeps what it was for and
-/// holds the container to its GPUs.
+/// A container holding a reservation must not keep a rule that opens every character device
+/// (`c *:* rw`, any allow rule of type `a`, which runc reads as every device whatever its
+/// numbers): with `mknod` it reaches every GPU, and no rewrite of the rule both keeps what it
+/// was for and holds the container to its GPUs. Nor a rule runc would read otherwise than we
+/// do ([`device_rules::misread_rule`]), since what is narrowed must be what runc applies.
 fn check_rules(root: &Map<String, Value>, path: &Path) -> Result<()> {
     let rules = root
         .get("linux")
         .and_then(|l| l.get("resources"))
         .and_then(|r| r.get("devices"))
         .and_then(Value::as_array);
+    if let Some((index, why)) = rules.and_then(|rules| device_rules::misread_rule(rules)) {
+        return Err(RuntimeError::MisreadDeviceRule {
+            path: path.to_path_buf(),
+            index,
+            why,
+        });
+    }
     match rules
         .into_iter()
         .flatten()
@@ -259,16 +278,19 @@ fn check_rules(root: &Map<String, Value>, path: &Path) -> Result<()> {
 }
 
 /// The device-cgroup rules of a container narrowed to its GPUs: rules that allow a removed
-/// node, or a GPU (or MIG capability) minor it does not keep, go; a wildcard over NVIDIA's
-/// major, the DRM major or the MIG capabilities' (`caps`: its major and the minors kept) that
-/// opens nodes becomes one rule per minor it keeps there (`gpu_minors`: the control nodes and
-/// its GPUs'; `drm_minors`); everything else stays, in order.
+/// node, or a GPU (or MIG capability) minor it does not keep, go, and so does one for a DRM
+/// minor that is neither a node it keeps nor, on the host, its GPU's or another vendor's (a
+/// rule for another GPU's render node needs no node in the spec: `mknod` makes one); a
+/// wildcard over NVIDIA's major, the DRM major or the MIG capabilities' (`caps`: its major and
+/// the minors kept) that opens nodes becomes one rule per minor it keeps there (`gpu_minors`:
+/// the control nodes and its GPUs'; `drm_minors`); everything else stays, in order.
 fn narrow_rules(
     rules: Vec<Value>,
     removed: &[(u64, u64)],
     gpu_minors: &[u64],
     drm_minors: &[u64],
     caps: Option<&(u64, Vec<u64>)>,
+    kept: &Kept,
 ) -> Vec<Value> {
     let mut narrowed = Vec::with_capacity(rules.len());
     for rule in rules {
@@ -290,6 +312,8 @@ fn narrow_rules(
             (Some(NVIDIA_MAJOR), Some(minor)) if char_allow && r.opens() && !gpu_minors.contains(&minor) => {}
             (Some(NVIDIA_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(gpu_minors)),
             (Some(DRM_MAJOR), None) if char_allow && r.opens() => narrowed.extend(split(drm_minors)),
+            (Some(DRM_MAJOR), Some(minor))
+                if char_allow && r.opens() && !drm_minors.contains(&minor) && !kept.keeps_drm_minor(minor) => {}
             (Some(major), minor) if char_allow && r.opens() && caps.is_some_and(|(m, _)| *m == major) => {
                 let kept = caps.map(|(_, kept)| kept.as_slice()).unwrap_or_default();
                 match minor {

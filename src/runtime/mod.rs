@@ -78,6 +78,8 @@ pub enum RuntimeError {
     NoSelf,
     #[error("the container spec {path} has the device rule \"{rule}\", which lets it open every character device and so reach, through mknod, GPUs it holds no reservation on: vramgate cannot hold it to its GPUs; drop --privileged or the rule (name the devices it needs instead), or reserve on every GPU (vramgate.dev/gpus=all)")]
     WideDeviceRule { path: PathBuf, rule: String },
+    #[error("the container spec {path}: its device rule linux.resources.devices[{index}] {why}; runc would read it otherwise than vramgate, which must judge what the container can open: write the rule as the OCI spec spells it")]
+    MisreadDeviceRule { path: PathBuf, index: usize, why: String },
     #[error("the container spec {path}: {source}")]
     Enforce {
         path: PathBuf,

@@ -68,6 +68,10 @@ pub struct Crio {
     pub host: Option<HostDirs>,
 }
 
+/// A runtime handler of the host's crio that passes a pod's `io.kubernetes.cri.container-type`
+/// annotation into its containers' specs (see [`crio_config`]).
+pub const ANNOTATIONS_HANDLER: &str = "runc-annotations";
+
 /// The host's crio config: every path under `dir`, the settings this VM needs.
 fn crio_config(dir: &Path, tb: &Testbed) -> String {
     let p = |sub: &str| dir.join(sub).display().to_string();
@@ -110,6 +114,18 @@ runtime_root = {runc_root:?}
 monitor_path = "/usr/bin/conmon"
 monitor_cgroup = "pod"
 monitor_env = ["PATH={path}", "VRAMGATE_CONFIG={config}"]
+
+# runc again, as a handler that lets pods pass containerd's container-type key through, as the
+# handlers CRI-O documents for crun's wasm images do (CRI-O strips it unless a handler's
+# allowed_annotations names it): the trust-edge test's forged pod runs on it.
+[crio.runtime.runtimes.{ANNOTATIONS_HANDLER}]
+runtime_path = "/usr/sbin/runc"
+runtime_type = "oci"
+runtime_root = {runc_root:?}
+monitor_path = "/usr/bin/conmon"
+monitor_cgroup = "pod"
+monitor_env = ["PATH={path}", "VRAMGATE_CONFIG={config}"]
+allowed_annotations = ["io.kubernetes.cri.container-type"]
 
 [crio.image]
 pause_image = "{PAUSE_IMAGE}"

@@ -267,7 +267,16 @@ fn rules_that_would_reach_another_gpu_are_narrowed_too() {
         ]
     );
     let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
-    assert!(crate::device_rules::reaching_other_gpus(rules, &[1]).is_none());
+    let host = HostPaths {
+        sys: "/nonexistent/sys".into(),
+        proc: "/nonexistent/proc".into(),
+    };
+    let kept = crate::device_rules::Kept {
+        gpu_minors: &[1],
+        caps: None,
+        host: &host,
+    };
+    assert!(crate::device_rules::reaching_other_gpus(rules, &kept).is_none());
 }
 
 #[test]
@@ -275,6 +284,11 @@ fn a_rule_over_every_character_device_is_refused_and_the_spec_left_alone() {
     for wide in [
         json!({"allow": true, "access": "rwm"}),
         json!({"allow": true, "type": "c", "major": -1, "minor": -1, "access": "rw"}),
+        // runc reads type `a` as every device, whatever its numbers and access.
+        json!({"allow": true, "type": "a", "major": 195, "minor": 1, "access": "rwm"}),
+        json!({"allow": true, "type": "a", "major": null, "minor": null, "access": "m"}),
+        json!({"allow": true, "type": "a", "major": 1, "minor": 3, "access": "rwm"}),
+        json!({"allow": true, "type": "", "major": 1, "minor": 3, "access": "rwm"}),
     ] {
         let before = json!({
             "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
@@ -363,6 +377,63 @@ fn drm_nodes_of_gpus_not_chosen_go_with_their_rules() {
         [Some(0), Some(2), Some(129)],
         "card1's rule gone, the wildcard split"
     );
+
+    // A rule for GPU 0's DRM node with no node in the spec: `mknod` makes one, so it goes too;
+    // rules for another vendor's node and for its own GPU's stay without their nodes.
+    let mut spec = json!({
+        "linux": {
+            "devices": [node("/dev/nvidia1", 1)],
+            "resources": {"devices": [
+                {"allow": false, "access": "rwm"},
+                {"allow": true, "type": "c", "major": 226, "minor": 1, "access": "rw"},
+                {"allow": true, "type": "c", "major": 226, "minor": 0, "access": "rw"},
+                {"allow": true, "type": "c", "major": 226, "minor": 2, "access": "rw"},
+                {"allow": true, "type": "c", "major": 226, "minor": 99, "access": "rw"}
+            ]}
+        }
+    });
+    narrow_to(
+        &mut spec,
+        Path::new("c"),
+        &[gpu(1, None, "GPU-b")],
+        WhenNoneGiven::Leave,
+        &MigMinors::default(),
+        &host,
+    )
+    .unwrap();
+    let minors: Vec<Option<u64>> = allowed(&spec).iter().map(|r| r.2).collect();
+    assert_eq!(
+        minors,
+        [Some(0), Some(2)],
+        "GPU 0's card1 and the unknown minor 99 gone without their nodes"
+    );
+}
+
+/// A rule whose keys runc matches without case (`"Allow"`) is refused, naming the rule.
+#[test]
+fn a_rule_runc_would_read_otherwise_is_refused_and_the_spec_left_alone() {
+    let before = json!({
+        "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+        "linux": {"devices": [node("/dev/nvidia0", 0), node("/dev/nvidia1", 1)],
+                  "resources": {"devices": [
+                      {"allow": false, "access": "rwm"},
+                      {"Allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}
+                  ]}}
+    });
+    let mut spec = before.clone();
+    let err = try_narrow(
+        &mut spec,
+        "/b/config.json",
+        &[gpu(1, None, "GPU-b")],
+        WhenNoneGiven::Leave,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("/b/config.json") && err.contains("linux.resources.devices[1]") && err.contains("\"Allow\""),
+        "{err}"
+    );
+    assert_eq!(spec, before);
 }
 
 #[test]
