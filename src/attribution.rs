@@ -1,15 +1,22 @@
 //! Which container each GPU process belongs to.
 //!
 //! NVML lists the processes holding memory on each GPU, by host pid. A process belongs to a
-//! reserved container when it lives in the same pid namespace as the container's recorded
-//! init process. A container that shares the host's pid namespace cannot be told apart this
-//! way; its reservation stays counted as wholly unallocated, which errs on the safe side.
+//! reserved container when it lies in the container's cgroup (or below it), as recorded at
+//! admission from the init's `/proc/<pid>/cgroup` ([`crate::ledger::Reservation::cgroup`]):
+//! in whatever pid namespace it runs, so a process a container starts in a nested namespace
+//! (`unshare -Urpf`) is still the container's. A container without a recorded cgroup is found
+//! by its init's pid namespace, as before cgroups were recorded; one that also shares the
+//! host's pid namespace cannot be told apart this way, and its reservation stays counted as
+//! wholly unallocated, which errs on the safe side. [`Owner::owns`] is that rule, for status,
+//! the metrics, admission and `vramgate watch` alike.
+//!
+//! Containers whose processes cannot be told apart (cgroups that are one or nested; without
+//! cgroups, inits sharing a pid namespace: a pod with `shareProcessNamespace`) are named in
+//! [`Attribution::shared`] and judged as one ([`crate::status::held_together`]).
 //!
 //! Where the driver limit holds a container ([`crate::enforce::Tier::DriverLimit`]), the
 //! driver itself counts what the container's cgroup holds on each GPU, every process of it
-//! included ([`CgroupUsage`]); that figure replaces the per-process sum. It is also right where
-//! pid namespaces cannot be: two reserved containers sharing one (a pod with
-//! `shareProcessNamespace`), where the sum credits the last of them with both.
+//! included ([`CgroupUsage`]); that figure replaces the per-process sum.
 
 use std::collections::{HashMap, HashSet};
 
@@ -26,6 +33,25 @@ pub struct Attribution {
     /// The (container, gpu uuid) entries of `allocated` that the driver measured: known even
     /// where no process list is (a backend that sees none).
     pub measured: HashSet<(String, String)>,
+    /// Reservations whose processes cannot be told apart, by GPU: (gpu uuid, the containers,
+    /// two or more, whose inits share one pid namespace and that hold a share on that GPU, none
+    /// of them measured there by the driver). A pod with `shareProcessNamespace`, or a
+    /// container started in another's namespace. Their processes are credited to one of them
+    /// (`allocated` stays what admission counts: each reservation at least its share), and
+    /// they are judged as one: their use added up against their limits added up
+    /// ([`crate::status::held_together`]), so that neither is judged, nor stopped, for the
+    /// other's use.
+    pub shared: Vec<(String, Vec<String>)>,
+}
+
+impl Attribution {
+    /// The groups of [`Attribution::shared`] on GPU `uuid`.
+    pub fn shared_on<'a>(&'a self, uuid: &'a str) -> impl Iterator<Item = &'a [String]> + 'a {
+        self.shared
+            .iter()
+            .filter(move |(u, _)| u == uuid)
+            .map(|(_, members)| members.as_slice())
+    }
 }
 
 /// What the driver says a reserved container holds on one GPU: `nvmlDeviceGetMemoryLimits_v1`
@@ -62,38 +88,184 @@ pub fn attribute_measured(
             }
         }
     }
+    // The driver's figure is the container's own: one measured is judged alone.
+    let measured = &result.measured;
+    for (uuid, members) in &mut result.shared {
+        members.retain(|id| !measured.contains(&(id.clone(), uuid.clone())));
+    }
+    result.shared.retain(|(_, members)| members.len() > 1);
     result
 }
 
 /// Attributes `processes` to the reservations in `ledger`, given a way to read a process's
-/// pid namespace (`procfs::pid_namespace` on a real host).
+/// pid namespace (`procfs::pid_namespace` on a real host); cgroups are read from `/proc`
+/// ([`attribute_in`]), and only where a reservation recorded one.
 pub fn attribute(ledger: &Ledger, processes: &[GpuProcess], pid_namespace: impl Fn(u32) -> Option<u64>) -> Attribution {
+    attribute_in(ledger, processes, &pid_namespace, &crate::procfs::cgroups)
+}
+
+/// A reservation as processes are matched against it: by its recorded cgroup where it has
+/// one, else by its init's pid namespace (not the host's).
+pub struct Owner<'l> {
+    pub reservation: &'l Reservation,
+    /// Its init's pid namespace, where it has no cgroup recorded and that is not the host's.
+    pub pid_namespace: Option<u64>,
+}
+
+impl<'l> Owner<'l> {
+    /// `r`, its namespace read with `pid_namespace` where it needs one (`host`: the host's).
+    pub fn of(r: &'l Reservation, pid_namespace: &dyn Fn(u32) -> Option<u64>, host: Option<u64>) -> Owner<'l> {
+        let ns = match r.cgroup {
+            Some(_) => None,
+            None => pid_namespace(r.init.pid).filter(|ns| Some(*ns) != host),
+        };
+        Owner {
+            reservation: r,
+            pid_namespace: ns,
+        }
+    }
+
+    /// Whether a process that lives in `cgroups` (its `/proc/<pid>/cgroup` text) and pid
+    /// namespace `ns` is this container's: the one rule attribution, status, the metrics and
+    /// `vramgate watch`'s stop all follow. By cgroup where one was recorded (a process in a
+    /// namespace nested inside the container stays in its cgroup; one that merely shares its
+    /// namespace from another cgroup is not its), by pid namespace otherwise.
+    pub fn owns(&self, cgroups: Option<&str>, ns: Option<u64>) -> bool {
+        match &self.reservation.cgroup {
+            Some(recorded) => cgroups.is_some_and(|text| crate::procfs::in_cgroup(recorded, text)),
+            None => self.pid_namespace.is_some() && ns == self.pid_namespace,
+        }
+    }
+
+    /// How deep its cgroup lies: of nested owners, the innermost takes a process.
+    fn depth(&self) -> usize {
+        self.reservation.cgroup.as_ref().map_or(0, String::len)
+    }
+}
+
+/// [`attribute`] with the way to read a process's cgroups (`/proc/<pid>/cgroup` on a host)
+/// given too.
+pub fn attribute_in(
+    ledger: &Ledger,
+    processes: &[GpuProcess],
+    pid_namespace: &dyn Fn(u32) -> Option<u64>,
+    cgroups: &dyn Fn(u32) -> Option<String>,
+) -> Attribution {
     let mut result = Attribution::default();
     if processes.is_empty() {
         return result;
     }
     let host_namespace = pid_namespace(std::process::id());
-    let mut namespace_owner: HashMap<u64, &str> = HashMap::new();
-    for r in &ledger.reservations {
-        if let Some(ns) = pid_namespace(r.init.pid) {
-            if Some(ns) != host_namespace {
-                namespace_owner.insert(ns, &r.container_id);
-            }
-        }
-    }
+    let owners: Vec<Owner> = ledger
+        .reservations
+        .iter()
+        .map(|r| Owner::of(r, pid_namespace, host_namespace))
+        .collect();
+    let any_cgroup = owners.iter().any(|o| o.reservation.cgroup.is_some());
     for process in processes {
-        let owner = pid_namespace(process.pid).and_then(|ns| namespace_owner.get(&ns));
+        let text = if any_cgroup { cgroups(process.pid) } else { None };
+        let ns = pid_namespace(process.pid);
+        let has_share = |o: &&Owner| o.reservation.gpus.iter().any(|s| s.uuid == process.gpu_uuid);
+        let mine: Vec<&Owner> = owners.iter().filter(|o| o.owns(text.as_deref(), ns)).collect();
+        // Of several owners (nested cgroups, a shared namespace: judged together, see
+        // `shared`), the innermost that holds a share on the process's GPU, the last of equals;
+        // else the innermost.
+        let innermost = |list: &mut dyn Iterator<Item = &&Owner>| -> Option<usize> {
+            let mut best: Option<(usize, usize)> = None;
+            for (at, o) in list.enumerate() {
+                if best.is_none_or(|(_, depth)| o.depth() >= depth) {
+                    best = Some((at, o.depth()));
+                }
+            }
+            best.map(|(at, _)| at)
+        };
+        let on_gpu: Vec<&Owner> = mine.iter().copied().filter(|o| has_share(o)).collect();
+        let owner = match innermost(&mut on_gpu.iter()) {
+            Some(at) => Some(on_gpu[at]),
+            None => innermost(&mut mine.iter()).map(|at| mine[at]),
+        };
         match owner {
-            Some(container) => {
+            Some(o) => {
                 *result
                     .allocated
-                    .entry((container.to_string(), process.gpu_uuid.clone()))
+                    .entry((o.reservation.container_id.clone(), process.gpu_uuid.clone()))
                     .or_default() += process.used;
             }
             None => result.outside.push(process.clone()),
         }
     }
+    result.shared = shared_groups(&owners);
     result
+}
+
+/// The owners that cannot be told apart, by GPU (see [`Attribution::shared`]): those whose
+/// recorded cgroups are one or nested, and those without one whose inits share a pid namespace.
+fn shared_groups(owners: &[Owner]) -> Vec<(String, Vec<String>)> {
+    // Groups of owner indices, joined pairwise.
+    let mut parent: Vec<usize> = (0..owners.len()).collect();
+    fn root(parent: &mut [usize], mut at: usize) -> usize {
+        while parent[at] != at {
+            parent[at] = parent[parent[at]];
+            at = parent[at];
+        }
+        at
+    }
+    fn join(parent: &mut [usize], a: usize, b: usize) {
+        let (a, b) = (root(parent, a), root(parent, b));
+        parent[a] = b;
+    }
+    let mut by_namespace: HashMap<u64, usize> = HashMap::new();
+    for (at, o) in owners.iter().enumerate() {
+        if let Some(ns) = o.pid_namespace {
+            if let Some(&first) = by_namespace.get(&ns) {
+                join(&mut parent, first, at);
+            } else {
+                by_namespace.insert(ns, at);
+            }
+        }
+    }
+    // Sorted, a cgroup's descendants follow it: each is compared with those after it while
+    // they start with it, not with every other.
+    let mut with_cgroup: Vec<(&str, usize)> = owners
+        .iter()
+        .enumerate()
+        .filter_map(|(at, o)| Some((o.reservation.cgroup.as_deref()?, at)))
+        .collect();
+    with_cgroup.sort_unstable();
+    for (i, &(line, at)) in with_cgroup.iter().enumerate() {
+        for &(other, other_at) in with_cgroup[i + 1..].iter().take_while(|(l, _)| l.starts_with(line)) {
+            if crate::procfs::cgroups_nest(line, other) {
+                join(&mut parent, at, other_at);
+            }
+        }
+    }
+    let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+    for at in 0..owners.len() {
+        let r = root(&mut parent, at);
+        groups.entry(r).or_default().push(at);
+    }
+    let mut shared = Vec::new();
+    for members in groups.values().filter(|m| m.len() > 1) {
+        let mut uuids: Vec<&str> = members
+            .iter()
+            .flat_map(|&at| owners[at].reservation.gpus.iter().map(|s| s.uuid.as_str()))
+            .collect();
+        uuids.sort_unstable();
+        uuids.dedup();
+        for uuid in uuids {
+            let on_gpu: Vec<String> = members
+                .iter()
+                .map(|&at| owners[at].reservation)
+                .filter(|r| r.gpus.iter().any(|s| s.uuid == uuid))
+                .map(|r| r.container_id.clone())
+                .collect();
+            if on_gpu.len() > 1 {
+                shared.push((uuid.to_string(), on_gpu));
+            }
+        }
+    }
+    shared.sort();
+    shared
 }
 
 #[cfg(test)]

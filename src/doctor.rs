@@ -15,7 +15,7 @@ use crate::enforce::driver_limit::{self, Availability, DRIVER_NEEDED, SET_LIMITS
 use crate::enforce::{guardrails, mps, toolkit};
 use crate::inventory::{self, Inventory, NvmlInventory};
 use crate::ledger::StateDir;
-use crate::quantity::format_bytes;
+use crate::quantity::{format_bytes, format_duration};
 
 mod engines;
 use engines::*;
@@ -147,6 +147,7 @@ pub fn run(paths: &Paths) -> Report {
         check_inventory(config, paths, &mut checks);
         check_state(config, &mut checks);
         check_enforcement(config, paths, &mut checks);
+        check_watch(config, &mut checks);
     }
     let engine_hooks = check_engines(paths, &mut checks);
     check_hook_binary(paths, &engine_hooks, &mut checks);
@@ -299,6 +300,54 @@ fn check_state(config: &Config, checks: &mut Vec<Check>) {
                 path.display()
             ),
         )),
+    }
+}
+
+/// Whether `vramgate watch` runs (its heartbeat in the state directory, the one the service
+/// reads: [`crate::service::watch_seen`]) and what that means here: under `over_use = "kill"`
+/// it is what stops a container over its limit, and what lets a pod's holders of one DRA claim
+/// count once; without it they count whole.
+fn check_watch(config: &Config, checks: &mut Vec<Check>) {
+    let interval = config.enforce.over_use_interval;
+    let seen = match StateDir::open_existing(&config.state_dir) {
+        Ok(Some(dir)) => crate::service::watch_seen(&dir, crate::clock::now_unix_ms(), interval),
+        _ => crate::service::WatchSeen::Never,
+    };
+    let ago = |age_ms: u64| format_duration(std::time::Duration::from_millis(age_ms));
+    let kill = config.enforce.over_use == crate::config::OverUseAction::Kill;
+    let window = format_duration(crate::service::heartbeat_window(interval));
+    let not_seen = match seen {
+        crate::service::WatchSeen::Running { age_ms } if kill => {
+            checks.push(ok(
+                "watch",
+                format!("`vramgate watch` runs (last measured {} ago) under [enforce] over_use = \"kill\": it stops a container over its limit, and a pod's containers that hold one DRA claim count it once", ago(age_ms)),
+            ));
+            return;
+        }
+        crate::service::WatchSeen::Running { age_ms } => {
+            checks.push(ok(
+                "watch",
+                format!("`vramgate watch` runs (last measured {} ago) and reports over-use as events (over_use = \"{}\"); a pod's containers that hold one DRA claim each count it whole (only \"kill\" holds a claim once)", ago(age_ms), config.enforce.over_use.as_str()),
+            ));
+            return;
+        }
+        crate::service::WatchSeen::Stale { age_ms } => format!(
+            "no `vramgate watch` has measured for {} (more than {window})",
+            ago(age_ms)
+        ),
+        crate::service::WatchSeen::Never => "no `vramgate watch` has ever measured here".to_string(),
+    };
+    if kill {
+        checks.push(problem(
+            "watch",
+            format!("[enforce] over_use = \"kill\", but {not_seen}: nothing stops a container over its limit, and a pod's containers that hold one DRA claim each count it whole until one runs"),
+            "start it: systemctl enable --now vramgate-watch (or run `vramgate watch`)",
+        ));
+    } else {
+        checks.push(info(
+            "watch",
+            format!("{not_seen}: over-use shows in `vramgate status` only; a pod's containers that hold one DRA claim each count it whole"),
+        ));
     }
 }
 

@@ -121,6 +121,51 @@ impl ProcessIdentity {
     }
 }
 
+/// A handle on one process (`pidfd_open`, Linux 5.3): a signal sent through it reaches that
+/// process or nothing, never a later process given the same pid. What `vramgate watch` stops
+/// containers through, where a pid read a moment earlier may already name someone else.
+#[derive(Debug)]
+pub struct PidFd(std::os::fd::OwnedFd);
+
+impl PidFd {
+    /// The process that has `pid` now; `None` when there is none (or the kernel has no pidfds).
+    pub fn open(pid: u32) -> Option<PidFd> {
+        use std::os::fd::FromRawFd;
+        let pid = nix::libc::pid_t::try_from(pid).ok().filter(|p| *p > 0)?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+        let fd = std::os::fd::RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+        // SAFETY: the descriptor was just returned to us and is owned by nothing else.
+        Some(PidFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// SIGKILL to the process; false when it has already exited (or the signal was refused).
+    pub fn kill(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(pidfd, sig, info = NULL, flags = 0): no memory is passed.
+        let sent = unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                nix::libc::SIGKILL,
+                std::ptr::null::<nix::libc::siginfo_t>(),
+                0,
+            )
+        };
+        sent == 0
+    }
+}
+
+impl ProcessIdentity {
+    /// A [`PidFd`] on this process, only while its pid still is this process: the descriptor
+    /// is opened first and the start time checked after, so it cannot name a process that
+    /// took the pid later (a pid is not reused while a process holds it).
+    pub fn pidfd(&self) -> Option<PidFd> {
+        let fd = PidFd::open(self.pid)?;
+        self.is_alive().then_some(fd)
+    }
+}
+
 /// How the reservation service asks whether a recorded process still runs; `/proc` on a host,
 /// a table in unit tests.
 pub trait Liveness {
@@ -161,6 +206,67 @@ pub fn pid_namespace(pid: u32) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
+/// The text of `/proc/<pid>/cgroup`: the cgroups a process is in, one line per hierarchy
+/// (`id:controllers:path`). `None` when it is gone or unreadable.
+pub fn cgroups(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("{PROC}/{pid}/cgroup")).ok()
+}
+
+/// The line of a container init's `/proc/<pid>/cgroup` text that names the container's own
+/// cgroup: what a reservation records ([`crate::ledger::Reservation::cgroup`]) and attribution
+/// finds the container's processes by, whatever pid namespace they are in
+/// ([`in_cgroup`]).
+///
+/// Which hierarchy: the cgroup v2 line (`0::/path`) where the init is in a v2 cgroup other than
+/// the root: every process of a unified host (the GPU hosts), and a hybrid host's where runc
+/// joins its unified tree too. Else the v1 `pids` controller's line (runc joins every v1
+/// controller mounted, whatever limits the spec sets, and `pids` is mounted on every hybrid or
+/// v1 host systemd runs; `memory` may be switched off on the kernel's command line, and
+/// `name=systemd` is joined only by runc's systemd driver). A line whose path is the root
+/// (`/`: a container left in the host's cgroup) or climbs out of the reader's cgroup
+/// namespace (`/..`) tells nothing apart: `None`, and the container's processes are
+/// attributed by pid namespace as before cgroups were recorded.
+pub fn own_cgroup(text: &str) -> Option<String> {
+    let usable = |path: &str| path.starts_with('/') && path != "/" && !path.split('/').any(|c| c == "..");
+    let lines = || text.lines().filter_map(|l| Some((l, cgroup_line(l)?)));
+    let v2 = lines().find(|(_, (id, controllers, path))| *id == "0" && controllers.is_empty() && usable(path));
+    let v1 = || lines().find(|(_, (_, controllers, path))| controllers.split(',').any(|c| c == "pids") && usable(path));
+    v2.or_else(v1).map(|(line, _)| line.to_string())
+}
+
+/// A `/proc/<pid>/cgroup` line's hierarchy id, controllers and path.
+fn cgroup_line(line: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = line.splitn(3, ':');
+    Some((parts.next()?, parts.next()?, parts.next()?))
+}
+
+/// Whether the cgroup `recorded` (a line of [`own_cgroup`]) is `line`'s, or an ancestor of it,
+/// in the same hierarchy.
+fn nests_under(line: &str, recorded: &str) -> bool {
+    let Some((id, controllers, path)) = cgroup_line(recorded) else {
+        return false;
+    };
+    cgroup_line(line).is_some_and(|(i, c, p)| {
+        i == id
+            && c == controllers
+            && p.strip_prefix(path)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
+/// Whether a process whose `/proc/<pid>/cgroup` text is `text` lies in the cgroup `recorded`
+/// (a line of [`own_cgroup`]) or one below it: a container's process, in whatever pid
+/// namespace it runs (`unshare -Urpf` inside a container leaves its cgroup as it is).
+pub fn in_cgroup(recorded: &str, text: &str) -> bool {
+    text.lines().any(|line| nests_under(line, recorded))
+}
+
+/// Whether two recorded cgroups ([`own_cgroup`]) are one, or one lies below the other: their
+/// containers' processes cannot all be told apart.
+pub fn cgroups_nest(a: &str, b: &str) -> bool {
+    nests_under(a, b) || nests_under(b, a)
+}
+
 /// The value of the field `name` (such as `CapEff`) in the text of a `/proc/<pid>/status`
 /// file, trimmed.
 pub fn status_field<'s>(status: &'s str, name: &str) -> Option<&'s str> {
@@ -198,6 +304,41 @@ mod tests {
             start_time: 1
         }
         .is_alive());
+    }
+
+    #[test]
+    fn a_containers_own_cgroup_is_its_v2_line_else_its_pids_line() {
+        let hybrid = "9:name=systemd:/\n8:pids:/c1\n4:memory:/c1\n0::/\n";
+        assert_eq!(own_cgroup(hybrid).as_deref(), Some("8:pids:/c1"));
+        let unified = "0::/kubepods/pod1/c1\n";
+        assert_eq!(own_cgroup(unified).as_deref(), Some("0::/kubepods/pod1/c1"));
+        // The root, or a path out of the reader's cgroup namespace, tells nothing apart.
+        assert_eq!(own_cgroup("8:pids:/\n0::/\n"), None);
+        assert_eq!(own_cgroup("0::/../x\n"), None);
+        // Below it (a nested pid namespace keeps it; a child cgroup lies under it); a sibling
+        // whose name starts the same does not.
+        assert!(in_cgroup("8:pids:/c1", "8:pids:/c1\n0::/\n"));
+        assert!(in_cgroup("0::/pod/c1", "0::/pod/c1/inner\n"));
+        assert!(!in_cgroup("0::/pod/c1", "0::/pod/c10\n"));
+        assert!(!in_cgroup("8:pids:/c1", "7:blkio:/c1\n"));
+        assert!(cgroups_nest("0::/pod/c1", "0::/pod/c1/inner") && cgroups_nest("0::/pod", "0::/pod"));
+        assert!(!cgroups_nest("0::/pod/c1", "0::/pod/c2"));
+    }
+
+    #[test]
+    fn a_pidfd_is_opened_only_on_the_process_recorded() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let id = ProcessIdentity::of(child.id()).unwrap();
+        let other = ProcessIdentity {
+            start_time: id.start_time + 1,
+            ..id
+        };
+        assert!(other.pidfd().is_none(), "another start time is another process");
+        let fd = id.pidfd().unwrap();
+        assert!(fd.kill());
+        child.wait().unwrap();
+        // Reaped: the pid may be anyone's now, the descriptor still names the one that exited.
+        assert!(!fd.kill());
     }
 
     #[test]

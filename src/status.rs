@@ -14,7 +14,7 @@ use crate::attribution;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::inventory::{GpuProcess, Inventory};
-use crate::ledger::{GpuShare, Ledger};
+use crate::ledger::{GpuShare, Ledger, Reservation};
 use crate::procfs::{self, Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::quantity::{format_bytes, format_duration};
 
@@ -31,6 +31,10 @@ pub struct StatusReport {
     pub snapshot: crate::inventory::Snapshot,
     #[serde(skip)]
     pub allocated: crate::admission::Allocated,
+    /// The reservations judged together because their processes cannot be told apart
+    /// ([`crate::attribution::Attribution::shared`]): what the watch judges and stops by.
+    #[serde(skip)]
+    pub shared: Vec<(String, Vec<String>)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -140,27 +144,96 @@ pub fn build_with(
     build_report(&sources, &Rules::from_config(config), &config.state_dir, ledger)
 }
 
-/// What the use of each container that holds a claim with others of its pod on GPU `uuid` is
-/// judged by ([`crate::ledger::ClaimHold`]: they hold its memory once): the holders' use
-/// added up, of those that could be measured (`None` when none could), and how many they are; by
-/// container id. Containers that hold alone are absent: their own use is judged. What status's
+/// How a container's use on one GPU is judged where it is not judged alone
+/// ([`held_together`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Together {
+    /// The group's use added up, of those that could be measured (`None` when none could): a
+    /// holder that could not be measured hides none of what the others use.
+    pub used: Option<u64>,
+    /// What the group reserved: its shares added up, a claim held once counted once.
+    pub reserved: u64,
+    /// What the group may use: its limits added up, a claim held once counted once.
+    pub limit: u64,
+    /// How many containers it is.
+    pub holders: usize,
+    /// Whether some of them share a pid namespace (else they are a pod's holders of a claim).
+    pub shared_namespace: bool,
+    /// Names the group among those of this GPU: the containers with the same `group` are it.
+    pub group: usize,
+}
+
+/// How the use of each container on GPU `uuid` that is not judged alone is judged: by
+/// container id, its group's [`Together`]. A group is the containers of a pod that hold one
+/// claim ([`crate::ledger::ClaimHold`]: they hold its memory once) and the containers whose
+/// processes cannot be told apart (`shared`: [`crate::attribution::Attribution::shared`]),
+/// joined where they overlap. Containers judged alone are absent. The one rule status's
 /// `over_reservation` and `vramgate watch` judge by.
 pub fn held_together<'l>(
     ledger: &'l Ledger,
     uuid: &str,
+    shared: &[&[String]],
     used: &dyn Fn(&str) -> Option<u64>,
-) -> std::collections::HashMap<&'l str, (Option<u64>, usize)> {
-    let mut together = std::collections::HashMap::new();
-    for held in ledger.held_on(uuid).iter().filter(|h| h.holders.len() > 1) {
-        // What was measured of them is a lower bound: a holder that could not be measured
-        // hides none of what the others use.
-        let sum = held
-            .holders
+) -> std::collections::HashMap<&'l str, Together> {
+    let held = ledger.held_on(uuid);
+    // Each entry of `held` starts as its own group; the groups are joined by shared namespaces.
+    let mut parent: Vec<usize> = (0..held.len()).collect();
+    fn root(parent: &mut [usize], mut at: usize) -> usize {
+        while parent[at] != at {
+            parent[at] = parent[parent[at]];
+            at = parent[at];
+        }
+        at
+    }
+    let entry_of: std::collections::HashMap<&str, usize> = held
+        .iter()
+        .enumerate()
+        .flat_map(|(at, h)| h.holders.iter().map(move |r| (r.container_id.as_str(), at)))
+        .collect();
+    let mut in_namespace = vec![false; held.len()];
+    for members in shared {
+        let entries: Vec<usize> = members
             .iter()
-            .filter_map(|r| used(&r.container_id))
-            .reduce(u64::saturating_add);
-        for r in &held.holders {
-            together.insert(r.container_id.as_str(), (sum, held.holders.len()));
+            .filter_map(|m| entry_of.get(m.as_str()).copied())
+            .collect();
+        for pair in entries.windows(2) {
+            let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
+            parent[a] = b;
+        }
+        entries.iter().for_each(|&at| in_namespace[at] = true);
+    }
+    let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for at in 0..held.len() {
+        let r = root(&mut parent, at);
+        groups.entry(r).or_default().push(at);
+    }
+    let mut together = std::collections::HashMap::new();
+    for (&group, entries) in &groups {
+        let holders: Vec<&Reservation> = entries
+            .iter()
+            .flat_map(|&at| held[at].holders.iter().copied())
+            .collect();
+        if holders.len() < 2 {
+            continue;
+        }
+        let sum = |f: &dyn Fn(&GpuShare) -> u64| {
+            entries
+                .iter()
+                .fold(0u64, |total, &at| total.saturating_add(f(held[at].share)))
+        };
+        let judged = Together {
+            used: holders
+                .iter()
+                .filter_map(|r| used(&r.container_id))
+                .reduce(u64::saturating_add),
+            reserved: sum(&|s| s.bytes),
+            limit: sum(&|s| s.limit_bytes()),
+            holders: holders.len(),
+            shared_namespace: entries.iter().any(|&at| in_namespace[at]),
+            group,
+        };
+        for r in holders {
+            together.insert(r.container_id.as_str(), judged);
         }
     }
     together
@@ -192,20 +265,23 @@ pub fn build_report(
                 (can_see_processes || attribution.measured.contains(&key))
                     .then(|| attribution.allocated.get(&key).copied().unwrap_or(0))
             };
-            let together = held_together(ledger, &gpu.uuid, &used_by);
+            let shared: Vec<&[String]> = attribution.shared_on(&gpu.uuid).collect();
+            let together = held_together(ledger, &gpu.uuid, &shared, &used_by);
             let reservations = ledger
                 .reservations
                 .iter()
                 .filter_map(|r| {
                     let share = r.gpus.iter().find(|s| s.uuid == gpu.uuid)?;
                     let used = used_by(&r.container_id);
-                    let judged = together.get(r.container_id.as_str()).map_or(used, |&(sum, _)| sum);
+                    let (judged, limit) = together
+                        .get(r.container_id.as_str())
+                        .map_or((used, share.limit_bytes()), |t| (t.used, t.limit));
                     Some(ReservationStatus {
                         container_id: r.container_id.clone(),
                         bytes: share.bytes,
                         limit: share.limit_bytes(),
                         used,
-                        over_reservation: judged.is_some_and(|u| u > share.limit_bytes()),
+                        over_reservation: judged.is_some_and(|u| u > limit),
                         age_ms: now.saturating_sub(r.created_unix_ms),
                         waited_ms: r.waited_ms,
                         pid: r.init.pid,
@@ -262,6 +338,7 @@ pub fn build_report(
         generation: ledger.generation,
         gpus,
         allocated: attribution.allocated,
+        shared: attribution.shared,
         snapshot,
     })
 }

@@ -13,31 +13,42 @@
 //! - `report` (the default): an `over_use` event in the event log when a container goes over,
 //!   once per episode, naming what it holds and its processes; status and the metrics flag it
 //!   (`over_reservation`) whenever they are read.
-//! - `kill`: the same, and the container is stopped: its init process (checked by its start
-//!   time, never a reused pid) and every GPU process in its pid namespace get SIGKILL, and an
-//!   `over_use_stop` event says so. As the kernel's OOM killer stops the offender rather than
-//!   its neighbours, the container that took more than it reserved pays, not the next one to
-//!   allocate on that GPU.
+//! - `kill`: the same, and the container is stopped: its init process and every GPU process it
+//!   owns ([`crate::attribution::Owner`]: by its recorded cgroup, nested pid namespaces
+//!   included, else by its pid namespace) get SIGKILL, and an `over_use_stop` event says so.
+//!   As the kernel's OOM killer stops the offender rather than its neighbours, the container
+//!   that took more than it reserved pays, not the next one to allocate on that GPU.
+//!
+//! A stop reaches only what was judged: containers that cannot be told apart (one cgroup, or
+//! one pid namespace without cgroups) are judged as one group and stopped together; only
+//! reservations whose init is the process recorded are judged, and a stop is sent only when
+//! every init of the group still is (pid and start time), each signal through a pidfd opened
+//! before its process was checked, so a reused pid is never signalled.
+//!
+//! After each pass that measured, the watch touches its heartbeat in the state directory
+//! ([`crate::service::beat`]): a pod's containers holding one claim count it once only while
+//! that is fresh.
 //!
 //! It measures every `[enforce] over_use_interval` (500 ms by default): the time from over-use
 //! to the event or the stop is at most one interval plus one NVML process query. A container
-//! that shares the host's pid namespace cannot be measured (attribution is by pid namespace),
-//! so it is never reported or stopped; the driver limit's per-cgroup figure covers it where
-//! that driver runs.
+//! with no cgroup of its own that shares the host's pid namespace cannot be measured, so it is
+//! never reported or stopped; the driver limit's per-cgroup figure covers it where that driver
+//! runs.
 //!
 //! It reads the service's snapshot, so it sits above the service and `vramgate status`, not in
 //! [`crate::enforce`], which they use.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::attribution::Owner;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, OverUseAction};
 use crate::events::{self, Event, Kind};
 use crate::inventory::GpuProcess;
-use crate::ledger::{GpuShare, Ledger, StateDir};
-use crate::procfs::{self, ProcLiveness, ProcessIdentity};
+use crate::ledger::{GpuShare, Ledger, Reservation, StateDir};
+use crate::procfs::{self, Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::quantity::{format_bytes, Quantity};
 use crate::service::Service;
 use crate::status::StatusReport;
@@ -52,14 +63,21 @@ pub struct OverUse {
     pub created_unix_ms: u64,
     pub uuid: String,
     pub gpu_index: u32,
+    /// What it reserved: with the containers it is judged with, what they reserved together.
     pub reserved: u64,
-    /// What it may use at most (`reserved` where it asked for no more): what `used` is judged by.
+    /// What it may use at most (`reserved` where it asked for no more): what `used` is judged
+    /// by; with the containers it is judged with, their limits together.
     pub limit: u64,
     pub used: u64,
     pub margin: u64,
     /// How many containers `used` is the sum of: more than one for the containers of a pod
-    /// that hold one claim ([`over_use`]).
+    /// that hold one claim and for containers that share a pid namespace ([`over_use`]).
     pub holders: usize,
+    /// The containers judged with it, itself included (itself alone when judged alone): what
+    /// a stop stops together.
+    pub group: Vec<String>,
+    /// Whether some of `group` share a pid namespace (else: a pod's holders of a claim).
+    pub shared_namespace: bool,
 }
 
 impl OverUse {
@@ -71,6 +89,19 @@ impl OverUse {
     /// (margin 0 B)".
     pub fn describe(&self) -> String {
         let said = self.describe_one();
+        if self.holders > 1 && self.shared_namespace {
+            let others: Vec<&str> = self
+                .group
+                .iter()
+                .filter(|c| **c != self.container)
+                .map(String::as_str)
+                .collect();
+            return format!(
+                "{said}, with the {} containers whose processes share a pid namespace (with {})",
+                self.holders,
+                others.join(", ")
+            );
+        }
         if self.holders > 1 {
             return format!(
                 "{said}, with the {} containers of its pod that hold its claim",
@@ -99,7 +130,7 @@ impl OverUse {
             self.gpu_index,
             self.uuid,
             format_bytes(self.reserved),
-            format_bytes(self.used - self.reserved),
+            format_bytes(self.used.saturating_sub(self.reserved)),
             format_bytes(self.margin)
         )
     }
@@ -107,10 +138,12 @@ impl OverUse {
 
 /// Every (container, GPU) of `report` whose measured use exceeds its limit (its reservation
 /// where it asked for no more) by more than `margin` (an amount, or a percentage of the
-/// limit). Where nothing was measured (`used` unknown) nothing is judged. The containers of a
-/// pod that hold one claim ([`crate::ledger::ClaimHold`]) hold its memory once, so they are
-/// judged together: their use added up, against the claim's limit, and each of them is over
-/// when the sum is (of those that could be measured: a lower bound).
+/// limit). Where nothing was measured (`used` unknown) nothing is judged. Containers that are
+/// not judged alone ([`crate::status::held_together`]: a pod's containers holding one claim,
+/// which hold its memory once; containers whose processes share a pid namespace, which
+/// cannot be told apart) are judged together: their use added up, against their limits added
+/// up (a claim's once), and each of them is over when the sum is (of those that could be
+/// measured: a lower bound).
 pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec<OverUse> {
     let mut found = Vec::new();
     for gpu in &report.gpus {
@@ -120,52 +153,94 @@ pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec
                 .find(|s| s.container_id == id)
                 .and_then(|s| s.used)
         };
-        // What each holder of a hold shared on this GPU is judged by: the hold's sum.
-        let together = crate::status::held_together(ledger, &gpu.gpu.uuid, &measured);
+        let shared: Vec<&[String]> = report
+            .shared
+            .iter()
+            .filter(|(uuid, _)| *uuid == gpu.gpu.uuid)
+            .map(|(_, members)| members.as_slice())
+            .collect();
+        // What each container not judged alone on this GPU is judged by: its group's sum.
+        let together = crate::status::held_together(ledger, &gpu.gpu.uuid, &shared, &measured);
         for r in &gpu.reservations {
-            let (used, holders) = match together.get(r.container_id.as_str()) {
-                Some(&(sum, holders)) => (sum, holders),
-                None => (r.used, 1),
+            let judged = together.get(r.container_id.as_str());
+            let (used, reserved, limit) = match judged {
+                Some(t) => (t.used, t.reserved, t.limit),
+                None => (r.used, r.bytes, r.limit),
             };
             let Some(used) = used else { continue };
-            let margin_bytes = margin.bytes_on(r.limit);
-            if used <= r.limit.saturating_add(margin_bytes) {
+            let margin_bytes = margin.bytes_on(limit);
+            if used <= limit.saturating_add(margin_bytes) {
                 continue;
             }
             let Some(reservation) = ledger.reservation(&r.container_id) else {
                 continue;
             };
+            let mut group: Vec<String> = match judged {
+                Some(t) => together
+                    .iter()
+                    .filter(|(_, other)| other.group == t.group)
+                    .map(|(id, _)| id.to_string())
+                    .collect(),
+                None => vec![r.container_id.clone()],
+            };
+            group.sort();
             found.push(OverUse {
                 container: r.container_id.clone(),
                 init: reservation.init,
                 created_unix_ms: reservation.created_unix_ms,
                 uuid: gpu.gpu.uuid.clone(),
                 gpu_index: gpu.gpu.index,
-                reserved: r.bytes,
-                limit: r.limit,
+                reserved,
+                limit,
                 used,
                 margin: margin_bytes,
-                holders,
+                holders: group.len(),
+                group,
+                shared_namespace: judged.is_some_and(|t| t.shared_namespace),
             });
         }
     }
     found
 }
 
-/// The GPU processes of the container whose init is `init`: those in its pid namespace, when
-/// that is not the host's (see the module documentation).
+/// The containers `members` as their processes are matched ([`Owner`]), each only while its
+/// init is still the process recorded: its namespace is read, then its start time checked (a
+/// pid is not reused while its process lives), so that a namespace read through a reused pid
+/// is never taken for the container's.
+fn verified_owners<'l>(members: &[&'l Reservation], pid_namespace: &dyn Fn(u32) -> Option<u64>) -> Vec<Owner<'l>> {
+    let host = pid_namespace(std::process::id());
+    members
+        .iter()
+        .map(|r| Owner::of(r, pid_namespace, host))
+        .filter(|o| o.reservation.init.is_alive())
+        .collect()
+}
+
+/// Whether process `pid` is one of `owners`' ([`Owner::owns`]).
+fn owned(owners: &[Owner], pid: u32, pid_namespace: &dyn Fn(u32) -> Option<u64>) -> bool {
+    if owners.is_empty() {
+        return false;
+    }
+    let any_cgroup = owners.iter().any(|o| o.reservation.cgroup.is_some());
+    let text = if any_cgroup { procfs::cgroups(pid) } else { None };
+    let ns = pid_namespace(pid);
+    owners.iter().any(|o| o.owns(text.as_deref(), ns))
+}
+
+/// The GPU processes of the containers `members`: those attribution gives them (by cgroup
+/// where one was recorded, so a process in a nested pid namespace is among them; by pid
+/// namespace otherwise, never the host's: see the module documentation), each init checked
+/// to be the process recorded.
 pub fn container_processes<'p>(
-    init: &ProcessIdentity,
+    members: &[&Reservation],
     processes: &'p [GpuProcess],
     pid_namespace: &dyn Fn(u32) -> Option<u64>,
 ) -> Vec<&'p GpuProcess> {
-    let Some(ns) = pid_namespace(init.pid) else {
-        return Vec::new();
-    };
-    if Some(ns) == pid_namespace(std::process::id()) {
-        return Vec::new();
-    }
-    processes.iter().filter(|p| pid_namespace(p.pid) == Some(ns)).collect()
+    let owners = verified_owners(members, pid_namespace);
+    processes
+        .iter()
+        .filter(|p| owned(&owners, p.pid, pid_namespace))
+        .collect()
 }
 
 /// What one pass found and did, for the caller's log.
@@ -175,6 +250,10 @@ pub struct Pass {
     pub reported: Vec<OverUse>,
     /// Containers stopped, with the pids that were sent SIGKILL.
     pub stopped: Vec<(OverUse, Vec<u32>)>,
+    /// Containers over that were not stopped, and why (an init no longer the process recorded).
+    pub spared: Vec<(OverUse, String)>,
+    /// The heartbeat could not be written: the service counts claim holders whole meanwhile.
+    pub heartbeat_error: Option<crate::ledger::LedgerError>,
 }
 
 /// The watch's memory between passes: the episodes already reported, so that one stays one
@@ -182,6 +261,8 @@ pub struct Pass {
 #[derive(Debug, Default)]
 pub struct Watch {
     reported: HashMap<(String, u64, String), ()>,
+    /// Whether this watch has written its pid into the heartbeat file.
+    heartbeat_written: bool,
 }
 
 impl Watch {
@@ -193,7 +274,11 @@ impl Watch {
         dir: &StateDir,
         config: &Config,
     ) -> Result<Pass, crate::service::ServiceError> {
-        let ledger = dir.read()?;
+        let mut ledger = dir.read()?;
+        // A reservation whose init is gone (exited, or its pid now another process's) until
+        // the next transaction reclaims it is nobody's: its pid may now lie in another
+        // container's namespace, whose processes would be judged, and stopped, as its own.
+        ledger.reservations.retain(|r| ProcLiveness.life(&r.init) != Life::Gone);
         let report = service.snapshot_of(&ledger)?;
         let found = over_use(&report, &ledger, config.enforce.over_use_margin);
         let now = SystemClock.now_unix_ms();
@@ -201,13 +286,16 @@ impl Watch {
         let mut log = Vec::new();
         let still: HashMap<(String, u64, String), ()> = found.iter().map(|o| (o.key(), ())).collect();
         self.reported.retain(|key, _| still.contains_key(key));
+        // The containers a stop has reached (or refused to reach) in this pass.
+        let mut done: HashSet<String> = HashSet::new();
         for over in found {
             let stop = config.enforce.over_use == OverUseAction::Kill;
             let new_episode = self.reported.insert(over.key(), ()).is_none();
             if !new_episode && !stop {
                 continue;
             }
-            let processes = container_processes(&over.init, &report.snapshot.processes, &procfs::pid_namespace);
+            let members: Vec<&Reservation> = over.group.iter().filter_map(|id| ledger.reservation(id)).collect();
+            let processes = container_processes(&members, &report.snapshot.processes, &procfs::pid_namespace);
             let share = [GpuShare::new(over.uuid.clone(), over.reserved, over.limit)];
             if new_episode {
                 let pids: Vec<String> = processes
@@ -219,47 +307,100 @@ impl Watch {
                 log.push(Event::new(now, Kind::OverUse, &over.container, &share, detail));
                 pass.reported.push(over.clone());
             }
-            // One stop per container and pass, however many of its GPUs are over; a container
-            // still measured over at the next pass (its processes not yet gone) is signalled
-            // again, and logged again only if anything was left to signal.
-            if stop && !pass.stopped.iter().any(|(o, _)| o.container == over.container) {
-                let killed = stop_container(&over.init, &processes);
-                if new_episode || !killed.is_empty() {
-                    let detail = format!(
-                        "stopped ([enforce] over_use = \"kill\"): SIGKILL to {}",
-                        if killed.is_empty() {
-                            "nothing (its processes were gone)".to_string()
+            // One stop per group and pass, however many of its GPUs are over; a group still
+            // measured over at the next pass (its processes not yet gone) is signalled again,
+            // and logged again only if anything was left to signal.
+            if !stop || done.contains(&over.container) {
+                continue;
+            }
+            done.extend(over.group.iter().cloned());
+            match stop_group(&ledger, &over.group, &report.snapshot.processes, &procfs::pid_namespace) {
+                Ok(killed) => {
+                    if new_episode || !killed.is_empty() {
+                        let with = if over.group.len() > 1 {
+                            format!(" with {}", over.group.join(", "))
                         } else {
-                            killed.iter().map(|p| format!("pid {p}")).collect::<Vec<_>>().join(", ")
-                        }
-                    );
-                    log.push(Event::new(now, Kind::OverUseStop, &over.container, &share, detail));
+                            String::new()
+                        };
+                        let detail = format!(
+                            "stopped{with} ([enforce] over_use = \"kill\"): SIGKILL to {}",
+                            if killed.is_empty() {
+                                "nothing (its processes were gone)".to_string()
+                            } else {
+                                killed.iter().map(|p| format!("pid {p}")).collect::<Vec<_>>().join(", ")
+                            }
+                        );
+                        log.push(Event::new(now, Kind::OverUseStop, &over.container, &share, detail));
+                    }
+                    pass.stopped.push((over, killed));
                 }
-                pass.stopped.push((over, killed));
+                Err(why) => {
+                    if new_episode {
+                        let detail = format!("not stopped ([enforce] over_use = \"kill\"): {why}");
+                        log.push(Event::new(now, Kind::Note, &over.container, &share, detail));
+                    }
+                    pass.spared.push((over, why));
+                }
             }
         }
         events::append(dir, &log);
+        // This pass measured: a watch is seen running (claims may be held once, see
+        // crate::service::watch_seen).
+        pass.heartbeat_error = crate::service::beat(dir, &mut self.heartbeat_written).err();
         Ok(pass)
     }
 }
 
-/// Sends SIGKILL to the container's init (when it is still that process) and to its GPU
-/// processes; returns the pids signalled.
-fn stop_container(init: &ProcessIdentity, processes: &[&GpuProcess]) -> Vec<u32> {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
+/// Stops the containers of `group` together: SIGKILL to each one's init and to every GPU
+/// process they own (by cgroup where one was recorded, else by pid namespace: [`Owner`]);
+/// returns the pids signalled. Nothing is sent unless every init is still the process the
+/// ledger recorded (pid and start time): a pid of a container that has gone may name another
+/// tenant's process now, and its namespace another tenant's container. Every signal goes
+/// through a pidfd opened before the process was checked, so the process checked is the
+/// process signalled, never a later one given its pid.
+fn stop_group(
+    ledger: &Ledger,
+    group: &[String],
+    processes: &[GpuProcess],
+    pid_namespace: &dyn Fn(u32) -> Option<u64>,
+) -> Result<Vec<u32>, String> {
+    let mut members = Vec::new();
+    let mut inits = Vec::new();
+    for id in group {
+        let Some(r) = ledger.reservation(id) else {
+            return Err(format!("container {id} is no longer in the ledger"));
+        };
+        let Some(fd) = r.init.pidfd() else {
+            return Err(format!(
+                "the init of container {id} (pid {}) is no longer the process the ledger recorded",
+                r.init.pid
+            ));
+        };
+        members.push(r);
+        inits.push((r.init.pid, fd));
+    }
+    let owners = verified_owners(&members, pid_namespace);
+    if owners.len() != members.len() {
+        return Err("an init exited while it was checked".to_string());
+    }
     let mut killed = Vec::new();
-    if ProcessIdentity::of(init.pid).is_some_and(|now| now == *init)
-        && kill(Pid::from_raw(init.pid as i32), Signal::SIGKILL).is_ok()
-    {
-        killed.push(init.pid);
+    for (pid, fd) in &inits {
+        if fd.kill() {
+            killed.push(*pid);
+        }
     }
     for p in processes {
-        if !killed.contains(&p.pid) && kill(Pid::from_raw(p.pid as i32), Signal::SIGKILL).is_ok() {
+        if killed.contains(&p.pid) {
+            continue;
+        }
+        // Opened first, then checked: a pid reused in between names a process outside the
+        // containers, which is left alone; one reused after the check is not the fd's.
+        let Some(fd) = procfs::PidFd::open(p.pid) else { continue };
+        if owned(&owners, p.pid, pid_namespace) && fd.kill() {
             killed.push(p.pid);
         }
     }
-    killed
+    Ok(killed)
 }
 
 /// Runs the watch until killed: one pass every `[enforce] over_use_interval`, the config read
@@ -305,6 +446,17 @@ fn pass_once(
             over.describe()
         ));
     }
+    if let Some(e) = &pass.heartbeat_error {
+        log(&format!(
+            "vramgate watch: cannot write its heartbeat ({e}): claims' holders count whole until it can"
+        ));
+    }
+    for (over, why) in &pass.spared {
+        log(&format!(
+            "vramgate watch: container {} not stopped: {why}",
+            over.container
+        ));
+    }
     for (over, pids) in &pass.stopped {
         log(&format!(
             "vramgate watch: stopped container {} (pids {pids:?})",
@@ -318,7 +470,6 @@ fn pass_once(
 mod tests {
     use super::*;
     use crate::inventory::{GpuMemory, Inventory, InventoryError, Snapshot};
-    use crate::ledger::Reservation;
     use std::process::{Child, Command};
 
     const GI: u64 = 1 << 30;
@@ -349,38 +500,109 @@ mod tests {
         init: u32,
     }
 
-    impl Container {
-        fn start() -> Container {
-            let unshare = Command::new("unshare")
-                .args(["--pid", "--fork", "sleep", "60"])
-                .spawn()
-                .expect("unshare (util-linux) runs, as root");
-            let children = format!("/proc/{}/task/{}/children", unshare.id(), unshare.id());
+    /// The first child of `parent` that runs `sleep`, once there is one.
+    fn sleeping_child(parent: u32) -> u32 {
+        child_named(parent, "sleep")
+    }
+
+    /// The first child of `parent` whose command is `name`, once there is one.
+    fn child_named(parent: u32, name: &str) -> u32 {
+        let children = format!("/proc/{parent}/task/{parent}/children");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            // Once it runs `name`, not still the forked parent.
+            let found = text
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .find(|pid: &u32| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == name)
+                });
+            if let Some(pid) = found {
+                return pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "no child {name} of {parent}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A cgroup v2 directory of the test's own (at /sys/fs/cgroup on a unified host, under
+    /// /sys/fs/cgroup/unified on a hybrid one): a container's cgroup, as runc makes one. Its
+    /// processes are killed and it is removed when dropped.
+    struct TestCgroup(std::path::PathBuf);
+
+    impl TestCgroup {
+        fn new(name: &str) -> TestCgroup {
+            let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+                .iter()
+                .map(std::path::PathBuf::from)
+                .find(|p| p.join("cgroup.controllers").exists())
+                .expect("this host mounts cgroup v2");
+            let dir = root.join(format!("vramgate-watch-test-{}-{name}", std::process::id()));
+            std::fs::create_dir(&dir).unwrap();
+            TestCgroup(dir)
+        }
+
+        fn procs(&self) -> std::path::PathBuf {
+            self.0.join("cgroup.procs")
+        }
+
+        fn join(&self, pid: u32) {
+            std::fs::write(self.procs(), pid.to_string()).unwrap();
+        }
+    }
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            let init = loop {
-                let text = std::fs::read_to_string(&children).unwrap_or_default();
-                if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
-                    // Once it is sleep, not still the forked unshare.
-                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                    if comm.trim() == "sleep" {
-                        break pid;
+            while std::fs::remove_dir(&self.0).is_err() && std::time::Instant::now() < deadline {
+                for pid in std::fs::read_to_string(self.procs())
+                    .unwrap_or_default()
+                    .split_whitespace()
+                {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
                     }
                 }
-                assert!(std::time::Instant::now() < deadline, "unshare's child did not start");
-                std::thread::sleep(Duration::from_millis(10));
-            };
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// What the hook records for a container whose init is `pid`.
+    fn recorded_cgroup(pid: u32) -> String {
+        procfs::own_cgroup(&procfs::cgroups(pid).unwrap()).unwrap()
+    }
+
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    impl Container {
+        fn start() -> Container {
+            Container::running(&["sleep", "60"])
+        }
+
+        /// `command` as the init of a pid namespace of its own; it must become a `sleep`.
+        fn running(command: &[&str]) -> Container {
+            let unshare = Command::new("unshare")
+                .args(["--pid", "--fork"])
+                .args(command)
+                .spawn()
+                .expect("unshare (util-linux) runs, as root");
+            let init = sleeping_child(unshare.id());
             Container { unshare, init }
         }
 
         fn alive(&self) -> bool {
-            std::fs::read_to_string(format!("/proc/{}/stat", self.init)).is_ok_and(|stat| {
-                !stat
-                    .rsplit(')')
-                    .next()
-                    .unwrap_or_default()
-                    .trim_start()
-                    .starts_with('Z')
-            })
+            running(self.init)
         }
     }
 
@@ -538,6 +760,248 @@ mod tests {
         );
     }
 
+    /// A reservation whose init has gone, its pid now a process of another tenant's container
+    /// (same pid, another start time), is not that container's owner: the tenant's use is
+    /// judged as the tenant's (within its reservation), and nothing of the tenant is stopped.
+    #[test]
+    fn a_stale_reservations_reused_pid_never_gets_another_tenants_processes_stopped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        let tenant = Container::start();
+        reserve(&dir, "tenant", tenant.init, 4 * GI);
+        let mut tx = dir.begin().unwrap();
+        let mut stale = Reservation::for_test("stale", "GPU-0", GI);
+        let now = ProcessIdentity::of(tenant.init).unwrap();
+        stale.init = ProcessIdentity {
+            pid: tenant.init,
+            start_time: now.start_time.saturating_sub(1),
+        };
+        tx.ledger.reservations.push(stale);
+        let _committed = tx.commit().unwrap();
+        let inventory = ListedProcesses(std::cell::RefCell::new(vec![GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid: tenant.init,
+            used: 3 * GI,
+        }]));
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        config.enforce.over_use = OverUseAction::Kill;
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        let pass = Watch::default().pass(&service, &dir, &config).unwrap();
+        assert!(pass.reported.is_empty() && pass.stopped.is_empty(), "{pass:?}");
+        assert!(tenant.alive(), "the tenant within its reservation runs on");
+        assert!(events(&dir).is_empty(), "{:?}", events(&dir));
+    }
+
+    /// An over-use whose init is no longer the process the ledger recorded stops nothing: not
+    /// the init's pid, not the GPU processes of the namespace that pid now lies in.
+    #[test]
+    fn a_stop_is_never_sent_where_an_init_is_not_the_process_recorded() {
+        let tenant = Container::start();
+        let mut ledger = Ledger::default();
+        let mut r = Reservation::for_test("gone", "GPU-0", GI);
+        let now = ProcessIdentity::of(tenant.init).unwrap();
+        r.init = ProcessIdentity {
+            pid: tenant.init,
+            start_time: now.start_time + 1,
+        };
+        ledger.reservations.push(r);
+        let processes = [GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid: tenant.init,
+            used: 3 * GI,
+        }];
+        let refused = stop_group(&ledger, &["gone".into()], &processes, &procfs::pid_namespace).unwrap_err();
+        assert!(
+            refused.contains("is no longer the process the ledger recorded"),
+            "{refused}"
+        );
+        assert!(container_processes(&[&ledger.reservations[0]], &processes, &procfs::pid_namespace).is_empty());
+        assert!(tenant.alive());
+    }
+
+    /// Two reserved containers whose processes share one pid namespace (a pod with
+    /// `shareProcessNamespace`) cannot be told apart by process: they are judged as one, their
+    /// use against their reservations added up, so neither is stopped for the other's use
+    /// within that; over it, both are stopped together, and a neighbour is not.
+    #[test]
+    fn containers_sharing_a_pid_namespace_are_judged_and_stopped_together() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        // The namespace's init (`app`) and a second process in it (`sidecar`).
+        let pod = Container::running(&["sh", "-c", "sleep 60 & exec sleep 60"]);
+        let sidecar = sleeping_child(pod.init);
+        let neighbour = Container::start();
+        reserve(&dir, "app", pod.init, 4 * GI);
+        reserve(&dir, "sidecar", sidecar, 4 * GI);
+        reserve(&dir, "neighbour", neighbour.init, 4 * GI);
+        let process = |pid: u32, used: u64| GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid,
+            used,
+        };
+        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
+            process(pod.init, GI),
+            process(sidecar, 5 * GI),
+            process(neighbour.init, 3 * GI),
+        ]));
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        config.enforce.over_use = OverUseAction::Kill;
+        let mut watch = Watch::default();
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        // 6 GiB of 8 reserved together: nobody over, nobody stopped.
+        let pass = watch.pass(&service, &dir, &config).unwrap();
+        assert!(pass.reported.is_empty() && pass.stopped.is_empty(), "{pass:?}");
+        let report = service.snapshot_of(&dir.read().unwrap()).unwrap();
+        assert!(
+            report.gpus[0].reservations.iter().all(|r| !r.over_reservation),
+            "{report:?}"
+        );
+        assert!(pod.alive() && running(sidecar) && neighbour.alive());
+
+        // 9 GiB of 8: both are over, and stopped together, once.
+        inventory.0.borrow_mut()[1].used = 8 * GI;
+        let pass = watch.pass(&service, &dir, &config).unwrap();
+        let over: Vec<(&str, u64, u64, usize)> = pass
+            .reported
+            .iter()
+            .map(|o| (o.container.as_str(), o.used, o.limit, o.holders))
+            .collect();
+        assert_eq!(
+            over,
+            [("app", 9 * GI, 8 * GI, 2), ("sidecar", 9 * GI, 8 * GI, 2)],
+            "{pass:?}"
+        );
+        assert!(
+            pass.reported[0].describe().ends_with(
+                "over by 1024 MiB (margin 0 B), with the 2 containers whose processes share a pid namespace (with sidecar)"
+            ),
+            "{}",
+            pass.reported[0].describe()
+        );
+        assert_eq!(pass.stopped.len(), 1, "{pass:?}");
+        let mut killed = pass.stopped[0].1.clone();
+        killed.sort();
+        let mut both = vec![pod.init, sidecar];
+        both.sort();
+        assert_eq!(killed, both);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pod.alive() || running(sidecar) {
+            assert!(std::time::Instant::now() < deadline, "the pod's processes still run");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(neighbour.alive(), "the neighbour within its reservation runs on");
+    }
+
+    /// A process that a container starts in a pid namespace of its own (`unshare -Urpf` in a
+    /// pod) stays in the container's cgroup: found by the cgroup recorded at admission, it is
+    /// counted as the container's (not as outside vramgate), judged, and stopped with it.
+    #[test]
+    fn a_process_in_a_nested_pid_namespace_is_counted_judged_and_stopped_as_its_containers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        let cgroup = TestCgroup::new("nested");
+        // The init joins the container's cgroup, then starts a process in a nested namespace.
+        let script = format!(
+            "echo $$ > {}; unshare --pid --fork sleep 60 & exec sleep 60",
+            cgroup.procs().display()
+        );
+        let container = Container::running(&["sh", "-c", &script]);
+        let nested = sleeping_child(child_named(container.init, "unshare"));
+        assert_ne!(procfs::pid_namespace(nested), procfs::pid_namespace(container.init));
+        let neighbour = Container::start();
+        reserve(&dir, "nested", container.init, 4 * GI);
+        {
+            let mut tx = dir.begin().unwrap();
+            tx.ledger.reservations[0].cgroup = Some(recorded_cgroup(container.init));
+            let _committed = tx.commit().unwrap();
+        }
+        reserve(&dir, "neighbour", neighbour.init, 4 * GI);
+        let process = |pid: u32, used: u64| GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid,
+            used,
+        };
+        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
+            process(container.init, GI),
+            process(nested, 4 * GI),
+            process(neighbour.init, 3 * GI),
+        ]));
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        config.enforce.over_use = OverUseAction::Kill;
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        let report = service.snapshot_of(&dir.read().unwrap()).unwrap();
+        assert!(report.gpus[0].outside_processes.is_empty(), "{report:?}");
+        let pass = Watch::default().pass(&service, &dir, &config).unwrap();
+        let over: Vec<(&str, u64)> = pass.reported.iter().map(|o| (o.container.as_str(), o.used)).collect();
+        assert_eq!(over, [("nested", 5 * GI)], "{pass:?}");
+        assert_eq!(pass.stopped.len(), 1, "{pass:?}");
+        let mut killed = pass.stopped[0].1.clone();
+        killed.sort();
+        let mut both = vec![container.init, nested];
+        both.sort();
+        assert_eq!(killed, both);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while container.alive() || running(nested) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the container's processes still run"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(neighbour.alive(), "the neighbour within its reservation runs on");
+    }
+
+    /// Two containers sharing one pid namespace, each in a cgroup of its own (recorded at
+    /// admission): told apart by cgroup, each is judged alone, and only the one over its
+    /// reservation is stopped.
+    #[test]
+    fn containers_sharing_a_pid_namespace_in_cgroups_of_their_own_are_judged_apart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        let pod = Container::running(&["sh", "-c", "sleep 60 & exec sleep 60"]);
+        let sidecar = sleeping_child(pod.init);
+        let (app_cgroup, sidecar_cgroup) = (TestCgroup::new("app"), TestCgroup::new("sidecar"));
+        app_cgroup.join(pod.init);
+        sidecar_cgroup.join(sidecar);
+        for (id, pid) in [("app", pod.init), ("sidecar", sidecar)] {
+            reserve(&dir, id, pid, 4 * GI);
+            let mut tx = dir.begin().unwrap();
+            tx.ledger.reservations.last_mut().unwrap().cgroup = Some(recorded_cgroup(pid));
+            let _committed = tx.commit().unwrap();
+        }
+        let process = |pid: u32, used: u64| GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid,
+            used,
+        };
+        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
+            process(pod.init, GI),
+            process(sidecar, 5 * GI),
+        ]));
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        config.enforce.over_use = OverUseAction::Kill;
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        let pass = Watch::default().pass(&service, &dir, &config).unwrap();
+        let over: Vec<(&str, u64, usize)> = pass
+            .reported
+            .iter()
+            .map(|o| (o.container.as_str(), o.used, o.holders))
+            .collect();
+        assert_eq!(over, [("sidecar", 5 * GI, 1)], "{pass:?}");
+        assert_eq!(pass.stopped.len(), 1);
+        assert_eq!(pass.stopped[0].1, [sidecar]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while running(sidecar) {
+            assert!(std::time::Instant::now() < deadline, "the sidecar still runs");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(pod.alive(), "the app within its reservation runs on");
+    }
+
     #[test]
     fn a_container_in_the_hosts_pid_namespace_is_never_judged_by_process() {
         let me = ProcessIdentity::current().unwrap();
@@ -546,6 +1010,8 @@ mod tests {
             pid: me.pid,
             used: GI,
         }];
-        assert!(container_processes(&me, &processes, &procfs::pid_namespace).is_empty());
+        let mut r = Reservation::for_test("host", "GPU-0", GI);
+        r.init = me;
+        assert!(container_processes(&[&r], &processes, &procfs::pid_namespace).is_empty());
     }
 }

@@ -490,6 +490,8 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
         &format!("{GPUS}[enforce]\nover_use = \"kill\"\n"),
     );
     let cleanup = Cleanup(&tb);
+    // ...and only while it is seen running (its heartbeat): so it runs here.
+    let _watch = RunningWatch::start(&tb);
     let rt = runtime();
     let api = ApiServer::start(&tb.dir, &[NODE]);
     let cdi_dir = tb.dir.join("cdi");

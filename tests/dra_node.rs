@@ -39,6 +39,8 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         "vramgate-dra-node",
         &format!("{GPUS}[enforce]\nover_use = \"kill\"\n"),
     );
+    // ...and only while it is seen running (its heartbeat): so it runs here.
+    let _watch = RunningWatch::start(&cri.tb);
     let cdi_dir = cri.tb.dir.join("containerd/cdi");
     let api = ApiServer::start(&cri.tb.dir, &[NODE]);
     let driver = Driver::start(&cri.tb.dir, &cri.tb.config_path, &api, NODE, &cdi_dir, &[]);

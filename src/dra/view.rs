@@ -347,6 +347,7 @@ mod tests {
             pending: false,
             enforcement: None,
             claim: None,
+            cgroup: None,
             extra: Default::default(),
         }
     }

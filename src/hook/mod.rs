@@ -228,6 +228,9 @@ fn admit(
         container: container.to_string(),
         pid,
     })?;
+    // The container's own cgroup, recorded with its reservation: what its GPU processes are
+    // found by, in whatever pid namespace (runc has put the init in it before any hook runs).
+    let cgroup = crate::procfs::cgroups(pid).and_then(|text| crate::procfs::own_cgroup(&text));
     let waiter = ProcessIdentity::current().ok_or(HookError::InitGone {
         container: container.to_string(),
         pid: std::process::id(),
@@ -256,6 +259,7 @@ fn admit(
         budget,
         pending: false,
         enforcement,
+        cgroup: cgroup.as_deref(),
     })?;
     let hold = |shares: &[crate::ledger::GpuShare]| {
         if !driver {

@@ -33,6 +33,10 @@
 //! start, keeps the limit it was given). The check costs one `/proc` read per ticket, and only
 //! on writes of a ledger with limits and on admissions that ask for one.
 //!
+//! **Cgroups** ([`Reservation::cgroup`](super::Reservation::cgroup)) are refused by ed7e56d's
+//! readers as an unknown field too, and left out the same way: such a reader finds a
+//! container's processes by pid namespace, as it always did.
+//!
 //! **Claim holds** ([`Reservation::claim`](super::Reservation::claim)) are refused by ed7e56d's
 //! readers as an unknown field, and kept (and ignored) by every later one. Every holder's entry
 //! carries the claim's whole share, so the hold is simply left out of what such a reader may
@@ -119,13 +123,21 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         .iter()
         .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none())
         && !ledger.has_limits()
-        && ledger.reservations.iter().all(|r| r.claim.is_none())
+        && ledger
+            .reservations
+            .iter()
+            .all(|r| r.claim.is_none() && r.cgroup.is_none())
     {
         return None;
     }
     let mut older = ledger.clone();
     // Each holder of a claim carries its whole share: without the hold, each is counted whole.
-    older.reservations.iter_mut().for_each(|r| r.claim = None);
+    // Without its cgroup, a container's processes are found by pid namespace, as such a
+    // reader always did.
+    older.reservations.iter_mut().for_each(|r| {
+        r.claim = None;
+        r.cgroup = None;
+    });
     older.queue.iter_mut().for_each(|t: &mut Ticket| {
         t.enqueued_boot_ms = None;
         t.expected_ms = None;
@@ -277,6 +289,17 @@ mod tests {
         );
         assert!(json.starts_with(r#"{"schema":1,"#), "{json}");
         assert_eq!(older.reserved_on("GPU-a"), 6 << 30, "the limit is reserved whole");
+    }
+
+    /// A recorded cgroup is an unknown field to ed7e56d's readers: left out for them.
+    #[test]
+    fn a_cgroup_is_left_out_for_a_reader_that_refuses_it() {
+        let mut with_cgroup = ledger(vec![ticket(1, None)]);
+        let mut r = crate::ledger::Reservation::for_test("app", "GPU-a", 4 << 30);
+        r.cgroup = Some("0::/pod/app".into());
+        with_cgroup.reservations.push(r);
+        let older = for_older_readers(&with_cgroup).expect("the cgroup is left out");
+        assert!(!serde_json::to_string(&older).unwrap().contains("\"cgroup\""));
     }
 
     /// The `/proc` answer on real processes: this test's own binary is the one at its path; a

@@ -118,6 +118,16 @@ pub struct Reservation {
     /// keeps it in `extra`) counts each holder whole: more, never less (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<ClaimHold>,
+    /// The container's own cgroup, as its init's `/proc/<pid>/cgroup` names it when the hook
+    /// confirms or admits it (one line, [`crate::procfs::own_cgroup`]): what its GPU processes
+    /// are found by ([`crate::attribution`]), in whatever pid namespace they run, and what
+    /// `vramgate watch` stops. Absent where the container has no cgroup of its own (or was
+    /// admitted before it was recorded): its processes are found by pid namespace. An older
+    /// reader that ignores it (it keeps it in `extra`) finds them by pid namespace, as it
+    /// always did: a process in a nested namespace counts as outside any reservation, which
+    /// holds its memory as much (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -182,6 +192,7 @@ impl Reservation {
             pending: false,
             enforcement: None,
             claim: None,
+            cgroup: None,
             extra: Extra::new(),
         }
     }

@@ -217,6 +217,24 @@ impl StateDir {
             .map_err(io_err(&self.path.join(name)))
     }
 
+    /// When the file `name` of the state directory was last modified, in milliseconds since
+    /// the epoch: one `fstatat`, never following a symlink. `None` when it is not there (or
+    /// not a regular file, or cannot be read).
+    pub fn modified_unix_ms(&self, name: &str) -> Option<u64> {
+        let stat = nix::sys::stat::fstatat(
+            self.dir.as_fd(),
+            c_name(name).as_c_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        if stat.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+            return None;
+        }
+        let seconds = u64::try_from(stat.st_mtime).ok()?;
+        let millis = u64::try_from(stat.st_mtime_nsec).ok()? / 1_000_000;
+        seconds.checked_mul(1000)?.checked_add(millis)
+    }
+
     /// Removes the file `name` of the state directory; one that is not there is no error.
     pub fn remove_file(&self, name: &str) -> Result<()> {
         match nix::unistd::unlinkat(

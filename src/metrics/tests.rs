@@ -53,6 +53,7 @@ fn report(reservations: Vec<ReservationStatus>, queue: Vec<TicketStatus>) -> Sta
     StatusReport {
         snapshot: Default::default(),
         allocated: Default::default(),
+        shared: Vec::new(),
         inventory: "test".into(),
         state_dir: "/run/vramgate".into(),
         generation: 1,

@@ -219,6 +219,7 @@ pub fn run(jobs: &[Job], setting: &Setting, name: &str, progress: &mut dyn FnMut
         budget: None,
         pending: true,
         enforcement: None,
+        cgroup: None,
     };
 
     let exclusive = setting.sharing == Sharing::Exclusive;

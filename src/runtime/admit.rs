@@ -87,6 +87,7 @@ pub fn admit_at_create(
             pending: true,
             // Known only once the spec is edited; the hook records it when it confirms.
             enforcement: None,
+            cgroup: None,
         },
         &mut start_guard,
     );

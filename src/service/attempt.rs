@@ -276,6 +276,8 @@ impl Service<'_> {
         if req.enforcement.is_some() {
             r.enforcement = req.enforcement;
         }
+        // The wrapper reserved before the container had a cgroup; its init is in it now.
+        r.cgroup = req.cgroup.map(str::to_string);
         let shares = r.gpus.clone();
         log.push(self.event(
             Kind::Confirm,

@@ -20,6 +20,8 @@ use crate::request::{Request, RequestError};
 /// What the admission rule concluded, with what it concluded it from.
 pub(super) struct Decided {
     decision: Decision,
+    /// The claim this container holds once with its pod's other holders, where it may.
+    hold: Option<ClaimHold>,
     snapshot: Snapshot,
     shares: Vec<GpuShare>,
     choose: Option<u32>,
@@ -29,8 +31,9 @@ impl Service<'_> {
     /// What a container of a pod holds with the other containers of its pod that were given the
     /// same claim devices ([`ClaimHold`]): its checked claim devices and its pod sandbox, where
     /// it has both and the node holds such containers together (see `claims_held_together`).
-    fn claim_hold(&self, request: &Request) -> Option<ClaimHold> {
-        if !self.claims_held_together {
+    /// `watch_runs`: whether holders may count once now ([`Service::watch_runs`]).
+    fn claim_hold(&self, request: &Request, watch_runs: bool) -> Option<ClaimHold> {
+        if !watch_runs {
             return None;
         }
         let pod = request.pod_sandbox.clone()?;
@@ -64,16 +67,34 @@ impl Service<'_> {
                 *share = GpuShare::new(std::mem::take(&mut share.uuid), share.limit_bytes(), 0);
             }
         }
-        let hold = self.claim_hold(req.request);
+        // A claim hold is in question where this container could hold one or the ledger holds
+        // some: only then is the watch's heartbeat looked at.
+        let holds_in_ledger = ledger.reservations.iter().any(|r| r.claim.is_some());
+        let could_hold =
+            self.claims_held_together && req.request.pod_sandbox.is_some() && !req.request.claim_devices.is_empty();
+        let watch_runs = (holds_in_ledger || could_hold) && self.watch_runs();
+        let hold = self.claim_hold(req.request, watch_runs);
         if let Some(joined) = admission::joins_claim(ledger, hold.as_ref(), &shares, choose) {
             return Ok(Decided {
                 decision: joined,
+                hold,
                 snapshot,
                 shares,
                 choose,
             });
         }
         let decide = |ledger: &Ledger| {
+            // Without a watch seen running, the holds already recorded count each holder whole
+            // too (a watch that has stopped stops nobody): decided on the ledger without them.
+            let whole;
+            let ledger = if holds_in_ledger && !watch_runs {
+                let mut copy = ledger.clone();
+                copy.reservations.iter_mut().for_each(|r| r.claim = None);
+                whole = copy;
+                &whole
+            } else {
+                ledger
+            };
             let usage = self.cgroup_usage(ledger);
             let allocated =
                 attribution::attribute_measured(ledger, &snapshot.processes, procfs::pid_namespace, usage).allocated;
@@ -99,6 +120,7 @@ impl Service<'_> {
         }
         Ok(Decided {
             decision,
+            hold,
             snapshot,
             shares,
             choose,
@@ -119,6 +141,7 @@ impl Service<'_> {
         let id = req.container;
         let Decided {
             decision,
+            hold,
             snapshot,
             shares,
             choose,
@@ -145,7 +168,8 @@ impl Service<'_> {
                     waited_ms: waited.as_millis() as u64,
                     bundle: req.bundle.map(Path::to_path_buf),
                     pending: req.pending,
-                    claim: self.claim_hold(req.request),
+                    claim: hold,
+                    cgroup: req.cgroup.map(str::to_string),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };

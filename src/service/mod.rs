@@ -13,6 +13,7 @@
 
 mod attempt;
 mod decide;
+mod heartbeat;
 mod outcome;
 mod queue;
 mod release;
@@ -23,6 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use attempt::Step;
+pub use heartbeat::{beat, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
 pub use queue::{wait_for, Progress, CONTAINER_CHECK};
 pub use release::Released;
@@ -98,6 +100,11 @@ pub struct AdmitRequest<'r> {
     /// admission (the hook alone) records no tier from it, whatever the spec says. A tier the
     /// hook itself applies is recorded through [`Service::set_enforcement`].
     pub enforcement: Option<crate::enforce::Tier>,
+    /// The container's own cgroup, as the hook read it from its init's `/proc/<pid>/cgroup`
+    /// ([`crate::procfs::own_cgroup`]): recorded on the reservation, what its GPU processes
+    /// are found by. `None` from the wrapper at create (no init yet) and for a container that
+    /// has no cgroup of its own.
+    pub cgroup: Option<&'r str>,
 }
 
 pub struct Service<'a> {
@@ -116,10 +123,13 @@ pub struct Service<'a> {
     cgroup_usage: std::cell::OnceCell<crate::enforce::driver_limit::DriverUsage>,
     /// Whether the containers of a pod that share a claim may hold it once
     /// ([`crate::ledger::ClaimHold`]): only where `vramgate watch` stops them together when
-    /// their use added up passes the claim's limit (`[enforce] over_use = "kill"`). Every other
-    /// tier holds each container to the claim's limit alone, so K containers could use K times
-    /// what one hold counts; there each holder is counted whole.
+    /// their use added up passes the claim's limit (`[enforce] over_use = "kill"`), and only
+    /// while a watch is seen running ([`Service::watch_runs`]). Every other tier holds each
+    /// container to the claim's limit alone, so K containers could use K times what one hold
+    /// counts; there each holder is counted whole.
     claims_held_together: bool,
+    /// The watch's `[enforce] over_use_interval`: how fresh its heartbeat must be.
+    watch_interval: Duration,
 }
 
 impl<'a> Service<'a> {
@@ -140,7 +150,16 @@ impl<'a> Service<'a> {
             nvml_library: config.inventory.nvml_library.clone().into(),
             cgroup_usage: std::cell::OnceCell::new(),
             claims_held_together: config.enforce.over_use == crate::config::OverUseAction::Kill,
+            watch_interval: config.enforce.over_use_interval,
         }
+    }
+
+    /// Whether a claim's holders may count once now: the config says `kill` and a watch is
+    /// seen running (its heartbeat is fresh; see `heartbeat.rs`). One `fstatat`, asked only
+    /// where a claim hold is in question.
+    fn watch_runs(&self) -> bool {
+        self.claims_held_together
+            && heartbeat::watch_seen(&self.dir, self.clock.now_unix_ms(), self.watch_interval).runs()
     }
 
     /// The driver's per-container figures for attribution (see the field).

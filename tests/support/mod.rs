@@ -196,6 +196,45 @@ pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, check: impl F
     poll(what, limit, Duration::from_millis(100), check).0
 }
 
+/// `vramgate watch` on a testbed's config, as vramgate-watch.service runs it: stopped (by its
+/// own pid) when dropped.
+pub struct RunningWatch(std::process::Child);
+
+impl RunningWatch {
+    /// Starts the watch and returns once a pass has measured (its heartbeat is in the state
+    /// directory, which is made first as the first hook would make it).
+    pub fn start(bed: &vramgate::testbed::Testbed) -> RunningWatch {
+        let state = vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
+        let (key, value) = bed.env();
+        let child = Command::new(VRAMGATE)
+            .arg("watch")
+            .env(key, value)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let watch = RunningWatch(child);
+        let heartbeat = state.path().join(vramgate::service::HEARTBEAT_FILE);
+        wait_until("the watch's first heartbeat", Duration::from_secs(10), || {
+            (heartbeat.exists(), ())
+        });
+        watch
+    }
+
+    /// Stops it now.
+    pub fn stop(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for RunningWatch {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A config file replaced by a FIFO nobody writes: a read of it blocks, as an NVML call can on a
 /// GPU that fell off the bus. The FIFO's second name reaches a blocked reader afterwards.
 pub struct HungConfig {

@@ -274,6 +274,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
 fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
     let mut w = World::new(1, 10 * GI);
     w.config.enforce.over_use = crate::config::OverUseAction::Kill;
+    watch_beats(&w);
     let service = w.service();
     let claim = |pod: &str, bytes: u64| Request {
         claim_devices: vec!["u-gpu-0".into()],
@@ -305,6 +306,54 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
         ..mine.clone()
     };
     let refused = refusal(reject_once(&service, &mut ledger, "outside", 6, &outside).0);
+    assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}
+
+/// A watch measuring now, as `vramgate watch` leaves it after a pass: its heartbeat written,
+/// and the world's clock set to the time it was written at.
+fn watch_beats(w: &World) {
+    crate::service::beat(&w.state, &mut false).unwrap();
+    w.clock.unix_ms.set(crate::clock::now_unix_ms());
+}
+
+/// A claim's holders count once only while a watch is seen running (its heartbeat fresh), not
+/// because the config says `kill`: a watch never started, or stopped, stops no one. Without
+/// one the pod's second holder is counted whole (and does not fit); with one it joins; once
+/// the heartbeat is stale, the holds recorded count whole again, so what fit beside the claim
+/// held once does not.
+#[test]
+fn a_claim_is_held_once_only_while_a_watch_is_seen_running() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.enforce.over_use = crate::config::OverUseAction::Kill;
+    w.clock.unix_ms.set(crate::clock::now_unix_ms());
+    let service = w.service();
+    let mine = Request {
+        claim_devices: vec!["u-gpu-0".into()],
+        pod_sandbox: Some("pod-1".into()),
+        ..request(6 * GI, "0")
+    };
+    // No watch has measured: `kill` in the config alone holds nothing once.
+    let mut ledger = Ledger::default();
+    assert!(admitted(&reject_once(&service, &mut ledger, "app", 1, &mine).0));
+    assert_eq!(ledger.reservations[0].claim, None);
+    let refused = refusal(reject_once(&service, &mut ledger, "sidecar", 2, &mine).0);
+    assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+
+    // A watch runs: the pod's second container joins the claim.
+    watch_beats(&w);
+    let mut ledger = Ledger::default();
+    assert!(admitted(&reject_once(&service, &mut ledger, "app", 1, &mine).0));
+    assert!(admitted(&reject_once(&service, &mut ledger, "sidecar", 2, &mine).0));
+    assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
+    let small = request(GI, "0");
+    let mut beside = ledger.clone();
+    assert!(admitted(&reject_once(&service, &mut beside, "small", 3, &small).0));
+
+    // The watch stops: past the heartbeat's window both holders count whole (12 GiB of 10),
+    // and 1 GiB beside them no longer fits.
+    let window = crate::service::heartbeat_window(w.config.enforce.over_use_interval).as_millis() as u64;
+    w.clock.unix_ms.set(w.clock.unix_ms.get() + window + 1);
+    let refused = refusal(reject_once(&service, &mut ledger, "small", 3, &small).0);
     assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
 }
 

@@ -178,6 +178,7 @@ fn admit_req<'r>(id: &'r str, n: u32, request: &'r Request, policy: Policy) -> A
         budget: None,
         pending: false,
         enforcement: None,
+        cgroup: None,
     }
 }
 
