@@ -231,7 +231,7 @@ fn the_driver_registers_publishes_and_prepares_each_claim_or_says_why_not() {
     drop(dir);
 }
 
-/// Issue 35: what Kubernetes' own allocator (v0.36.2, Kubernetes 1.36's default features)
+/// Issue 35: what Kubernetes' own allocator (v0.36.3, Kubernetes 1.36's default features)
 /// decides from the slice the driver publishes for a 16 GiB and an 8 GiB GPU, and that the
 /// node prepares each single-device claim it places with exactly what it consumed. The
 /// allocator fills devices first-fit in the slice's order, never past a device's capacity;

@@ -1,8 +1,9 @@
 //! Kubernetes' own DRA allocator for the DRA tests: what kube-scheduler decides for a claim,
-//! instead of what a test author writes by hand. `allocate` runs tests/support/dra-allocator
-//! (k8s.io/dynamic-resource-allocation/structured at the staging repository's v0.36.2, with
-//! the features Kubernetes 1.36 turns on by default), built by scripts/fetch-dra-allocator
-//! (run by scripts/install-deps). A machine without it fails the test that needs it, naming
+//! instead of what a test author writes by hand. `allocate` runs tools/kube/dra-allocator
+//! (k8s.io/dynamic-resource-allocation/structured at the staging module's v0.36.3, the one
+//! Kubernetes 1.36.3 builds kube-scheduler with, with the features Kubernetes 1.36 turns on by
+//! default), built from the Go module tools/kube by scripts/fetch-dra-allocator (run by
+//! scripts/install-deps). A machine without it fails the test that needs it, naming
 //! the script: an allocation a test invented would pass where the scheduler's would not.
 //!
 //! Included with `#[path = "support/allocator.rs"] mod allocator;`.
@@ -15,16 +16,17 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
-/// The staging repository's tag the helper is built from (scripts/fetch-dra-allocator).
-pub const STAGING_VERSION: &str = "0.36.2";
+/// The staging module's tag the helper links (tools/kube/go.mod's replace; scripts/fetch-dra-allocator).
+pub const STAGING_VERSION: &str = "0.36.3";
 
 /// The DeviceClass manifest the allocator reads its classes from: the one we ship.
 pub fn class_manifest() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/dra.yaml")
 }
 
-/// The helper, checked: present, and built from the tests/support/dra-allocator/main.go of
-/// this checkout (a binary from an older one would decide by other rules unnoticed).
+/// The helper, checked: present, and built from the tools/kube/dra-allocator/main.go, go.mod
+/// and go.sum of this checkout (a binary from an older one would decide by other rules, or
+/// link other libraries, unnoticed).
 pub fn binary() -> PathBuf {
     let dir = std::env::var_os("VRAMGATE_DRA_ALLOCATOR")
         .map(PathBuf::from)
@@ -36,21 +38,28 @@ pub fn binary() -> PathBuf {
          tests); run scripts/fetch-dra-allocator (scripts/install-deps runs it)",
         binary.display()
     );
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/dra-allocator/main.go");
-    let sum = Command::new("sha256sum").arg(&source).output().expect("sha256sum runs");
-    let sum = String::from_utf8_lossy(&sum.stdout);
-    let sum = sum.split_whitespace().next().unwrap_or_default();
     let version = Command::new(&binary).arg("version").output().expect("the helper runs");
     let version = String::from_utf8_lossy(&version.stdout);
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kube");
+    for (file, name) in [
+        ("dra-allocator/main.go", "main.go"),
+        ("go.mod", "go.mod"),
+        ("go.sum", "go.sum"),
+    ] {
+        let source = module.join(file);
+        let sum = Command::new("sha256sum").arg(&source).output().expect("sha256sum runs");
+        let sum = String::from_utf8_lossy(&sum.stdout);
+        let sum = sum.split_whitespace().next().unwrap_or_default();
+        assert!(
+            version.lines().any(|l| l == format!("source {sum} {name}")),
+            "{}: built from another {} (it says {version:?}, the file's sha256 is {sum}); run \
+             scripts/fetch-dra-allocator to build it again",
+            binary.display(),
+            source.display()
+        );
+    }
     assert!(
-        version.lines().any(|l| l == format!("source {sum}")),
-        "{}: built from another {} (it says {version:?}, the file's sha256 is {sum}); run \
-         scripts/fetch-dra-allocator to build it again",
-        binary.display(),
-        source.display()
-    );
-    assert!(
-        version.contains(&format!("v{STAGING_VERSION} ")),
+        version.lines().next() == Some(&format!("k8s.io/dynamic-resource-allocation v{STAGING_VERSION}")),
         "{}: not the allocator of v{STAGING_VERSION}: {version:?}; run scripts/fetch-dra-allocator",
         binary.display()
     );

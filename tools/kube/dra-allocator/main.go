@@ -1,9 +1,10 @@
 // dra-allocator runs Kubernetes' own DRA allocator, the package kube-scheduler's
 // DynamicResources plugin calls (k8s.io/dynamic-resource-allocation/structured), on what the
 // DRA tests give it, so that the tests write into a claim's status what the scheduler would
-// write, not what a test author thinks it would. Built by scripts/fetch-dra-allocator from
-// third_party/'s pruned staging repository and Debian sid's Kubernetes Go libraries;
-// tests/support/allocator.rs runs it.
+// write, not what a test author thinks it would. A package of the module tools/kube, so that
+// the allocator and every library it calls are the versions Kubernetes 1.36.3 builds
+// kube-scheduler with (go.mod pins k8s.io/kubernetes and its staging modules). Built by
+// scripts/fetch-dra-allocator; tests/support/allocator.rs runs it.
 //
 // stdin, one JSON object (objects as the API server serves them):
 //
@@ -21,9 +22,10 @@
 //
 // Exit status 2 with one line on stderr: input that could not be read.
 //
-// `dra-allocator version` prints what it was built from (set by fetch-dra-allocator's
-// -ldflags): the staging repository's version and commit, and the sha256 of this file, by
-// which tests/support/allocator.rs tells a binary built from an older main.go.
+// `dra-allocator version` prints what it was built from: the k8s.io/dynamic-resource-allocation
+// module it links (from the binary's build information), and the sha256 of this file, go.mod
+// and go.sum (set by fetch-dra-allocator's -ldflags), by which tests/support/allocator.rs
+// tells a binary built from other sources or other pins.
 package main
 
 import (
@@ -34,6 +36,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -251,16 +254,38 @@ func run() error {
 	return encoder.Encode(out)
 }
 
-// Set at build time (-ldflags -X) by scripts/fetch-dra-allocator.
+// Set at build time (-ldflags -X) by scripts/fetch-dra-allocator: the sha256 of the files
+// the binary is built from.
 var (
-	stagingVersion = "unknown"
-	stagingCommit  = "unknown"
-	sourceSHA256   = "unknown"
+	sourceSHA256 = "unknown"
+	goModSHA256  = "unknown"
+	goSumSHA256  = "unknown"
 )
+
+// allocatorModule is the k8s.io/dynamic-resource-allocation the binary links, as
+// "<path> <version>": the version go.mod's replace gives it (the staging module's tag), read
+// from the build information Go writes into every binary built in module mode.
+func allocatorModule() string {
+	const path = "k8s.io/dynamic-resource-allocation"
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return path + " unknown"
+	}
+	for _, dep := range info.Deps {
+		if dep.Path != path {
+			continue
+		}
+		if dep.Replace != nil {
+			return dep.Replace.Path + " " + dep.Replace.Version
+		}
+		return dep.Path + " " + dep.Version
+	}
+	return path + " not linked"
+}
 
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "version" {
-		fmt.Printf("k8s.io/dynamic-resource-allocation %s %s\nsource %s\n", stagingVersion, stagingCommit, sourceSHA256)
+		fmt.Printf("%s\nsource %s main.go\nsource %s go.mod\nsource %s go.sum\n", allocatorModule(), sourceSHA256, goModSHA256, goSumSHA256)
 		return
 	}
 	if len(os.Args) > 1 {
