@@ -871,6 +871,171 @@ fn the_admission_policy_lets_the_driver_write_only_its_own_nodes_slices() {
     );
 }
 
+/// A PUT of claim `name`'s status (of namespace default) by the caller of `kubeconfig`, on the
+/// claim as stored with `edit` made: `Err((code, message))` when it is refused.
+fn put_claim_status(
+    rt: &tokio::runtime::Runtime,
+    kubeconfig: &std::path::Path,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> Result<(), (u16, String)> {
+    rt.block_on(async {
+        let file = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}");
+        let get = http::Request::get(path.as_str()).body(Vec::new()).unwrap();
+        let mut claim: serde_json::Value = serde_json::from_str(&client.request_text(get).await.unwrap()).unwrap();
+        edit(&mut claim);
+        let put = http::Request::put(format!("{path}/status"))
+            .header("Content-Type", "application/json")
+            .body(serde_json::to_vec(&claim).unwrap())
+            .unwrap();
+        match client.request_text(put).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) => Err((status.code, status.message)),
+            Err(e) => panic!("PUT {path}/status: {e}"),
+        }
+    })
+}
+
+/// Issue 43 item 6: the driver's role may update the status of every claim in the cluster;
+/// k8s/dra.yaml's policy vramgate-dra-claim-status holds it to claims allocated to its own
+/// node and to its own entries of `status.devices`, as the stand-in evaluates it (tests/support/
+/// vap.py, with cel-python) for the caller its token names. The built driver, with its node's
+/// token, prepares a claim of its node and writes its status as without the policy. With the
+/// same token: a claim allocated to node-b is refused, as are a change to another driver's
+/// entry (or its removal) and to `reservedFor` of a claim of its own node; its own entry there
+/// is taken. A token that names no node is refused saying what it needs. Nothing refused was
+/// stored.
+#[test]
+fn the_admission_policy_lets_the_driver_update_only_its_own_nodes_claims_and_its_own_entries() {
+    let (_dir, tb) = runc_testbed("vramgate-dra-claim-policy", GPUS);
+    let rt = runtime();
+    let users = [
+        User {
+            token: "dra-a",
+            username: DRA_USER,
+            node: NODE,
+        },
+        User {
+            token: "dra-nowhere",
+            username: DRA_USER,
+            node: "",
+        },
+    ];
+    let api = ApiServer::start_with_policy(&tb.dir, &[NODE, "node-b"], &users);
+    let as_a = api.kubeconfig_as("dra-a");
+    let cdi_dir = tb.dir.join("cdi");
+    let mut driver = Driver::start_as(&tb.dir, &tb.config_path, &as_a, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+
+    // The driver's own write, on a claim the scheduler placed on its node.
+    let uid = rt.block_on(api.create_claim("default", "mine", "1Gi"));
+    rt.block_on(api.schedule_one("default", "mine", NODE));
+    let answer = rt.block_on(kubelet::prepare(
+        &registered.endpoint,
+        vec![claim("default", "mine", &uid)],
+    ));
+    assert_eq!(answer.claims[&uid].error, "", "{}", driver.log_text());
+    let written = rt.block_on(api.device_status("default", "mine"));
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(written[0]["driver"], DRIVER);
+    assert_nothing_rejected(&rt, &api);
+
+    // A claim of node-b, and one of this node that another driver's device shares, with that
+    // driver's entry in its status (both written as the scheduler and that driver would).
+    rt.block_on(api.create_claim("default", "theirs", "1Gi"));
+    rt.block_on(api.allocate_by_hand("default", "theirs", "node-b", &[("gpu-0", "1Gi")]));
+    rt.block_on(api.create_claim("default", "shared", "1Gi"));
+    rt.block_on(api.allocate_by_hand("default", "shared", NODE, &[("gpu-1", "1Gi")]));
+    let other = serde_json::json!({"driver": "other.example.com", "pool": NODE, "device": "nic-0",
+        "data": {"ip": "10.0.0.7"}});
+    put_claim_status(&rt, &api.kubeconfig, "shared", |claim| {
+        let results = claim["status"]["allocation"]["devices"]["results"]
+            .as_array_mut()
+            .unwrap();
+        results.push(
+            serde_json::json!({"request": "gpu", "driver": "other.example.com", "pool": NODE,
+            "device": "nic-0"}),
+        );
+        claim["status"]["devices"] = serde_json::json!([other.clone()]);
+    })
+    .unwrap();
+    let ours = |node: &str, device: &str| {
+        serde_json::json!({"driver": DRIVER, "pool": node, "device": device,
+            "shareID": "9a0c6a1e-5e2b-4c7f-8d3a-1b2c3d4e5f00", "data": {"request": "1Gi"}})
+    };
+    let append = |entry: serde_json::Value| {
+        move |claim: &mut serde_json::Value| {
+            let status = &mut claim["status"];
+            if status["devices"].is_null() {
+                status["devices"] = serde_json::json!([]);
+            }
+            status["devices"].as_array_mut().unwrap().push(entry);
+        }
+    };
+    let denied = "is forbidden: ValidatingAdmissionPolicy 'vramgate-dra-claim-status' with binding 'vramgate-dra-claim-status' denied request: ";
+    let refused = |result: Result<(), (u16, String)>, says: &str| {
+        let (code, message) = result.expect_err(says);
+        assert_eq!(code, 403, "{message}");
+        assert!(
+            message.contains(denied) && message.ends_with(says),
+            "{message:?} should say {says:?}"
+        );
+    };
+
+    refused(
+        put_claim_status(&rt, &as_a, "theirs", append(ours("node-b", "gpu-0"))),
+        "vramgate-dra on node 'node-a' may update only the status of ResourceClaims allocated to its own node, not one allocated to node 'node-b'",
+    );
+    let not_others = "vramgate-dra may change only its own entries (driver gpu-memory.vramgate.dev) of a ResourceClaim's status.devices, not those of other drivers";
+    refused(
+        put_claim_status(&rt, &as_a, "shared", |claim| {
+            claim["status"]["devices"][0]["data"]["ip"] = "10.0.0.8".into();
+        }),
+        not_others,
+    );
+    refused(
+        put_claim_status(&rt, &as_a, "shared", |claim| {
+            claim["status"]["devices"] = serde_json::json!([ours(NODE, "gpu-1")]);
+        }),
+        not_others,
+    );
+    refused(
+        put_claim_status(&rt, &as_a, "shared", |claim| {
+            claim["status"]["reservedFor"] =
+                serde_json::json!([{"resource": "pods", "name": "p", "uid": "5c1a2b3c-0000-4000-8000-000000000001"}]);
+        }),
+        "vramgate-dra may change only its own entries of a ResourceClaim's status.devices, not its status.allocation or status.reservedFor",
+    );
+    refused(
+        put_claim_status(
+            &rt,
+            &api.kubeconfig_as("dra-nowhere"),
+            "shared",
+            append(ours(NODE, "gpu-1")),
+        ),
+        "vramgate-dra may update only the status of ResourceClaims allocated to its own node, and this request does not say which node it comes from: it needs the service account token of a pod on the node (kubelet's projected token, whose user extra authentication.kubernetes.io/node-name is the node: Kubernetes 1.30 or later with ServiceAccountTokenPodNodeInfo, GA in 1.32)",
+    );
+    // Nothing refused was stored.
+    assert_eq!(
+        rt.block_on(api.device_status("default", "theirs")),
+        Vec::<serde_json::Value>::new()
+    );
+    assert_eq!(rt.block_on(api.device_status("default", "shared")), [other.clone()]);
+    // Its own entry beside the other driver's is taken.
+    put_claim_status(&rt, &as_a, "shared", append(ours(NODE, "gpu-1"))).unwrap();
+    assert_eq!(
+        rt.block_on(api.device_status("default", "shared")),
+        [other, ours(NODE, "gpu-1")]
+    );
+    assert!(driver.child.try_wait().unwrap().is_none(), "{}", driver.log_text());
+}
+
 /// The stand-in API server refuses what kube-apiserver refuses (so that the driver's writes
 /// passing it means something): each broken variant of a valid slice is a 422 naming the
 /// field, as the real server's validation answers.

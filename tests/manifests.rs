@@ -2,7 +2,7 @@
 //! as the API server's strict field validation checks it (tests/support/check_manifests.py,
 //! with the upstream strict JSON schemas that scripts/fetch-k8s-schemas fetches), and the
 //! check itself refuses a misspelt field. What the objects do on a cluster is tested elsewhere:
-//! the DRA driver's admission policy in tests/dra_driver.rs, the driver's pod and mounts in
+//! the DRA driver's admission policies in tests/dra_driver.rs, the driver's pod and mounts in
 //! tests/node_image.rs.
 
 use std::path::{Path, PathBuf};
@@ -61,6 +61,8 @@ fn every_object_in_k8s_is_valid_for_kubernetes_1_36() {
         "ClusterRoleBinding vramgate-dra",
         "ValidatingAdmissionPolicy vramgate-dra-slices",
         "ValidatingAdmissionPolicyBinding vramgate-dra-slices",
+        "ValidatingAdmissionPolicy vramgate-dra-claim-status",
+        "ValidatingAdmissionPolicyBinding vramgate-dra-claim-status",
         "DaemonSet vramgate-dra",
     ] {
         let line = format!("{}: {object} ok", dra.display());

@@ -359,3 +359,100 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
     eventually("the queue guard ends", || !guard_of_w1());
     assert_eq!(reserved_ids(&bed), ["big"], "nothing admitted for the killed create");
 }
+
+/// A create that queues, as `vramgate-runtime create` under policy `wait`, in the background;
+/// its ticket is in the ledger when this returns.
+fn queued_create(bed: &Testbed, id: &str, annotations: &[(&str, &str)]) -> std::process::Child {
+    let bundle = bed.bundle(id, &["true"], annotations, &[], false).unwrap();
+    let (key, value) = bed.env();
+    let create = bed
+        .runc(&["create", "--bundle", &bundle.to_string_lossy(), id])
+        .env(key, value)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiter = create.id() as u64;
+    eventually(&format!("{id} waits in the queue"), || {
+        ledger_queue(bed).contains(&(id.to_string(), waiter))
+    });
+    create
+}
+
+/// Issue 43 item 6: a limit in the ledger, two waiters, one killed; the request and the limit
+/// stay as they were. The killed create's queue guard drops its ticket in a commit of its own,
+/// and holds no capability, so it cannot read the other waiter's `/proc/<pid>/exe` (EACCES).
+/// The commit took that for a waiter of an older release (one without limits) and rewrote
+/// the ledger in the old format, the running container reserved at its 6 GiB limit from then
+/// on. The other waiter started long after the installed binaries: it runs this release.
+#[test]
+fn a_killed_waiter_leaves_a_running_containers_request_and_limit_as_they_were() {
+    let (_dir, bed) = testbed("vg-rt-killed-limit", "");
+    let _cleanup = Cleanup(&bed);
+    let running = bed
+        .bundle(
+            "lim",
+            &["sleep", "600"],
+            &[
+                ("vramgate.dev/memory", "2Gi"),
+                ("vramgate.dev/memory-limit", "6Gi"),
+                ("vramgate.dev/gpus", "0"),
+            ],
+            &[],
+            false,
+        )
+        .unwrap();
+    assert_ok(
+        wrapper(&bed, &["create", "--bundle", &running.to_string_lossy(), "lim"]),
+        "create lim",
+    );
+    // (schema of the file, bytes and limit of lim's share), as written on disk and as
+    // `status --json` reads it.
+    let held = || {
+        let file: Value = serde_json::from_slice(&std::fs::read(bed.state_dir.join("ledger.json")).unwrap()).unwrap();
+        let status = support::status(&bed.config_path);
+        let lim = status["gpus"][0]["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["container_id"] == "lim")
+            .cloned()
+            .unwrap_or_else(|| panic!("lim is held: {status}"));
+        (file["schema"].clone(), lim["bytes"].clone(), lim["limit"].clone())
+    };
+    const GIB: u64 = 1 << 30;
+    let as_admitted = (json!(2), json!(2 * GIB), json!(6 * GIB));
+    assert_eq!(held(), as_admitted, "the request and the limit side by side");
+    // 2 GiB + 22 GiB is past the 24,265 MiB GPU: both wait.
+    let waits = [
+        ("vramgate.dev/memory", "22Gi"),
+        ("vramgate.dev/gpus", "0"),
+        ("vramgate.dev/policy", "wait"),
+        ("vramgate.dev/timeout", "60s"),
+    ];
+    let mut w1 = queued_create(&bed, "w1", &waits);
+    let mut w2 = queued_create(&bed, "w2", &waits);
+    assert_eq!(held(), as_admitted, "two waiters of this release change nothing");
+    // What containerd's shim does at kubelet's deadline: SIGKILL to the runtime alone. Its
+    // guard's commit drops the ticket.
+    w1.kill().unwrap();
+    w1.wait().unwrap();
+    eventually("the killed create's ticket leaves the ledger", || {
+        !ledger_queue(&bed).iter().any(|(id, _)| id == "w1")
+    });
+    assert_eq!(
+        ledger_queue(&bed).iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["w2"]
+    );
+    assert_eq!(
+        held(),
+        as_admitted,
+        "the guard's commit left the request and the limit as they were (not the limit reserved whole, in format 1)"
+    );
+    w2.kill().unwrap();
+    w2.wait().unwrap();
+    eventually("w2's ticket leaves the ledger", || ledger_queue(&bed).is_empty());
+    assert_eq!(held(), as_admitted);
+    assert_eq!(reserved_ids(&bed), ["lim"], "nothing admitted for the killed creates");
+}

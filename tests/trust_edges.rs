@@ -323,3 +323,31 @@ fn a_rule_runc_reads_as_every_device_or_otherwise_is_refused_by_the_hook_alone()
     );
     assert!(reservations(&bed).is_empty());
 }
+
+/// Issue 43 item 6: the claim marker scan was quadratic in the number of `VRAMGATE_DRA_*`
+/// variables. A spec with 10,000 markers is refused through the built wrapper with one line
+/// naming the count, the limit and what to remove, before any claim spec file is read (before,
+/// the first marker was looked up and refused as not prepared); nothing is reserved.
+#[test]
+fn ten_thousand_claim_markers_are_refused_with_one_line_through_the_wrapper() {
+    let (_dir, bed) = wrapper_testbed("vg-markers", TWO_GPUS);
+    let _cleanup = Cleanup(&bed);
+    let secret = "0".repeat(32);
+    let env: Vec<String> = ["VRAMGATE_MEMORY=1Gi".to_string(), "VRAMGATE_GPUS=GPU-zero".to_string()]
+        .into_iter()
+        .chain((0..10_000).map(|i| format!("VRAMGATE_DRA_DEVICE_u{i}_gpu_0=u{i}-gpu-0:{secret}")))
+        .collect();
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let bundle = bed.bundle("m1", &["true"], &[], &env, false).unwrap();
+    let started = std::time::Instant::now();
+    let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "m1"]);
+    let took = started.elapsed();
+    assert!(!ok, "refused: {stderr}");
+    let line = "the container's environment has 10000 VRAMGATE_DRA_DEVICE_* variables, more than the 64 Kubernetes resource claim devices vramgate reads (the DRA driver sets one per device): remove the container's own VRAMGATE_DRA_DEVICE_* variables, or give it at most 64 claim devices";
+    assert!(stderr.contains(line), "{stderr}");
+    assert!(!stderr.contains(&secret), "{stderr}");
+    // A generous bound, not a measurement: the refusal line above is the oracle.
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    eprintln!("10,000 claim markers refused in {took:?}");
+    assert!(reservations(&bed).is_empty());
+}

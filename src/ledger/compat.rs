@@ -13,6 +13,12 @@
 //! How an old waiter is told apart: its ticket lacks the field (every ticket of this release
 //! carries it) and its process runs a binary that is no longer the file at the path it was
 //! started from (a package upgrade replaced it: `/proc/<pid>/exe` then reads `... (deleted)`).
+//! A writer that may not read that link (one without ptrace access to the waiter: the queue
+//! guard, which holds no capability, beside a waiting wrapper that keeps root's permitted set for
+//! runc) asks the waiter's start time instead: a process started after the installed binaries
+//! last changed (their ctime) cannot run an older release's ([`ProcBinaries`]). An unreadable
+//! link is never by itself taken for an old waiter: it once made the guard's commit rewrite a
+//! running container's limit into its reservation because of a waiter of this very release.
 //! A ticket this release wrote without the field, because an old waiter was there, has a
 //! waiter running the installed binary, so it does not count: the mode ends with the last old
 //! waiter instead of feeding itself. The exporter, device plugin and DRA driver of an older
@@ -43,9 +49,13 @@
 //! read: each holder is then counted whole, more than the claim holds, never less.
 //!
 //! The cost: nothing when every ticket carries the field (the common case, and an empty
-//! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only.
+//! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only
+//! (where the link cannot be read: one read of the waiter's command line and up to eight
+//! `stat`s of the installed binaries instead).
 
 use std::os::unix::fs::MetadataExt;
+
+use nix::libc::{EACCES, EPERM};
 
 use super::model::{Ledger, Ticket};
 use crate::procfs::{Life, ProcessIdentity};
@@ -64,30 +74,134 @@ impl Binaries for ProcBinaries {
     /// True when the process runs and its executable is not the file now at its path (replaced
     /// or removed), or when that cannot be told while it runs: leaving the field out costs a
     /// wall-clock age, writing it for an old reader costs its container.
+    ///
+    /// A writer without ptrace access to the process cannot read its `/proc/<pid>/exe`
+    /// (EACCES): the queue guard holds no capability, while a waiting wrapper keeps root's
+    /// permitted set for runc. Such a process is told by its start time instead
+    /// ([`may_predate_install`]): one that started after the installed binaries last changed
+    /// cannot run an older release's. Unreadable is never taken for replaced by itself.
     fn runs_replaced_binary(&self, process: &ProcessIdentity) -> bool {
         if process.life() == Life::Gone {
             return false;
         }
-        let exe = format!("/proc/{}/exe", process.pid);
-        let replaced = match std::fs::read_link(&exe) {
-            Ok(target) => match target.to_str() {
-                // Linux appends this to the path of an executable that was unlinked.
-                Some(path) if path.ends_with(" (deleted)") => true,
-                _ => {
-                    let running = std::fs::metadata(&exe);
-                    let installed = std::fs::metadata(&target);
-                    match (running, installed) {
-                        (Ok(r), Ok(i)) => (r.dev(), r.ino()) != (i.dev(), i.ino()),
-                        _ => true,
-                    }
-                }
-            },
+        let replaced = match exe_replaced(process.pid) {
+            Ok(replaced) => replaced,
+            Err(e) if matches!(e.raw_os_error(), Some(code) if code == EACCES || code == EPERM) => {
+                may_predate_install(started_unix_ns(process), installed_ctime_ns(process.pid))
+            }
             Err(_) => true,
         };
         // The pid may have gone (and been reused) between the reads: only the recorded process
         // counts.
         replaced && process.life() != Life::Gone
     }
+}
+
+/// Whether `pid` runs an executable that is no longer the file at its path; `Err` when its
+/// `/proc/<pid>/exe` cannot be read (or the process went).
+fn exe_replaced(pid: u32) -> std::io::Result<bool> {
+    let exe = format!("/proc/{pid}/exe");
+    let target = std::fs::read_link(&exe)?;
+    // Linux appends this to the path of an executable that was unlinked.
+    if target.to_str().is_some_and(|path| path.ends_with(" (deleted)")) {
+        return Ok(true);
+    }
+    let running = std::fs::metadata(&exe)?;
+    Ok(match std::fs::metadata(&target) {
+        Ok(installed) => (running.dev(), running.ino()) != (installed.dev(), installed.ino()),
+        Err(_) => true,
+    })
+}
+
+/// Whether a process that started at `started` (ns since the epoch) may run an older release
+/// than the binaries installed at `installed` (their latest ctime, ns since the epoch).
+///
+/// A binary of an older release runs only in a process started before the package replaced
+/// it: replacing it (dpkg renames the new file over the old; a copy, `install` or a rebuild
+/// writes it) sets the installed file's ctime, which nobody can set back (only the wall clock
+/// could, stepped back by root). So a process started after that ctime runs the installed
+/// file or one at another path, and neither is a replaced binary. Whatever cannot be read
+/// counts as "may": leaving the limits out costs a reservation at its limit, writing them for
+/// an old reader costs its container. What anyone else can do to the answer: change the
+/// binaries' metadata (root; or a hard link to them where `fs.protected_hardlinks` is 0),
+/// which only moves the ctime later, towards "may".
+///
+/// A process counts as started after only past [`INSTALL_MARGIN_NS`]: a ctime is taken from
+/// the kernel's coarse clock, up to a tick behind, and the boot and wall clocks are read one
+/// after the other. The wall clock stepped forward by NTP between the replacement and this
+/// question, by more than the waiter had waited then, would make an old waiter look new: its
+/// container is then refused by its own release (a newer ledger format), never over-committed.
+fn may_predate_install(started: Option<i128>, installed: Option<i128>) -> bool {
+    match (started, installed) {
+        (Some(started), Some(installed)) => started <= installed.saturating_add(INSTALL_MARGIN_NS),
+        _ => true,
+    }
+}
+
+/// How long after the installed binaries' ctime a process must have started to count as
+/// started after it (see [`may_predate_install`]).
+const INSTALL_MARGIN_NS: i128 = 1_000_000_000;
+
+/// When the process started, in ns since the epoch: its start time (clock ticks since boot,
+/// as recorded in its identity) moved onto the wall clock by how long ago it was on the boot
+/// clock. The wall clock is read first and the tick count truncates, so any error puts the
+/// start earlier, towards "may predate".
+fn started_unix_ns(process: &ProcessIdentity) -> Option<i128> {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let ticks = i128::from(ticks).max(1);
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos() as i128;
+    let boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let boot = i128::from(boot.tv_sec()) * 1_000_000_000 + i128::from(boot.tv_nsec());
+    let started_boot = i128::from(process.start_time) * 1_000_000_000 / ticks;
+    Some(unix - (boot - started_boot))
+}
+
+/// The latest ctime (ns since the epoch) of the binaries a waiter may have been started from:
+/// the hook and the wrapper beside this process's own executable (the package installs them
+/// together, and the wrapper looks for the hook there by default), this executable, and the
+/// waiter's `argv[0]` when it is an absolute path (`/proc/<pid>/cmdline` is world-readable: a
+/// hook installed elsewhere is named there by its engine). Each is taken through a symlink and
+/// as the symlink itself; `None` when none can be read.
+fn installed_ctime_ns(pid: u32) -> Option<i128> {
+    let mut paths: Vec<std::path::PathBuf> = Vec::with_capacity(4);
+    if let Ok(own) = std::fs::read_link("/proc/self/exe") {
+        // A writer whose own binary was replaced reads the path with this appended: the
+        // file now at the path is the one to ask.
+        let own = match own.to_str().and_then(|p| p.strip_suffix(" (deleted)")) {
+            Some(path) => std::path::PathBuf::from(path),
+            None => own,
+        };
+        if let Some(dir) = own.parent() {
+            paths.push(dir.join("vramgate-hook"));
+            paths.push(dir.join("vramgate-runtime"));
+        }
+        paths.push(own);
+    }
+    if let Some(argv0) = argv0(pid) {
+        paths.push(argv0);
+    }
+    let ctime = |m: std::fs::Metadata| i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
+    paths
+        .iter()
+        .flat_map(|p| [std::fs::metadata(p), std::fs::symlink_metadata(p)])
+        .filter_map(Result::ok)
+        .map(ctime)
+        .max()
+}
+
+/// The first argument of `pid`'s command line, when it is an absolute path.
+fn argv0(pid: u32) -> Option<std::path::PathBuf> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let mut cmdline = Vec::new();
+    let file = std::fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    file.take(4096).read_to_end(&mut cmdline).ok()?;
+    let first = cmdline.split(|&b| b == 0).next()?;
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(first));
+    path.is_absolute().then(|| path.to_path_buf())
 }
 
 /// Whether the next write must leave out what an older reader refuses: some ticket without
@@ -322,6 +436,68 @@ mod tests {
         assert!(older.reservations.iter().all(|r| r.claim.is_none()));
         assert!(!serde_json::to_string(&older).unwrap().contains("\"claim\""));
         assert_eq!(older.reserved_on("GPU-a"), 8 << 30, "more, never less");
+    }
+
+    /// The start time against the installed binaries' ctime, with its margin; what cannot be
+    /// read counts as "may be old".
+    #[test]
+    fn a_start_time_after_the_install_is_no_older_release() {
+        let s = 1_000_000_000;
+        assert!(!may_predate_install(Some(10 * s), Some(8 * s)));
+        assert!(may_predate_install(Some(9 * s), Some(8 * s)), "within the margin");
+        assert!(may_predate_install(Some(7 * s), Some(8 * s)));
+        assert!(may_predate_install(None, Some(8 * s)));
+        assert!(may_predate_install(Some(10 * s), None));
+    }
+
+    /// Issue 43 item 6: a writer without ptrace access to a waiter (the queue guard, with no
+    /// capability, beside a waiter that keeps root's permitted set) cannot read its
+    /// `/proc/<pid>/exe`, and took every such waiter for an old release's, rewriting every
+    /// limit into its reservation. Now it asks the start time: a waiter started after the
+    /// binary at its path was installed runs that binary; once the file is replaced under it,
+    /// it may be an old one again.
+    #[test]
+    fn a_waiter_whose_exe_cannot_be_read_is_told_by_its_start_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let sleep = crate::testbed::which("sleep").expect("sleep on PATH");
+        let exe = dir.path().join("vramgate-waiter");
+        std::fs::copy(&sleep, &exe).unwrap();
+        // Past the margin after the copy's ctime (the process must start after it by that
+        // much to count as started after it).
+        std::thread::sleep(std::time::Duration::from_nanos(INSTALL_MARGIN_NS as u64 + 200_000_000));
+        let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+        let waiter = ProcessIdentity::of(child.id()).unwrap();
+        // As the guard asks: from a thread that holds no capability (capabilities are per
+        // thread); `sleep` holds root's full permitted set.
+        let ask_without_capabilities = move || {
+            std::thread::spawn(move || {
+                caps::clear(None, caps::CapSet::Effective).unwrap();
+                caps::clear(None, caps::CapSet::Permitted).unwrap();
+                let read = std::fs::read_link(format!("/proc/{}/exe", waiter.pid));
+                let denied = read.err().and_then(|e| e.raw_os_error());
+                (denied, ProcBinaries.runs_replaced_binary(&waiter))
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(
+            ask_without_capabilities(),
+            (Some(EACCES), false),
+            "unreadable, and started after its binary was installed: this release's"
+        );
+        assert!(!ProcBinaries.runs_replaced_binary(&waiter), "as the readable link says");
+        // An upgrade renames a new file over the path: the waiter started before it.
+        let new = dir.path().join("new");
+        std::fs::copy(&sleep, &new).unwrap();
+        std::fs::rename(&new, &exe).unwrap();
+        assert_eq!(
+            ask_without_capabilities(),
+            (Some(EACCES), true),
+            "may be an old release's"
+        );
+        assert!(ProcBinaries.runs_replaced_binary(&waiter), "as the readable link says");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

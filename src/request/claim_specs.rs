@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::claims::{claim_marker_device, marker_vars};
+use super::claims::{claim_marker_device, claim_vars, ClaimVars};
 use super::{RequestError, CLAIM_DEVICE_ENV_PREFIX, CLAIM_SHARE_ENV_PREFIX, GPUS_ENV, MEMORY_ENV};
 use crate::cdi_files::read_regular;
 use crate::spec::SpecView;
@@ -143,9 +143,10 @@ fn claim_uid(device: &str) -> Option<&str> {
 /// taken as given one more device: more memory reserved, but a limit past the claim's, and,
 /// for a container that shares a claim with others, a hold it never had
 /// ([`crate::ledger::ClaimHold`]). Such a container is refused with one line naming the
-/// device, never the secret. A container without markers reads nothing.
+/// device, never the secret. A container without markers reads nothing, and one with more than
+/// [`super::claims::MAX_CLAIM_DEVICES`] markers or shares is refused before any file is read.
 pub fn verified_claim_devices(spec: &SpecView, dirs: &[PathBuf]) -> Result<Vec<String>, RequestError> {
-    let markers = marker_vars(spec);
+    let ClaimVars { markers, shares } = claim_vars(spec)?;
     if markers.is_empty() {
         return Ok(Vec::new());
     }
@@ -177,7 +178,7 @@ pub fn verified_claim_devices(spec: &SpecView, dirs: &[PathBuf]) -> Result<Vec<S
         if *suffix != env_suffix(device) || prepared.marker != *value {
             return Err(not_prepared());
         }
-        let share = spec.env(&format!("{CLAIM_SHARE_ENV_PREFIX}{suffix}"));
+        let share = shares.get(suffix).copied();
         if share.is_some() && share != prepared.share.as_deref() {
             return Err(RequestError::ClaimShareNotPrepared { device: shown });
         }

@@ -1,6 +1,8 @@
 //! The DRA claim devices a container was given, from the markers and shares the driver's CDI
 //! edits set (see [`crate::dra`]): which devices, and what several of them add up to.
 
+use std::collections::HashMap;
+
 use super::{RequestError, CLAIM_DEVICE_ENV_PREFIX, CLAIM_SHARE_ENV_PREFIX};
 use crate::quantity;
 use crate::spec::SpecView;
@@ -11,20 +13,65 @@ pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
     marker_vars(spec).into_iter().map(|(_, value)| value)
 }
 
-/// The claim marker variables as the container's process sees them, `(suffix, value)`: one
-/// per name, the last value winning ([`SpecView::env`]). A name written twice (by the
-/// container, then by CDI's edits) is one variable, never a second device that would add a
-/// share again.
+/// The most claim markers, and the most shares, one container may carry: one of each per
+/// claim device, and no container is given this many (a node's GPUs, MIG instances included,
+/// are fewer). Past it the container is refused before any variable is kept and before any
+/// spec file is read, so a spec of thousands of them costs a count over its environment.
+pub const MAX_CLAIM_DEVICES: usize = 64;
+
+/// The claim variables of a container, read in time linear in its environment (a count per
+/// prefix, then one pass for each kind).
+pub(super) struct ClaimVars<'a> {
+    /// The marker variables as the container's process sees them, `(suffix, value)`: one per
+    /// name, the last value winning ([`SpecView::env`]), in the order their names first came.
+    /// A name written twice (by the container, then by CDI's edits) is one variable, never a
+    /// second device that would add a share again.
+    pub markers: Vec<(&'a str, &'a str)>,
+    /// The share variables by suffix, the last value winning.
+    pub shares: HashMap<&'a str, &'a str>,
+}
+
+/// The container's claim variables; refused when it carries more than [`MAX_CLAIM_DEVICES`]
+/// markers or shares ([`RequestError::TooManyClaimVariables`]).
+pub(super) fn claim_vars(spec: &SpecView) -> Result<ClaimVars<'_>, RequestError> {
+    let env = spec.env_entries();
+    for prefix in [CLAIM_DEVICE_ENV_PREFIX, CLAIM_SHARE_ENV_PREFIX] {
+        let count = env.iter().filter(|e| e.starts_with(prefix)).count();
+        if count > MAX_CLAIM_DEVICES {
+            return Err(RequestError::TooManyClaimVariables {
+                prefix,
+                count,
+                limit: MAX_CLAIM_DEVICES,
+            });
+        }
+    }
+    let shares = env
+        .iter()
+        .filter_map(|e| e.strip_prefix(CLAIM_SHARE_ENV_PREFIX)?.split_once('='))
+        .collect();
+    Ok(ClaimVars {
+        markers: marker_vars(spec),
+        shares,
+    })
+}
+
+/// [`ClaimVars::markers`], whatever their number (what the DRA driver reads back from the
+/// bundles of containers admitted already). One pass: each name's place is looked up in a
+/// map, not searched for along the list (which made the scan quadratic).
 pub(super) fn marker_vars(spec: &SpecView) -> Vec<(&str, &str)> {
     let mut vars: Vec<(&str, &str)> = Vec::new();
+    let mut place: HashMap<&str, usize> = HashMap::new();
     for (name, value) in spec
         .env_entries()
         .iter()
         .filter_map(|e| e.strip_prefix(CLAIM_DEVICE_ENV_PREFIX)?.split_once('='))
     {
-        match vars.iter_mut().find(|(known, _)| *known == name) {
-            Some(var) => var.1 = value,
-            None => vars.push((name, value)),
+        match place.get(name) {
+            Some(&at) => vars[at].1 = value,
+            None => {
+                place.insert(name, vars.len());
+                vars.push((name, value));
+            }
         }
     }
     vars
@@ -60,7 +107,7 @@ pub struct ClaimShares {
 /// (written by a driver before them) cannot be added up and are refused as before
 /// ([`RequestError::SeveralClaimDevices`]).
 pub fn claim_shares(spec: &SpecView) -> Result<Option<ClaimShares>, RequestError> {
-    let markers = marker_vars(spec);
+    let ClaimVars { markers, shares } = claim_vars(spec)?;
     if markers.len() < 2 {
         return Ok(None);
     }
@@ -79,7 +126,7 @@ pub fn claim_shares(spec: &SpecView) -> Result<Option<ClaimShares>, RequestError
     let mut per_gpu: Vec<(String, u64, u64)> = Vec::new();
     for (suffix, _) in &markers {
         let key = format!("{CLAIM_SHARE_ENV_PREFIX}{suffix}");
-        let value = spec.env(&key).ok_or_else(several)?;
+        let value = *shares.get(suffix).ok_or_else(several)?;
         let invalid = |reason: &str| RequestError::Invalid {
             source_name: key.clone(),
             value: value.chars().take(80).collect(),

@@ -179,6 +179,12 @@ pub enum RequestError {
     ClaimDeviceNotPrepared { device: String, dirs: String },
     #[error("the container's VRAMGATE_DRA_SHARE_* of the Kubernetes resource claim device {device} is not the share this node's DRA driver prepared for it: a container cannot set a claim's share itself; remove its own VRAMGATE_DRA_SHARE_* variable")]
     ClaimShareNotPrepared { device: String },
+    #[error("the container's environment has {count} {prefix}* variables, more than the {limit} Kubernetes resource claim devices vramgate reads (the DRA driver sets one per device): remove the container's own {prefix}* variables, or give it at most {limit} claim devices")]
+    TooManyClaimVariables {
+        prefix: &'static str,
+        count: usize,
+        limit: usize,
+    },
     #[error("the container was given a Kubernetes resource claim's device ({device}), whose memory and GPU the scheduler decided, and the annotation {annotation} would override them: remove the annotation from the pod")]
     ClaimAndAnnotation { device: String, annotation: String },
     #[error("{source_name} = {value:?} names {outside}, which the container's engine did not give it ({given_source} = {given_value:?}): vramgate only takes away what the engine gave, never adds a GPU (it may be another container's); name GPUs among those the engine gave, or give the container the GPU it names")]
@@ -346,9 +352,10 @@ impl Request {
         if !has_request(spec) {
             return Ok(None);
         }
-        let claim_devices: Vec<&str> = claim_devices(spec).collect();
-        // Several devices: the amount on each GPU, from their shares (or refused).
+        // Several devices: the amount on each GPU, from their shares (or refused, as more
+        // markers or shares than any container is given are, before anything else is read).
         let claim = claim_shares(spec)?;
+        let claim_devices: Vec<&str> = claim_devices(spec).collect();
         if let Some(device) = claim_devices.first() {
             // The claim's env says what the scheduler counted; an annotation (the pod's,
             // copied into each container) would reserve something else.

@@ -716,6 +716,59 @@ fn claim_devices_are_checked_against_the_drivers_spec_files() {
         .is_empty());
 }
 
+/// Issue 43 item 6: the marker scan was quadratic in the number of `VRAMGATE_DRA_*`
+/// variables. Past [`claims::MAX_CLAIM_DEVICES`] markers, or shares, a container is refused
+/// with one line naming the count, the limit and what to remove, before any spec file is read
+/// (a directory holding the named claim's spec would otherwise refuse it as not prepared); up
+/// to it, the markers are read as before.
+#[test]
+fn more_claim_markers_or_shares_than_any_container_is_given_are_refused_first() {
+    let with = |markers: usize, shares: usize| {
+        let mut env = vec!["VRAMGATE_MEMORY=1Gi".to_string(), "VRAMGATE_GPUS=GPU-aaaa".to_string()];
+        env.extend((0..markers).map(|i| format!("VRAMGATE_DRA_DEVICE_u{i}_gpu_0=u{i}-gpu-0:5ecret")));
+        env.extend((0..shares).map(|i| format!("VRAMGATE_DRA_SHARE_u{i}_gpu_0=GPU-aaaa,1,1")));
+        spec(&serde_json::json!({"process": {"env": env}}).to_string())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dirs = [dir.path().to_path_buf()];
+    for (markers, shares, prefix, count) in [
+        (10_000, 0, "VRAMGATE_DRA_DEVICE_", 10_000),
+        (65, 0, "VRAMGATE_DRA_DEVICE_", 65),
+        (1, 65, "VRAMGATE_DRA_SHARE_", 65),
+    ] {
+        let spec = with(markers, shares);
+        let want = format!(
+            "the container's environment has {count} {prefix}* variables, more than the 64 Kubernetes resource claim devices vramgate reads (the DRA driver sets one per device): remove the container's own {prefix}* variables, or give it at most 64 claim devices"
+        );
+        for err in [
+            Request::from_spec_on_node(&spec, &dirs).unwrap_err(),
+            Request::from_spec(&spec).unwrap_err(),
+            verified_claim(&spec, &dirs).unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, RequestError::TooManyClaimVariables { .. }),
+                "{markers}/{shares}: {err}"
+            );
+            assert_eq!(err.to_string(), want);
+        }
+    }
+    // At the limit: read, and refused only for what the devices are (none was prepared).
+    let at_limit = with(64, 64);
+    assert_eq!(claim_markers(&at_limit).count(), 64);
+    let err = Request::from_spec_on_node(&at_limit, &dirs).unwrap_err();
+    assert!(matches!(err, RequestError::ClaimDeviceNotPrepared { .. }), "{err}");
+    // Past it, the markers the driver reads back from admitted containers' bundles are still
+    // all read, in one pass, one per name, the last value winning.
+    let mut many = (0..10_000)
+        .map(|i| format!("\"VRAMGATE_DRA_DEVICE_u{i}=u{i}-gpu-0:a\""))
+        .collect::<Vec<_>>();
+    many.push("\"VRAMGATE_DRA_DEVICE_u0=u0-gpu-0:b\"".to_string());
+    let many = spec(&format!(r#"{{"process":{{"env":[{}]}}}}"#, many.join(",")));
+    let markers: Vec<&str> = claim_markers(&many).collect();
+    assert_eq!(markers.len(), 10_000);
+    assert_eq!((markers[0], markers[9_999]), ("u0-gpu-0:b", "u9999-gpu-0:a"));
+}
+
 fn verified_claim(spec: &SpecView, dirs: &[std::path::PathBuf]) -> Result<Vec<String>, RequestError> {
     claim_specs::verified_claim_devices(spec, dirs)
 }

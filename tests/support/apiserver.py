@@ -34,7 +34,8 @@ request without a token is the tests' own client, a cluster admin (the real serv
 it system:anonymous).
 
 With `--policy FILE` (k8s/dra.yaml), the ValidatingAdmissionPolicies and bindings in FILE are
-evaluated on every ResourceSlice write, after the validation above, as kube-apiserver's
+evaluated on every ResourceSlice write and every update of a ResourceClaim's status, after the
+validation above, as kube-apiserver's
 admission does (tests/support/vap.py; needs cel-python, scripts/fetch-cel-python): a denial is
 the Status kube-apiserver answers, with the policy's message.
 
@@ -538,6 +539,18 @@ class Store:
         except vap.Denied as e:
             raise Refused(e.code, e.reason, e.message, e.details)
 
+    def admit_claim_status_policy(self, namespace, name, obj, old, user):
+        """The --policy files' ValidatingAdmissionPolicies, on an update of a ResourceClaim's
+        status that passed validation."""
+        if self.policies is None:
+            return
+        kind = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}
+        try:
+            self.policies.admit("UPDATE", kind, "resourceclaims", name, obj, old, user,
+                                namespace=namespace, subresource="status")
+        except vap.Denied as e:
+            raise Refused(e.code, e.reason, e.message, e.details)
+
     def admit_claim(self, obj):
         obj.setdefault("apiVersion", GROUP_VERSION)
         obj.setdefault("kind", "ResourceClaim")
@@ -852,6 +865,7 @@ class Handler(BaseHTTPRequestHandler):
             updated["status"] = obj.get("status")
             store.stamp(updated, old)
             store.admit_claim(updated)
+            store.admit_claim_status_policy(namespace, name, updated, old, self.user)
             store.claims[key] = store.commit(updated)
             return 200, updated, name
         del store.claims[key]

@@ -540,6 +540,24 @@ chained = {"matchConstraints": rules, "variables": [{"name": "n", "expression": 
                                                      {"name": "unused", "expression": "object.spec.absent"}],
            "validations": [{"expression": "variables.m == 'node-b!'", "messageExpression": "'got ' + variables.m"}]}
 assert outcome(chained) == denied("got node-a!"), outcome(chained)
+# A subresource is matched by its own name only, and a rule's scope by the resource's.
+claim = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}
+def on_claim(resources, subresource, scope="*"):
+    spec = {"matchConstraints": {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+            "operations": ["UPDATE"], "resources": resources, "scope": scope}]},
+            "validations": [{"expression": "request.subResource + '/' + request.namespace == 'x'"}]}
+    try:
+        return policies(spec).admit("UPDATE", claim, "resourceclaims", "c", {}, {}, user,
+                                    namespace="default", subresource=subresource)
+    except vap.Denied as e:
+        return e.details["causes"][0]["message"]
+status_seen = denied("failed expression: request.subResource + '/' + request.namespace == 'x'")[2]
+assert on_claim(["resourceclaims/status"], "status") == status_seen, on_claim(["resourceclaims/status"], "status")
+assert on_claim(["resourceclaims/*"], "status") == status_seen
+assert on_claim(["resourceclaims/status"], "") == [], "the claim itself is not its status"
+assert on_claim(["resourceclaims"], "status") == [], "nor its status the claim"
+assert on_claim(["resourceclaims/status"], "status", "Cluster") == [], "a namespaced resource"
+assert on_claim(["resourceclaims/status"], "status", "Namespaced") == status_seen
 for bad, says in [
         ({"matchConstraints": rules, "validations": [{"expresion": "true"}]}, "refused by the 1.36 schema"),
         ({"matchConstraints": rules, "validations": [{"expression": "1 +"}]}, "does not compile"),

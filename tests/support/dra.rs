@@ -118,8 +118,9 @@ impl ApiServer {
         ApiServer::launch(dir, nodes, false, &[])
     }
 
-    /// Starts it with k8s/dra.yaml's admission policy evaluated on every ResourceSlice write,
-    /// and `users`' tokens known (see [`ApiServer::kubeconfig_as`]).
+    /// Starts it with k8s/dra.yaml's admission policies evaluated on every ResourceSlice write
+    /// and every update of a ResourceClaim's status, and `users`' tokens known (see
+    /// [`ApiServer::kubeconfig_as`]).
     pub fn start_with_policy(dir: &Path, nodes: &[&str], users: &[User]) -> ApiServer {
         ApiServer::launch(dir, nodes, true, users)
     }

@@ -6,16 +6,16 @@ implementation.
 
 What it does as kube-apiserver does:
 - each object checked against the strict 1.36 schema when loaded, every expression compiled;
-- matchConstraints.resourceRules (groups, versions, operations, resources, resourceNames, scope)
-  then matchConditions, in order: a false one means the policy does not apply; an error, when
+- matchConstraints.resourceRules (groups, versions, operations, resources with subresources,
+  resourceNames, scope) then matchConditions, in order: a false one means the policy does not apply; an error, when
   none is false, is the failurePolicy's (Fail: denied; Ignore: not applied);
 - variables in order, each seeing those before it (`variables.<name>`); validations in order;
   the first that is false, or fails with failurePolicy Fail, is the answer: its
   messageExpression, else its message, else `failed expression: <expression>`;
 - the activation: `object` (null for DELETE), `oldObject` (null for CREATE), `request` (the
-  AdmissionRequest: kind, resource, name, operation, userInfo with `extra` left out when
-  empty, as its JSON omits it), `params` and `namespaceObject` null (cluster-scoped, no
-  paramKind);
+  AdmissionRequest: kind, resource, subResource, name, namespace, operation, userInfo with
+  `extra` left out when empty, as its JSON omits it), `params` null (no paramKind),
+  `namespaceObject` null (not implemented: no policy here reads it);
 - the denial: the Status of admission.NewForbidden with the validation's reason (Invalid, 422,
   when none; Forbidden, 403; ...), `<resource> "<name>" is forbidden: ValidatingAdmissionPolicy
   '<policy>' with binding '<binding>' denied request: <message>`, details with the one cause.
@@ -116,15 +116,24 @@ class Policy:
         if not self.validations:
             raise SystemExit(f"{where}: no validations (the stand-in evaluates only those)")
 
-    def matches(self, group, version, resource, operation, name):
-        """matchConstraints.resourceRules, for a cluster-scoped resource without subresource."""
+    def matches(self, group, version, resource, subresource, namespaced, operation, name):
+        """matchConstraints.resourceRules: `resources` names `resource` (no subresource),
+        `resource/subresource`, `resource/*`, `*` (no subresource) or `*/*`; `scope` the
+        resource's (Cluster or Namespaced)."""
         def has(values, value):
             return "*" in (values or []) or value in (values or [])
+
+        def names_resource(resources):
+            if subresource:
+                return bool({f"{resource}/{subresource}", f"{resource}/*", f"*/{subresource}", "*/*"}
+                            & set(resources))
+            return resource in resources or "*" in resources or "*/*" in resources
+        scope = "Namespaced" if namespaced else "Cluster"
         for rule in self.rules:
             if (has(rule.get("apiGroups"), group) and has(rule.get("apiVersions"), version)
                     and has(rule.get("operations"), operation)
-                    and (has(rule.get("resources"), resource) or "*/*" in (rule.get("resources") or []))
-                    and (rule.get("scope") or "*") in ("*", "Cluster")
+                    and names_resource(rule.get("resources") or [])
+                    and (rule.get("scope") or "*") in ("*", scope)
                     and (not rule.get("resourceNames") or name in rule["resourceNames"])):
                 return True
         return False
@@ -165,9 +174,10 @@ class Policies:
         if not self.bindings:
             raise SystemExit(f"{', '.join(paths)}: no {BINDING_KIND} (a policy without one applies to nothing)")
 
-    def admit(self, operation, kind, resource, name, obj, old, user):
+    def admit(self, operation, kind, resource, name, obj, old, user, namespace="", subresource=""):
         """Raises Denied for the first binding that denies the write (kube-apiserver reports the
-        first denial); returns the names of the policies that applied."""
+        first denial); returns the names of the policies that applied. `namespace` for a
+        namespaced resource, `subresource` for a write of one (`status`)."""
         group, version = kind["group"], kind["version"]
         request = {
             "uid": str(uuid.uuid4()),
@@ -178,13 +188,18 @@ class Policies:
             "userInfo": {k: v for k, v in user.items() if v},
             "dryRun": False,
         }
+        # As AdmissionRequest's JSON has them: omitted when empty.
+        if namespace:
+            request["namespace"] = namespace
+        if subresource:
+            request["subResource"] = request["requestSubResource"] = subresource
         activation = {k: celpy.json_to_cel(v) for k, v in
                       {"object": obj, "oldObject": old, "request": request, "params": None,
                        "namespaceObject": None}.items()}
         applied = []
         for binding, policy_name, actions in self.bindings:
             policy = self.policies[policy_name]
-            if not policy.matches(group, version, resource, operation, name):
+            if not policy.matches(group, version, resource, subresource, bool(namespace), operation, name):
                 continue
             decision = self.decide(policy, dict(activation))
             if decision is None:
