@@ -8,35 +8,36 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{eventually, runc_testbed, spawn_container, status, Cleanup, GIB, HOOK};
+use support::{
+    array_field, eventually, field, runc_testbed, spawn_container, status, str_field, u64_field, Cleanup, GIB, HOOK,
+};
 use vramgate::cli::{DemoArgs, DemoPolicy};
 use vramgate::testbed::{scratch_config, Testbed};
 
+/// The ledger as the hooks wrote it; before the first hook made it, an empty one. Any other
+/// failure to read it fails the test (it is not "nothing reserved").
 fn ledger(bed: &Testbed) -> Value {
     match std::fs::read(bed.state_dir.join("ledger.json")) {
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap(),
-        Err(_) => serde_json::json!({"reservations": [], "queue": []}),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({"reservations": [], "queue": []}),
+        Err(e) => panic!("reading the ledger: {e}"),
     }
 }
 
 fn reserved_ids(bed: &Testbed) -> Vec<String> {
-    ledger(bed)["reservations"]
-        .as_array()
-        .unwrap()
+    array_field(&ledger(bed), "reservations")
         .iter()
-        .map(|r| r["container_id"].as_str().unwrap().to_string())
+        .map(|r| str_field(r, "container_id").to_string())
         .collect()
 }
 
 fn queued(bed: &Testbed) -> Vec<(String, u32)> {
-    ledger(bed)["queue"]
-        .as_array()
-        .unwrap()
+    array_field(&ledger(bed), "queue")
         .iter()
         .map(|t| {
             (
-                t["container_id"].as_str().unwrap().to_string(),
-                t["waiter"]["pid"].as_u64().unwrap() as u32,
+                str_field(t, "container_id").to_string(),
+                u64_field(field(t, "waiter"), "pid") as u32,
             )
         })
         .collect()
