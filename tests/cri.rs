@@ -504,10 +504,17 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
         )
     });
 
-    // Memory frees: nothing is admitted for the container that never started, and the
-    // transaction that frees it drops the abandoned ticket.
+    // Memory frees (its release is logged): nothing is admitted for the container that never
+    // started, and no process of its create is left that could still be.
     cri.delete_pods(&big);
-    std::thread::sleep(Duration::from_secs(3));
+    wait_until("the big pod's release is logged", Duration::from_secs(15), || {
+        let events = cri.events();
+        let released = events
+            .iter()
+            .any(|e| e["event"] == "release" && e["container"] == big_id.as_str());
+        (released, events)
+    });
+    assert_eq!(processes(&id), "", "a process of the cancelled start is left");
     assert!(!reservations(&cri.tb).iter().any(|(c, _)| c == &id));
     assert!(
         !queued(&cri.tb).iter().any(|(c, _, _)| c == &id),
@@ -534,6 +541,11 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
         "{:?}",
         reservations(&cri.tb)
     );
+    // Still nothing for the dead container, after a later admission on its GPU.
+    assert!(!cri
+        .events()
+        .iter()
+        .any(|e| e["container"] == id.as_str() && e["event"].as_str().is_some_and(|k| k.starts_with("admit"))));
     cri.delete_pods(&next);
     cri.delete_pods(&pods);
 }

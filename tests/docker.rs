@@ -447,7 +447,21 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // The inspect is under way (it holds a connection to dockerd), and a later inspect of the
+    // running container is answered: dockerd serves inspects, and the one of the waiting
+    // container, asked first, still has no answer.
+    eventually(
+        "docker inspect is connected to dockerd",
+        Duration::from_secs(15),
+        || {
+            std::fs::read_dir(format!("/proc/{}/fd", inspect.id()))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:")))
+        },
+    );
+    run_ok(&mut d.docker(&["inspect", "--format", "{{.State.Status}}", &big]));
     assert!(
         inspect.try_wait().unwrap().is_none(),
         "docker inspect of a container whose create waits returned: the manual's note on Docker's lock (docs/src/engines.md) is out of date"

@@ -176,7 +176,8 @@ fn abandoned_waiter_does_not_block_the_one_behind_it() {
         &[&[("vramgate.dev/memory", "2Gi")][..], &wait].concat(),
     );
     eventually("second queued", Duration::from_secs(10), || queued(&bed).len() == 2);
-    std::thread::sleep(Duration::from_millis(500));
+    // Its ticket says it was not let in past first with 2 GiB free; that it never was while
+    // first waited is checked below, against the order of the events the hooks wrote.
     assert_eq!(reserved_ids(&bed), ["holder"], "FIFO: second does not pass first");
 
     // The runtime kills first's hook (as at a hook timeout).
@@ -205,12 +206,13 @@ fn abandoned_waiter_does_not_block_the_one_behind_it() {
         "the holder never stopped: the dead ticket was simply dropped"
     );
     assert!(second.wait().unwrap().success());
-    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    let events = support::events_in(&bed.state_dir);
+    let at = |kind: &str, id: &str| events.iter().position(|e| e["event"] == kind && e["container"] == id);
+    let abandoned = at("abandon_ticket", "first").unwrap_or_else(|| panic!("no abandon_ticket of first: {events:#?}"));
+    let admitted = at("admit_after_wait", "second").unwrap_or_else(|| panic!("no admission of second: {events:#?}"));
     assert!(
-        events
-            .lines()
-            .any(|l| l.contains("\"abandon_ticket\"") && l.contains("\"first\"")),
-        "{events}"
+        abandoned < admitted && at("admit", "second").is_none(),
+        "FIFO: second was let in while first still waited: {events:#?}"
     );
     println!("second admitted {took:?} after first's hook was killed");
     kill(&bed, "holder", &mut holder);
@@ -247,15 +249,33 @@ fn memory_used_outside_holds_then_lets_in_a_waiter() {
     eventually("queued behind outside usage", Duration::from_secs(10), || {
         queued(&bed).len() == 1
     });
-    std::thread::sleep(Duration::from_millis(1000));
+    // Queued: it was held while the memory is used outside. That it stayed held until the
+    // memory freed is checked below, against the time of its admission's event.
     assert!(reserved_ids(&bed).is_empty(), "held while the memory is used outside");
 
+    let freed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     write_config(&bed, "1Gi"); // it frees most of it
     let took = eventually("admitted once memory frees", Duration::from_secs(3), || {
         reserved_ids(&bed) == ["waiter"]
     });
     println!("admitted {took:?} after the outside usage fell");
+    // Its run has ended, so its hook has logged the admission (logged after the ledger's
+    // commit, which the check above may have seen first).
     assert!(waiter.wait().unwrap().success());
+    let events = support::events_in(&bed.state_dir);
+    let admissions: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["container"] == "waiter" && e["event"].as_str().is_some_and(|k| k.starts_with("admit")))
+        .collect();
+    assert!(
+        admissions.len() == 1
+            && admissions[0]["event"] == "admit_after_wait"
+            && support::u64_field(admissions[0], "time_unix_ms") >= freed_at,
+        "let in before the memory used outside freed (at {freed_at}): {admissions:#?}"
+    );
     assert!(reserved_ids(&bed).is_empty());
     let status = status(&bed.config_path);
     assert_eq!(status["gpus"][0]["used_outside"].as_u64().unwrap(), GIB);
