@@ -65,14 +65,37 @@ fn paper_replay_with_wait_and_reject() {
         runc: "runc".into(),
         bin_dir: Some(PathBuf::from(HOOK).parent().unwrap().to_path_buf()),
         json: true,
-        keep: false,
+        // Kept, to read its event log here; removed below.
+        keep: true,
     };
     let summaries = vramgate::demo::run(&args).unwrap();
+    let work = std::env::temp_dir().join(format!("vramgate-demo-{}", std::process::id()));
+    let events = support::events_in(&work.join("wait/state"));
+    std::fs::remove_dir_all(&work).unwrap();
     let wait = &summaries[0];
     assert_eq!(wait.policy, "wait");
     assert_eq!((wait.completed, wait.refused, wait.failed), (25, 0, 0), "{wait:?}");
-    assert_eq!(wait.waited, 5, "20 of 1205 MiB fit on 24,265 MiB; 5 queue: {wait:?}");
-    assert!(wait.fifo, "admitted in arrival order: {wait:?}");
+    // First come, first served, from the log the hooks wrote (not from the demo's own
+    // reading of it): 20 of 1205 MiB fit on 24,265 MiB, so 5 queue, and they are let in in the
+    // order they queued (an enqueue is logged under the ledger lock, in ticket order).
+    let of = |kind: &str| -> Vec<&str> {
+        events
+            .iter()
+            .filter(|e| e["event"] == kind)
+            .map(|e| support::str_field(e, "container"))
+            .collect()
+    };
+    let (enqueued, let_in) = (of("enqueue"), of("admit_after_wait"));
+    assert_eq!(
+        enqueued.len(),
+        5,
+        "20 of 1205 MiB fit on 24,265 MiB; 5 queue: {events:#?}"
+    );
+    assert_eq!(let_in, enqueued, "admitted in the order they queued");
+    assert_eq!(of("admit").len(), 20, "{events:#?}");
+    // The demo's report says the same.
+    assert_eq!(wait.waited, 5, "{wait:?}");
+    assert!(wait.fifo, "{wait:?}");
     assert!(
         wait.max_reserved_bytes <= wait.capacity_bytes && wait.samples >= 10,
         "{wait:?}"
