@@ -535,11 +535,11 @@ fn a_pod_started_with_what_allocate_granted_reserves_exactly_that_on_that_gpu() 
     let t = Instant::now();
     let granted = client.allocate(&ids).unwrap();
     eprintln!("Allocate took {:?} (one call, with connection reuse)", t.elapsed());
-    kubelet.checkpoint_allocation("dp-pod-uid", "app", RESOURCE, &ids);
-
     // The pod carries its own vramgate.dev/memory annotation too: the container annotation
     // from Allocate wins, so the node reserves what the scheduler granted.
-    let pods = run_all(&cri, vec![pod_config("dp-pod", &[("vramgate.dev/memory", "1205Mi")])]);
+    let pod = pod_config("dp-pod", &[("vramgate.dev/memory", "1205Mi")]);
+    kubelet.checkpoint_allocation(&pod.metadata.as_ref().unwrap().uid, "app", RESOURCE, &ids);
+    let pods = run_all(&cri, vec![pod]);
     let envs: BTreeMap<&str, &str> = granted.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let env_list: Vec<(&str, &str)> = envs.into_iter().collect();
     let mut config = container_config("app", RUN_UNTIL_STOPPED, &env_list);

@@ -244,9 +244,14 @@ pub fn with_deadline<T>(message: T, deadline: Duration) -> tonic::Request<T> {
     request
 }
 
-/// The pod config kubelet sends for a host-network pod with these annotations.
+/// The pod config kubelet sends for a host-network pod with these annotations. Its uid, and
+/// so its cgroup parent, is this call's own (the test process and a count): the tests of a
+/// binary run side by side and name their pods alike ("big"), and one test's cleanup of a
+/// cgroup parent must never reach under another test's live pod.
 pub fn pod_config(name: &str, annotations: &[(&str, &str)]) -> cri::PodSandboxConfig {
-    let uid = format!("{name}-uid");
+    static PODS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PODS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let uid = format!("{name}-{}-{n}", std::process::id());
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: name.to_string(),

@@ -275,6 +275,13 @@ pub fn events_in(state_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `name` made this test process's own (`name-<pid>`): for a container id in a host-wide
+/// runc root or a name matched in a host-wide `ps`, where another test binary running beside
+/// this one may use the same name.
+pub fn own_name(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
 /// The keys a TOML text sets, commented out or not (`key = ...` at the start of a line),
 /// sorted and each once: what `packaging/config.toml` offers an admin.
 pub fn config_keys(text: &str) -> Vec<String> {
