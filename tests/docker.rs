@@ -438,13 +438,7 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
         (id.trim().len() == 64, id.trim().to_string())
     });
     wait_until("the container waits in the queue", Duration::from_secs(20), || {
-        let queue: Vec<String> = status(&d.tb.config_path)["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["queue"].as_array().cloned().unwrap_or_default())
-            .filter_map(|t| t["container_id"].as_str().map(str::to_string))
-            .collect();
+        let queue = queued_ids(&d.tb);
         (queue.contains(&waiting_id), queue)
     });
     let mut inspect = d
@@ -453,7 +447,21 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // The inspect is under way (it holds a connection to dockerd), and a later inspect of the
+    // running container is answered: dockerd serves inspects, and the one of the waiting
+    // container, asked first, still has no answer.
+    eventually(
+        "docker inspect is connected to dockerd",
+        Duration::from_secs(15),
+        || {
+            std::fs::read_dir(format!("/proc/{}/fd", inspect.id()))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("socket:")))
+        },
+    );
+    run_ok(&mut d.docker(&["inspect", "--format", "{{.State.Status}}", &big]));
     assert!(
         inspect.try_wait().unwrap().is_none(),
         "docker inspect of a container whose create waits returned: the manual's note on Docker's lock (docs/src/engines.md) is out of date"
@@ -476,10 +484,11 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
     eventually("docker inspect returns", Duration::from_secs(15), || {
         inspect.try_wait().unwrap().is_some()
     });
-    let queued = status(&d.tb.config_path)["gpus"][0]["queue"]
-        .as_array()
-        .map_or(0, Vec::len);
-    assert_eq!(queued, 0, "the cancelled wait left a ticket");
+    assert_eq!(
+        queued_ids(&d.tb),
+        Vec::<String>::new(),
+        "the cancelled wait left a ticket"
+    );
     assert_eq!(
         reservations(&d.tb),
         [(big.clone(), 20 << 30)],

@@ -461,9 +461,16 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     let ids = prepare(&rt, &registered.endpoint, "fits", &uid, None).unwrap();
     create("claimed", &[], &cdi_env(&cdi_dir, &ids));
     assert_eq!(shares_of(&tb, "claimed"), [("GPU-one".to_string(), 4 * GI)]);
-    // Nothing republished for the claim's own container: the order and capacities stay.
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(capacities(&rt, &api), want(&[("gpu-0", "16Gi"), ("gpu-1", "6Gi")]));
+    // Nothing republished for the claim's own container: the order and capacities stay. A
+    // container outside Kubernetes made after it (1 GiB of GPU-zero) is published, so the
+    // driver has read the ledger with the claim's container in it: gpu-1 still shows 6 GiB,
+    // not the 2 GiB it would if the claim were counted again.
+    create(
+        "later",
+        &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "GPU-zero")],
+        &[],
+    );
+    wait_capacities(&rt, &api, &[("gpu-0", "15Gi"), ("gpu-1", "6Gi")]);
     assert_eq!(rt.block_on(api.device_order(NODE)), ["gpu-1", "gpu-0"]);
 
     let rejected = rt.block_on(api.rejected());

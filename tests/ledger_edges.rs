@@ -63,15 +63,13 @@ fn ledger(bed: &Testbed) -> Value {
     serde_json::from_slice(&std::fs::read(bed.state_dir.join("ledger.json")).unwrap()).unwrap()
 }
 
+/// The container ids of the ledger's `list` (`reservations`, `queue`), which it must have: a
+/// ledger without it is not one with none.
 fn ids(ledger: &Value, list: &str) -> Vec<String> {
-    ledger[list]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|e| e["container_id"].as_str().unwrap().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
+    support::array_field(ledger, list)
+        .iter()
+        .map(|e| support::str_field(e, "container_id").to_string())
+        .collect()
 }
 
 fn eventually(what: &str, check: impl FnMut() -> bool) {

@@ -5,7 +5,8 @@
 //!
 //!     UPDATE_MAN=1 cargo test --release --test man_pages
 //!
-//! and commit the result. `man/vramgate-runtime.8` (the runc wrapper has no parser of its own:
+//! (that run writes them and fails: writing is not checking), review and commit the result, and
+//! run the test again without it. `man/vramgate-runtime.8` (the runc wrapper has no parser of its own:
 //! it passes runc's argv through) and `man/vramgate.toml.5` are written by hand; every page,
 //! generated or not, must render without a warning.
 
@@ -299,15 +300,28 @@ fn man_pages_and_completions_match_the_cli() {
     let mut stale = Vec::new();
     for (relative, content) in generated() {
         let path = root().join(relative);
+        if std::fs::read(&path).ok().as_deref() != Some(&content[..]) {
+            stale.push(relative);
+        }
         if update {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             let mut file = std::fs::File::create(&path).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
             file.write_all(&content).unwrap();
             eprintln!("wrote {}", path.display());
-        } else if std::fs::read(&path).ok().as_deref() != Some(&content[..]) {
-            stale.push(relative);
         }
     }
+    // Writing the files is not checking them: a run with UPDATE_MAN never passes, so that it
+    // cannot stand in CI (or a developer's habit) for the comparison.
+    assert!(
+        !update,
+        "UPDATE_MAN is set: the man pages and completions were written ({} had changed), not \
+         checked; review and commit them, then run again without UPDATE_MAN",
+        if stale.is_empty() {
+            "none".to_string()
+        } else {
+            stale.join(", ")
+        }
+    );
     assert!(
         stale.is_empty(),
         "{} do not match the CLI in src/cli.rs: regenerate them with `{REGENERATE}` and commit the result",

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::{wrapper, wrapper_testbed as testbed, Cleanup, VRAMGATE as CLI};
+use support::{wrapper, wrapper_testbed as testbed, Cleanup, LOADED_MACHINE_BOUND, VRAMGATE as CLI};
 use vramgate::testbed::Testbed;
 
 /// The container's state as runc reports it through the wrapper (`state` passes through).
@@ -272,7 +272,7 @@ fn ledger_queue(bed: &Testbed) -> Vec<(String, u64)> {
 /// An engine cancels a create that waits in the queue by SIGKILLing the wrapper (containerd's
 /// runc shim does, at kubelet's deadline), and may run nothing through it afterwards
 /// (containerd 2.1 does not). The killed wrapper runs no code: its queue guard drops the
-/// ticket within a second, with no other transaction on the host, and then ends. Before the
+/// ticket at once, with no other transaction on the host, and then ends. Before the
 /// guard the ticket stayed, its waiter gone, until some other transaction ran.
 #[test]
 fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
@@ -297,10 +297,12 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
         ("vramgate.dev/policy", "wait"),
         ("vramgate.dev/timeout", "60s"),
     ];
-    let bundle = bed.bundle("w1", &["true"], &waits, &[], false).unwrap();
+    // Its queue guard is found by name in the host's `ps`: a name of this process's own.
+    let w1 = support::own_name("w1");
+    let bundle = bed.bundle(&w1, &["true"], &waits, &[], false).unwrap();
     let (key, value) = bed.env();
     let mut create = bed
-        .runc(&["create", "--bundle", &bundle.to_string_lossy(), "w1"])
+        .runc(&["create", "--bundle", &bundle.to_string_lossy(), &w1])
         .env(key, value)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -309,7 +311,7 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
         .unwrap();
     let waiter = create.id() as u64;
     eventually("the create waits in the queue", || {
-        ledger_queue(&bed).contains(&("w1".to_string(), waiter))
+        ledger_queue(&bed).contains(&(w1.clone(), waiter))
     });
     // The guard runs with no capability at all (and so the drop below proves its work needs
     // none): it inherited the wrapper's full permitted set, meant for runc.
@@ -318,7 +320,7 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
         let out = Command::new("ps").args(["-eo", "pid=,args="]).output().unwrap();
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .find(|l| l.contains("--vramgate-queue-guard w1 "))
+            .find(|l| l.contains(&format!("--vramgate-queue-guard {w1} ")))
             .and_then(|l| l.split_whitespace().next().map(str::to_string))
     };
     eventually("a waiting create has a queue guard", || guard_pid().is_some());
@@ -344,16 +346,20 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
         let out = Command::new("ps").args(["-eo", "args"]).output().unwrap();
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .any(|l| l.contains("--vramgate-queue-guard w1 "))
+            .any(|l| l.contains(&format!("--vramgate-queue-guard {w1} ")))
     };
-    while ledger_queue(&bed).iter().any(|(id, _)| id == "w1") && killed.elapsed() < Duration::from_secs(10) {
+    // Without the guard nothing would drop it (no other transaction runs here) until the
+    // wait's 60 s timeout at the earliest: a bound well under that, for a loaded machine,
+    // tells the guard's drop from that. How fast it was is printed, not asserted.
+    let gone = || !ledger_queue(&bed).iter().any(|(id, _)| *id == w1);
+    while !gone() && killed.elapsed() < LOADED_MACHINE_BOUND {
         std::thread::sleep(Duration::from_millis(10));
     }
     let left = killed.elapsed();
     eprintln!("the ticket left the ledger {left:?} after the kill");
     assert!(
-        left <= Duration::from_secs(1),
-        "the killed create's ticket stayed {left:?} (at most 1 s): {:?}",
+        gone(),
+        "the killed create's ticket stayed {left:?} (at most {LOADED_MACHINE_BOUND:?} on a loaded machine): {:?}",
         ledger_queue(&bed)
     );
     eventually("the queue guard ends", || !guard_of_w1());

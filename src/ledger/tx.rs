@@ -322,9 +322,12 @@ mod tests {
         let err = state.read().unwrap_err();
         assert!(matches!(err, LedgerError::Unsafe { .. }), "{err}");
         std::fs::remove_file(real.join(LEDGER_FILE)).unwrap();
-        std::os::unix::fs::symlink("/tmp/elsewhere", real.join(LOCK_FILE)).unwrap();
+        // The link's target is this test's own, absent path: a host-wide one (/tmp/elsewhere)
+        // could be made by anything else running, failing this test for nothing.
+        let elsewhere = dir.path().join("elsewhere");
+        std::os::unix::fs::symlink(&elsewhere, real.join(LOCK_FILE)).unwrap();
         assert!(matches!(state.begin(), Err(LedgerError::Unsafe { .. })));
-        assert!(!Path::new("/tmp/elsewhere").exists(), "never followed");
+        assert!(!elsewhere.exists(), "never followed");
     }
 
     #[test]

@@ -124,15 +124,15 @@ pub fn allocate(node: &str, slices: &[Value], allocated: &[Value], claims: &[Val
 }
 
 /// `(device, consumed memory)` of each result of an allocation, in order.
+/// Each field is required: an allocation without them is not one of no devices.
 pub fn devices(allocation: &Value) -> Vec<(String, String)> {
-    allocation["devices"]["results"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    use crate::support::{array_field, field, str_field};
+    array_field(field(allocation, "devices"), "results")
+        .iter()
         .map(|r| {
             (
-                r["device"].as_str().unwrap_or_default().to_string(),
-                r["consumedCapacity"]["memory"].as_str().unwrap_or_default().to_string(),
+                str_field(r, "device").to_string(),
+                str_field(field(r, "consumedCapacity"), "memory").to_string(),
             )
         })
         .collect()

@@ -244,9 +244,14 @@ pub fn with_deadline<T>(message: T, deadline: Duration) -> tonic::Request<T> {
     request
 }
 
-/// The pod config kubelet sends for a host-network pod with these annotations.
+/// The pod config kubelet sends for a host-network pod with these annotations. Its uid, and
+/// so its cgroup parent, is this call's own (the test process and a count): the tests of a
+/// binary run side by side and name their pods alike ("big"), and one test's cleanup of a
+/// cgroup parent must never reach under another test's live pod.
 pub fn pod_config(name: &str, annotations: &[(&str, &str)]) -> cri::PodSandboxConfig {
-    let uid = format!("{name}-uid");
+    static PODS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PODS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let uid = format!("{name}-{}-{n}", std::process::id());
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: name.to_string(),
@@ -664,16 +669,32 @@ pub fn cri_channel(socket: PathBuf) -> (tokio::runtime::Runtime, Channel) {
     (rt, channel)
 }
 
-/// The events the host `tb`'s hooks logged, in order.
+/// The events the host `tb`'s hooks logged, in order (each with its kind and container:
+/// [`events_in`]).
 pub fn events_of(tb: &Testbed) -> Vec<Value> {
-    let text = std::fs::read_to_string(tb.state_dir.join("events.jsonl")).unwrap_or_default();
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    events_in(&tb.state_dir)
 }
 
 /// Kills every hook still queued in `tb`'s ledger (a test that failed while one waited):
-/// it would wait out its timeout after everything else is gone.
+/// it would wait out its timeout after everything else is gone. Cleanup, not a check: it
+/// reads the pids it can and never panics (a panic in a drop while unwinding would abort and
+/// hide the test's own failure).
 pub fn kill_queued_hooks(tb: &Testbed) {
-    for (_, pid, _) in queued(tb) {
+    let Ok(out) = Command::new(VRAMGATE)
+        .args(["status", "--json"])
+        .env("VRAMGATE_CONFIG", &tb.config_path)
+        .output()
+    else {
+        return;
+    };
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let pids = status["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["queue"].as_array().into_iter().flatten())
+        .filter_map(|t| t["waiter_pid"].as_u64());
+    for pid in pids {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -743,19 +764,19 @@ pub fn run_all(cri: &Cri, configs: Vec<cri::PodSandboxConfig>) -> Vec<Pod> {
         .collect()
 }
 
-/// The ledger's queue as `vramgate status` lists it: (container id, waiting hook's pid).
-/// (container id, waiter pid, whether the waiter still runs) of each ticket.
+/// The ledger's queue as `vramgate status` lists it: (container id, waiting hook's pid,
+/// whether that hook still runs) of each ticket. Every field is required: status omits
+/// `alive` when it cannot tell, and a test that asks whether a waiter is alive must not be
+/// answered yes by an unknown.
 pub fn queued(tb: &Testbed) -> Vec<(String, u64, bool)> {
-    status(&tb.config_path)["gpus"]
-        .as_array()
-        .unwrap()
+    status_gpus(&status(&tb.config_path))
         .iter()
-        .flat_map(|g| g["queue"].as_array().cloned().unwrap_or_default())
+        .flat_map(|g| array_field(g, "queue").clone())
         .map(|t| {
             (
-                t["container_id"].as_str().unwrap().to_string(),
-                t["waiter_pid"].as_u64().unwrap(),
-                t["alive"].as_bool().unwrap_or(true),
+                str_field(&t, "container_id").to_string(),
+                u64_field(&t, "waiter_pid"),
+                bool_field(&t, "alive"),
             )
         })
         .collect()

@@ -195,10 +195,8 @@ impl ApiServer {
 
     /// `items` of a list at `path`.
     async fn list_json(&self, path: &str) -> Vec<Value> {
-        self.get_json(path).await["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        let list = self.get_json(path).await;
+        crate::support::array_field(&list, "items").clone()
     }
 
     /// Every write the API server accepted, in order (`method`, `path`, `name`, `time_ns`).
@@ -237,15 +235,16 @@ impl ApiServer {
         let mut capacities: Vec<(String, String)> = slice
             .spec
             .devices
-            .unwrap_or_default()
+            .expect("the slice has no field \"devices\"")
             .into_iter()
             .map(|d| {
                 let value = d
                     .capacity
                     .as_ref()
                     .and_then(|c| c.get("memory"))
-                    .map(|c| c.value.0.clone());
-                (d.name, value.unwrap_or_default())
+                    .map(|c| c.value.0.clone())
+                    .unwrap_or_else(|| panic!("device {} of the slice has no capacity \"memory\"", d.name));
+                (d.name, value)
             })
             .collect();
         capacities.sort();
@@ -260,7 +259,7 @@ impl ApiServer {
         slice
             .spec
             .devices
-            .unwrap_or_default()
+            .expect("the slice has no field \"devices\"")
             .into_iter()
             .map(|d| d.name)
             .collect()
@@ -306,14 +305,31 @@ impl ApiServer {
         created.metadata.uid.unwrap()
     }
 
-    /// The claim's `status.devices` as stored (empty when it has none).
+    /// The claim's `status.devices` as stored (empty when it has none: Kubernetes omits an
+    /// empty list). Its absence counts only where `status` holds nothing but the fields the
+    /// scheduler and kubelet write: a status under another name fails here, naming it, instead
+    /// of reading as "no status".
     pub async fn device_status(&self, namespace: &str, name: &str) -> Vec<Value> {
         let claim = self
             .get_json(&format!(
                 "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
             ))
             .await;
-        claim["status"]["devices"].as_array().cloned().unwrap_or_default()
+        let status = crate::support::field(&claim, "status");
+        let known = ["allocation", "reservedFor", "devices"];
+        let fields = status
+            .as_object()
+            .unwrap_or_else(|| panic!("the field \"status\" is not an object in {claim}"));
+        for key in fields.keys() {
+            assert!(
+                known.contains(&key.as_str()),
+                "the claim's status has an unknown field {key:?}: {status}"
+            );
+        }
+        match status.get("devices") {
+            None => Vec::new(),
+            Some(_) => crate::support::array_field(status, "devices").clone(),
+        }
     }
 
     /// kube-scheduler places the claims `names` (of `namespace`) on `node`, one after another:

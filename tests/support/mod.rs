@@ -16,6 +16,15 @@ use vramgate::testbed::{HookHarness, Testbed};
 pub const VRAMGATE: &str = env!("CARGO_BIN_EXE_vramgate");
 pub const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
 pub const RUNTIME: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
+/// The most a test gives a step that the product takes "at once" (a ticket dropped by its
+/// guard after a kill, a waiter let in after a release, a refusal without waiting) before it
+/// counts as not having happened: sized for a loaded 2-core machine, where four engineers'
+/// builds and test suites run side by side and a process can wait seconds for a core. Where a
+/// test bounds a time at all, it is to tell the promised cause from a slower wrong one (a
+/// wait timeout, a poll interval), each set well above this; how fast the step is goes to
+/// bench/, not into an assertion.
+pub const LOADED_MACHINE_BOUND: Duration = Duration::from_secs(10);
+
 /// The simulated GPU of the default static inventory: 24,265 MiB.
 pub const GPU_MIB: u64 = 24_265;
 pub const GIB: u64 = 1 << 30;
@@ -147,33 +156,130 @@ pub fn status_output(config: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `object[key]`, which must be there. The readers below read the product's JSON through
+/// these: a status or event that drops or renames a field fails the test that reads it, naming
+/// the field, where a default would have read as "nothing reserved" or "nothing queued" and
+/// passed every check of an absence.
+pub fn field<'a>(object: &'a Value, key: &str) -> &'a Value {
+    object
+        .get(key)
+        .unwrap_or_else(|| panic!("the field {key:?} is missing from {object}"))
+}
+
+/// `object[key]` as an array (see [`field`]).
+pub fn array_field<'a>(object: &'a Value, key: &str) -> &'a Vec<Value> {
+    field(object, key)
+        .as_array()
+        .unwrap_or_else(|| panic!("the field {key:?} is not an array in {object}"))
+}
+
+/// `object[key]` as a string (see [`field`]).
+pub fn str_field<'a>(object: &'a Value, key: &str) -> &'a str {
+    field(object, key)
+        .as_str()
+        .unwrap_or_else(|| panic!("the field {key:?} is not a string in {object}"))
+}
+
+/// `object[key]` as an unsigned number (see [`field`]).
+pub fn u64_field(object: &Value, key: &str) -> u64 {
+    field(object, key)
+        .as_u64()
+        .unwrap_or_else(|| panic!("the field {key:?} is not an unsigned number in {object}"))
+}
+
+/// `object[key]` as a boolean (see [`field`]). The product omits `alive` exactly when it cannot
+/// tell: that is a missing field here, not a guess.
+pub fn bool_field(object: &Value, key: &str) -> bool {
+    field(object, key)
+        .as_bool()
+        .unwrap_or_else(|| panic!("the field {key:?} is missing or not a boolean in {object}"))
+}
+
+/// The GPUs of a `vramgate status --json` report.
+pub fn status_gpus(status: &Value) -> &Vec<Value> {
+    array_field(status, "gpus")
+}
+
 /// The reservations `vramgate status --json` lists: (container id, bytes).
 pub fn reservations(tb: &Testbed) -> Vec<(String, u64)> {
     reservations_by_gpu(tb).into_iter().flat_map(|(_, held)| held).collect()
 }
 
-/// Each GPU's reservations in `vramgate status --json`: (uuid, [(container id, bytes)]).
+/// Each GPU's reservations in `vramgate status --json`: (uuid, [(container id, bytes)]). Every
+/// GPU must list `reservations` (empty when it holds none).
 pub fn reservations_by_gpu(tb: &Testbed) -> Vec<(String, Vec<(String, u64)>)> {
-    status(&tb.config_path)["gpus"]
-        .as_array()
-        .unwrap()
+    status_gpus(&status(&tb.config_path))
         .iter()
         .map(|g| {
-            let held = g["reservations"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+            let held = array_field(g, "reservations")
                 .iter()
-                .map(|r| {
-                    (
-                        r["container_id"].as_str().unwrap().to_string(),
-                        r["bytes"].as_u64().unwrap(),
-                    )
-                })
+                .map(|r| (str_field(r, "container_id").to_string(), u64_field(r, "bytes")))
                 .collect();
-            (g["uuid"].as_str().unwrap().to_string(), held)
+            (str_field(g, "uuid").to_string(), held)
         })
         .collect()
+}
+
+/// The container ids of the queue `vramgate status --json` lists, on every GPU (a placement
+/// waiting for any of several GPUs is listed on each). Every GPU must list `queue`.
+pub fn queued_ids(tb: &Testbed) -> Vec<String> {
+    status_gpus(&status(&tb.config_path))
+        .iter()
+        .flat_map(|g| array_field(g, "queue").clone())
+        .map(|t| str_field(&t, "container_id").to_string())
+        .collect()
+}
+
+/// Every kind of event the hooks log (`src/events.rs`), written here by hand: a kind the tests
+/// do not know (a renamed one, which every filter on the old name would miss) fails the read.
+pub const EVENT_KINDS: &[&str] = &[
+    "admit",
+    "admit_after_wait",
+    "refuse",
+    "enqueue",
+    "timeout",
+    "cancel",
+    "release",
+    "confirm",
+    "reclaim",
+    "abandon_ticket",
+    "fail_open",
+    "enforce",
+    "over_use",
+    "over_use_stop",
+    "note",
+];
+
+/// The events logged in the state directory `state_dir`, in order; none when no decision was
+/// logged yet (no file). Each must carry a known `event` kind and its `container`: the tests
+/// filter on both, and a filter on a field that is gone finds nothing and passes.
+pub fn events_in(state_dir: &Path) -> Vec<Value> {
+    let path = state_dir.join("events.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    };
+    text.lines()
+        .map(|l| {
+            let event: Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: not JSON ({e}): {l}", path.display()));
+            let kind = str_field(&event, "event");
+            assert!(
+                EVENT_KINDS.contains(&kind),
+                "the field \"event\" has a kind the tests do not know, {kind:?} (add it to EVENT_KINDS in tests/support/mod.rs): {l}"
+            );
+            str_field(&event, "container");
+            event
+        })
+        .collect()
+}
+
+/// `name` made this test process's own (`name-<pid>`): for a container id in a host-wide
+/// runc root or a name matched in a host-wide `ps`, where another test binary running beside
+/// this one may use the same name.
+pub fn own_name(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
 }
 
 /// The keys a TOML text sets, commented out or not (`key = ...` at the start of a line),
