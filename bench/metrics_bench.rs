@@ -107,6 +107,7 @@ fn main() {
             bundle: None,
             choose: None,
             expected_ms: None,
+            pod_container: None,
             extra: Default::default(),
         });
     }

@@ -2,7 +2,10 @@
 //!
 //! Waiting containers are served first come, first served per GPU: a ticket is ahead of
 //! another when its number is lower (numbers only grow) and it waits for at least one of the
-//! same GPUs. A new arrival has no ticket yet and so comes after every waiter. The admission
+//! same GPUs. A new arrival has no ticket yet and so comes after every waiter; one that
+//! queues takes the next number, except kubelet's retry of a start it gave up on while it
+//! waited, which takes back its first attempt's number and age ([`crate::ledger::KeptPlace`]),
+//! so that `backfill_bound` counts from that attempt. The admission
 //! decision, the refusal and queue messages, a waiter deciding whether to try again and
 //! `vramgate status` all ask this function, so they cannot disagree.
 //!

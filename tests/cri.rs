@@ -559,6 +559,159 @@ fn a_start_cancelled_by_its_deadline_gives_up_its_place_in_the_queue_on(containe
     cri.delete_pods(&pods);
 }
 
+/// Issue 43, item 5, through containerd 2.1's CRI as kubelet drives it: a big pod's start
+/// waits, kubelet's deadline cancels it (containerd's shim kills the waiting wrapper, and the
+/// queue guard drops its ticket), and kubelet retries it as a new container of the same pod
+/// with the same name. The retry must take the ticket number and the age of its first attempt,
+/// so that once `backfill_bound` has passed since that first attempt, a smaller pod that fits
+/// no longer passes it; within the bound one still does (backfill is on). Before, the retry
+/// queued at the back with a fresh age, and the smaller pod sent after the bound passed it.
+#[test]
+fn a_start_retried_after_its_deadline_keeps_its_place_on_containerd_2() {
+    // The bound, and kubelet's deadline (a stand-in for its 2 min): the retry's own ticket is
+    // at least DEADLINE younger than its first attempt, so a pod sent just past BOUND after the
+    // first attempt comes within BOUND of the retry (where a fresh age would let it pass).
+    const BOUND: Duration = Duration::from_secs(15);
+    const DEADLINE: Duration = Duration::from_secs(5);
+    // Generous for a loaded 2-core machine: how far past the bound the late pod is sent.
+    const PAST_THE_BOUND: Duration = Duration::from_millis(1500);
+    let config = format!("[queue]\nbackfill = true\nbackfill_bound = \"15s\"\n{STATIC_GPU}");
+    let cri = cri_host_on(Containerd::Two, "vramgate-cri-retry", &config);
+    let holder = run_all(
+        &cri,
+        vec![pod_config(
+            "holder",
+            &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")],
+        )],
+    );
+    let holder_id = cri.create(&holder[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
+    cri.start_one(&holder_id).unwrap();
+    let big = run_all(
+        &cri,
+        vec![pod_config(
+            "big",
+            &[
+                ("vramgate.dev/memory", "10Gi"),
+                ("vramgate.dev/gpus", "0"),
+                ("vramgate.dev/policy", "wait"),
+                ("vramgate.dev/timeout", "60s"),
+            ],
+        )],
+    );
+    let first_id = cri.create(&big[0], container_config("train", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
+    let mut client = cri.runtime.clone();
+    let request = with_deadline(
+        cri::StartContainerRequest {
+            container_id: first_id.clone(),
+        },
+        DEADLINE,
+    );
+    let first = cri.rt.spawn(async move { client.start_container(request).await });
+    // The client's runtime runs on this thread only: the spawned calls go on while it is driven.
+    let drive = || cri.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    let (first_ticket, first_enqueued) = wait_until("the first start queues", Duration::from_secs(30), || {
+        drive();
+        let t = ledger_ticket(&cri.tb, &first_id);
+        (t.is_some(), t)
+    })
+    .unwrap();
+    let err = cri
+        .block_on(first)
+        .unwrap()
+        .expect_err("StartContainer returned before its deadline");
+    assert!(
+        matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
+        "{err}"
+    );
+    wait_until("the cancelled start leaves the queue", Duration::from_secs(10), || {
+        let q = ledger_queue(&cri.tb);
+        (q.is_empty(), q)
+    });
+
+    // kubelet's retry: a new container in the same sandbox, with the same name.
+    let mut retry_config = container_config("train", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]);
+    retry_config.metadata.as_mut().unwrap().attempt = 1;
+    let retry_id = cri.create(&big[0], retry_config);
+    // A ticket of the retry's own is taken after this instant.
+    let retry_sent = now_unix_ms();
+    let retry = cri.rt.spawn(start_container(cri.runtime.clone(), retry_id.clone()));
+    let (retry_ticket, retry_enqueued) = wait_until("the retry queues", Duration::from_secs(30), || {
+        drive();
+        let t = ledger_ticket(&cri.tb, &retry_id);
+        (t.is_some(), t)
+    })
+    .unwrap();
+    eprintln!(
+        "first attempt: ticket {first_ticket} at {first_enqueued}; retry: ticket {retry_ticket} at {retry_enqueued}"
+    );
+    assert_eq!(
+        (retry_ticket, retry_enqueued),
+        (first_ticket, first_enqueued),
+        "the retry takes its first attempt's ticket number and age"
+    );
+
+    // Within the bound a pod that fits passes the waiting retry (backfill)...
+    let small = |name: &str| pod_config(name, &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
+    let early = run_all(&cri, vec![small("early")]);
+    let early_id = cri.create(&early[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
+    let early_at = now_unix_ms().saturating_sub(first_enqueued);
+    let started = cri.start_one(&early_id);
+    assert!(
+        started.is_ok(),
+        "{early_at} ms after the first attempt (bound {BOUND:?}) a pod that fits passes: {started:?}"
+    );
+    // ...and once the bound has passed since the first attempt, none does, although the retry
+    // itself has waited less than the bound.
+    let late = run_all(&cri, vec![small("late")]);
+    let late_id = cri.create(&late[0], container_config("app", RUN_UNTIL_STOPPED, &[GIVEN_GPU_0]));
+    let send_at = first_enqueued + (BOUND + PAST_THE_BOUND).as_millis() as u64;
+    let pause = Duration::from_millis(send_at.saturating_sub(now_unix_ms()));
+    cri.block_on(async { tokio::time::sleep(pause).await });
+    let retry_age = Duration::from_millis(now_unix_ms().saturating_sub(retry_sent));
+    let refused = cri
+        .start_one(&late_id)
+        .expect_err("a pod passed the retried start past the bound");
+    assert!(
+        refused
+            .message()
+            .contains("asked first and is waiting for the same GPU"),
+        "{refused}"
+    );
+    eprintln!("the late pod was refused; the retry itself had waited {retry_age:?} at most");
+    assert!(
+        retry_age < BOUND,
+        "the late pod came {retry_age:?} after the retry, past the bound: the check says nothing"
+    );
+
+    // Memory frees: the retry is admitted.
+    cri.delete_pods(&holder);
+    cri.block_on(retry).unwrap().unwrap();
+    assert_eq!(
+        reservations(&cri.tb).iter().filter(|(c, _)| c == &retry_id).count(),
+        1,
+        "{:?}",
+        reservations(&cri.tb)
+    );
+    cri.delete_pods(&late);
+    cri.delete_pods(&early);
+    cri.delete_pods(&big);
+}
+
+/// The number and enqueue time (wall clock, ms) of `container`'s ticket in the ledger file.
+fn ledger_ticket(tb: &Testbed, container: &str) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(tb.state_dir.join("ledger.json")).unwrap();
+    let ledger: Value = serde_json::from_str(&text).unwrap();
+    let t = ledger["queue"]
+        .as_array()?
+        .iter()
+        .find(|t| t["container_id"] == container)?;
+    Some((t["ticket"].as_u64()?, t["enqueued_unix_ms"].as_u64()?))
+}
+
+fn now_unix_ms() -> u64 {
+    vramgate::ledger::now_unix_ms()
+}
+
 /// The container ids of the ledger's queue, read from the ledger file itself (not through the
 /// status, which could hide a ticket the ledger still holds).
 fn ledger_queue(tb: &Testbed) -> Vec<String> {

@@ -73,6 +73,7 @@ fn enqueue(ledger: &mut Ledger, bytes: u64, at_ms: u64) -> u64 {
         bundle: None,
         choose: None,
         expected_ms: None,
+        pod_container: None,
         extra: Default::default(),
     });
     ticket

@@ -43,6 +43,12 @@
 //! readers as an unknown field too, and left out the same way: such a reader finds a
 //! container's processes by pid namespace, as it always did.
 //!
+//! **Kept places** ([`Ledger::kept_places`](super::Ledger::kept_places) and
+//! [`Ticket::pod_container`](super::Ticket::pod_container), what a retry of a start the engine
+//! gave up on keeps its first attempt's place by) are refused by ed7e56d's readers as unknown
+//! fields, and kept (and ignored) by every later one: they are left out of what such a reader
+//! may read, and a retry then queues at the back, as before places were kept.
+//!
 //! **Claim holds** ([`Reservation::claim`](super::Reservation::claim)) are refused by ed7e56d's
 //! readers as an unknown field, and kept (and ignored) by every later one. Every holder's entry
 //! carries the claim's whole share, so the hold is simply left out of what such a reader may
@@ -235,7 +241,8 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
     if ledger
         .queue
         .iter()
-        .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none())
+        .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none() && t.pod_container.is_none())
+        && ledger.kept_places.is_empty()
         && !ledger.has_limits()
         && ledger
             .reservations
@@ -252,9 +259,13 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         r.claim = None;
         r.cgroup = None;
     });
+    // Places kept for retries only spare a retry the back of the queue: without them a retry
+    // queues as it did before they were kept.
+    older.kept_places.clear();
     older.queue.iter_mut().for_each(|t: &mut Ticket| {
         t.enqueued_boot_ms = None;
         t.expected_ms = None;
+        t.pod_container = None;
     });
     let shares = older.reservations.iter_mut().flat_map(|r| r.gpus.iter_mut());
     for share in shares.chain(older.queue.iter_mut().flat_map(|t| t.gpus.iter_mut())) {
@@ -303,6 +314,7 @@ mod tests {
             bundle: None,
             choose: None,
             expected_ms: None,
+            pod_container: None,
             extra: Default::default(),
         }
     }
@@ -371,6 +383,24 @@ mod tests {
         back.queue[2].expected_ms = Some(600_000);
         assert_eq!(back, mixed, "nothing else differs");
         assert!(for_older_readers(&ledger(vec![ticket(7, None)])).is_none());
+    }
+
+    /// A ticket's pod container and the places kept for retries are unknown fields to ed7e56d's
+    /// readers: left out, a retry queues at the back, as before places were kept.
+    #[test]
+    fn the_older_format_leaves_out_kept_places_and_pod_containers() {
+        let mut waiting = ticket(7, None);
+        waiting.pod_container = Some(crate::ledger::PodContainer {
+            pod: "p".into(),
+            name: "app".into(),
+        });
+        let mut with_place = ledger(vec![waiting.clone()]);
+        with_place.keep_place_of(&Ticket { ticket: 9, ..waiting });
+        assert_eq!(with_place.kept_places.len(), 1);
+        let older = for_older_readers(&with_place).expect("there is something to leave out");
+        let json = serde_json::to_value(&older).unwrap();
+        assert!(json.get("kept_places").is_none(), "{json}");
+        assert!(json["queue"][0].get("pod_container").is_none(), "{json}");
     }
 
     /// While a waiter of a release without limits may read the ledger, a limit is written as

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 pub use crate::clock::now_unix_ms;
 pub use model::{
-    ClaimHold, Extra, GpuShare, Held, Ledger, Reservation, Ticket, FORMAT, FORMAT_WITHOUT_LIMITS, MAX_LEDGER_BYTES,
+    ClaimHold, Extra, GpuShare, Held, KeptPlace, Ledger, PodContainer, Reservation, Ticket, FORMAT,
+    FORMAT_WITHOUT_LIMITS, MAX_KEPT_PLACES, MAX_LEDGER_BYTES,
 };
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};

@@ -39,6 +39,13 @@ use crate::procfs::ProcessIdentity;
 /// device plugin) are restarted by the package on upgrade instead. A field added from now on
 /// is either one that older readers may ignore (kept in `extra`), or a format bump.
 ///
+/// [`Ledger::kept_places`] and [`Ticket::pod_container`] (a retry of a start the engine gave up
+/// on keeps its first attempt's place, [`KeptPlace`]) are of the kind older readers may ignore:
+/// they decide only the number and the enqueue time that a retry's ticket is written with, in
+/// the fields every reader reads alike, and never hold memory or reorder a ticket already in
+/// the queue. A reader that ignores them queues a retry at the back with a fresh age, as every
+/// release before them did.
+///
 /// Format 2 adds [`GpuShare::limit`]: a share whose limit is above its bytes. A ledger with no
 /// such share is written as format 1, byte for byte what the releases before limits write and
 /// read; while one of their hooks waits in the queue, limits are not written at all (see
@@ -250,9 +257,65 @@ pub struct Ticket {
     /// ([`crate::queue::claim`]), and nothing else. Absent when it declared none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_ms: Option<u64>,
+    /// Which container of which pod waits, as its CRI runtime wrote it: what a retry of this
+    /// start is recognised by, should the engine give up on it ([`KeptPlace`]). Absent outside
+    /// a pod. An older reader that ignores it (it keeps it in `extra`) only keeps no place for
+    /// the retry: the queue as it was before places were kept (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_container: Option<PodContainer>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// A container of a pod, as its CRI runtime names it: the pod sandbox's id and the container's
+/// name in the pod, both read under the keys of the runtime that marked the spec
+/// ([`crate::request::pod_container`]). kubelet retries a start it gave up on as a new container
+/// with the same two: what [`KeptPlace`] is keyed by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PodContainer {
+    pub pod: String,
+    pub name: String,
+}
+
+/// The place in the queue of a start the engine gave up on while it waited (kubelet's deadline
+/// passed: containerd's shim killed the waiting `vramgate-runtime create`, and its ticket was
+/// dropped), kept for kubelet's retry of that start: the retry's ticket takes this number and
+/// this age instead of the back of the queue and a fresh age, so `backfill_bound` protects it
+/// across kubelet's deadline, as it would had the wait never been cancelled.
+///
+/// Never a way to jump the queue: the place is a ticket's that vramgate wrote (its number, its
+/// enqueue time), never anything a container says; it goes only to a container of the same pod
+/// sandbox with the same name, as the runtime that started it wrote them; it is used once
+/// ([`Ledger::take_kept_place`]); and it lasts only as long as the dropped ticket could itself
+/// have waited (its own deadline), so a retry never holds a place longer than the first attempt
+/// could have. At most [`MAX_KEPT_PLACES`] are kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptPlace {
+    pub container: PodContainer,
+    /// The dropped ticket's number: the retry's, when no ticket holds it.
+    pub ticket: u64,
+    /// The dropped ticket's enqueue time (its first attempt's, when it was itself a retry).
+    pub enqueued_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_boot_ms: Option<u64>,
+    /// How long after `enqueued_*` the place is kept: until the dropped ticket's own deadline.
+    pub kept_ms: u64,
+    /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// The most places a ledger keeps ([`KeptPlace`]); past it the oldest goes. A node's pods
+/// whose starts kubelet gave up on at once, with room to spare, and a bound on what they add
+/// to every write of the ledger (about 250 bytes each).
+pub const MAX_KEPT_PLACES: usize = 64;
+
+impl KeptPlace {
+    /// Whether the place still holds at `now`.
+    pub fn holds_at(&self, now: crate::clock::Stamp) -> bool {
+        now.ms_since(self.enqueued_unix_ms, self.enqueued_boot_ms) < self.kept_ms
+    }
 }
 
 impl Ticket {
@@ -271,6 +334,7 @@ impl Ticket {
             bundle: None,
             choose: None,
             expected_ms: None,
+            pod_container: None,
             extra: Extra::new(),
         }
     }
@@ -294,13 +358,19 @@ pub struct Ledger {
     pub generation: u64,
     pub next_ticket: u64,
     pub reservations: Vec<Reservation>,
-    /// Waiting containers in arrival order (ticket numbers only grow).
+    /// Waiting containers in arrival order: in ticket order, where numbers only grow, except
+    /// that a retry takes back the free number of its first attempt ([`KeptPlace`]).
     pub queue: Vec<Ticket>,
     /// Outcomes so far, for metrics (see `counters.rs`): kept here because the hook is a
     /// short-lived process and the ledger is rewritten by every transaction anyway. Absent
     /// from ledgers written before they existed.
     #[serde(default)]
     pub counters: crate::counters::Counters,
+    /// Places in the queue of starts the engine gave up on, kept for their retries
+    /// ([`KeptPlace`]), oldest first. An older reader that ignores them (it keeps them in
+    /// `extra`) queues a retry at the back, as before they were kept (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_places: Vec<KeptPlace>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -315,6 +385,7 @@ impl Default for Ledger {
             reservations: Vec::new(),
             queue: Vec::new(),
             counters: Default::default(),
+            kept_places: Vec::new(),
             extra: Extra::new(),
         }
     }
@@ -365,6 +436,69 @@ impl Ledger {
         let number = ticket.ticket;
         self.queue.push(ticket);
         number
+    }
+
+    /// Appends `ticket` at the place `kept` (a [`KeptPlace`] of its container: its number, when
+    /// no ticket holds it, and its age), or at the back like [`Ledger::enqueue`] without one.
+    /// The queue stays in ticket order. Returns the number.
+    pub fn enqueue_at(&mut self, mut ticket: Ticket, kept: Option<&KeptPlace>) -> u64 {
+        let Some(kept) = kept else {
+            return self.enqueue(ticket);
+        };
+        ticket.enqueued_unix_ms = kept.enqueued_unix_ms;
+        ticket.enqueued_boot_ms = kept.enqueued_boot_ms;
+        // A number below next_ticket that no ticket holds: the place is free to take (the
+        // number check keeps a hand-edited or older-written entry from breaking parse's rule).
+        if kept.ticket >= self.next_ticket || self.ticket(kept.ticket).is_some() {
+            return self.enqueue(ticket);
+        }
+        ticket.ticket = kept.ticket;
+        let at = self.queue.partition_point(|t| t.ticket < kept.ticket);
+        self.queue.insert(at, ticket);
+        kept.ticket
+    }
+
+    /// Keeps the place of `ticket`, dropped because the engine gave up on its start, for a
+    /// retry of the same container of the same pod ([`KeptPlace`]). Nothing for a ticket of no
+    /// pod's container. One place per container, the earliest: a retry's ticket carries its
+    /// first attempt's place anyway, and a later one of the same container (two of its starts
+    /// given up on at once) must not push it back.
+    pub fn keep_place_of(&mut self, ticket: &Ticket) {
+        let Some(container) = &ticket.pod_container else {
+            return;
+        };
+        if self
+            .kept_places
+            .iter()
+            .any(|k| &k.container == container && k.ticket < ticket.ticket)
+        {
+            return;
+        }
+        self.kept_places.retain(|k| &k.container != container);
+        if self.kept_places.len() >= MAX_KEPT_PLACES {
+            self.kept_places.remove(0);
+        }
+        self.kept_places.push(KeptPlace {
+            container: container.clone(),
+            ticket: ticket.ticket,
+            enqueued_unix_ms: ticket.enqueued_unix_ms,
+            enqueued_boot_ms: ticket.enqueued_boot_ms,
+            kept_ms: ticket.deadline_unix_ms.saturating_sub(ticket.enqueued_unix_ms),
+            extra: Extra::new(),
+        });
+    }
+
+    /// Takes the place kept for `container`, if one still holds at `now`: once, it leaves the
+    /// ledger. Places that no longer hold leave too.
+    pub fn take_kept_place(&mut self, container: &PodContainer, now: crate::clock::Stamp) -> Option<KeptPlace> {
+        self.forget_kept_places(now);
+        let at = self.kept_places.iter().position(|k| &k.container == container)?;
+        Some(self.kept_places.remove(at))
+    }
+
+    /// Drops the kept places that no longer hold at `now`.
+    pub fn forget_kept_places(&mut self, now: crate::clock::Stamp) {
+        self.kept_places.retain(|k| k.holds_at(now));
     }
 
     /// Whether any reservation holds memory on this GPU.

@@ -125,6 +125,13 @@ impl Ledger {
             .into_iter()
             .partition(|t| liveness.life(&t.waiter) == Life::Gone);
         self.queue = live;
+        // A waiter gone is, most often, a start the engine gave up on (kubelet's deadline: the
+        // shim killed the waiting create): its place is kept for the retry. This is the one
+        // place a dead waiter's ticket leaves the ledger, whoever runs the transaction (the
+        // queue guard, the wrapper's `delete`, any other start).
+        for t in &dead {
+            self.keep_place_of(t);
+        }
         reclaimed.tickets = dead;
         let complete = self.reservations.iter().all(|r| verdicts.live.contains(&r.init));
         (reclaimed, complete)

@@ -267,6 +267,10 @@ pub struct Request {
     /// ([`CRI_SANDBOX_ID_ANNOTATIONS`]): the containers of one pod given the same claim
     /// devices hold them once ([`crate::ledger::ClaimHold`]).
     pub pod_sandbox: Option<String>,
+    /// Which container of which pod this is ([`pod_container`]): what a retry of a start the
+    /// engine gave up on keeps its first attempt's place in the queue by
+    /// ([`crate::ledger::KeptPlace`]). `None` outside a pod.
+    pub pod_container: Option<crate::ledger::PodContainer>,
 }
 
 /// What a container is to Kubernetes, from the annotation its CRI runtime writes.
@@ -307,17 +311,44 @@ pub fn pod_role(spec: &SpecView) -> PodRole {
 /// a sandbox, and where the two runtimes' keys are mixed or both present (a pod annotation
 /// passed through under the other runtime's name), so that no hold is made from it.
 fn pod_sandbox(spec: &SpecView) -> Option<String> {
-    let by_runtime: Vec<(Option<&String>, Option<&String>)> = CRI_CONTAINER_TYPE_ANNOTATIONS
+    pod_sandbox_by(spec).map(|(_, id)| id)
+}
+
+/// [`pod_sandbox`], with which runtime wrote it: the index of its keys in the `CRI_*`
+/// annotation lists, so that what else is read about the pod (the container's name) is read
+/// under that runtime's keys only.
+fn pod_sandbox_by(spec: &SpecView) -> Option<(usize, String)> {
+    let by_runtime: Vec<(usize, Option<&String>, Option<&String>)> = CRI_CONTAINER_TYPE_ANNOTATIONS
         .iter()
         .zip(CRI_SANDBOX_ID_ANNOTATIONS)
-        .map(|(kind, id)| (spec.annotations.get(*kind), spec.annotations.get(id)))
-        .filter(|(kind, id)| kind.is_some() || id.is_some())
+        .enumerate()
+        .map(|(runtime, (kind, id))| (runtime, spec.annotations.get(*kind), spec.annotations.get(id)))
+        .filter(|(_, kind, id)| kind.is_some() || id.is_some())
         .collect();
-    let [(Some(kind), Some(id))] = by_runtime.as_slice() else {
+    let [(runtime, Some(kind), Some(id))] = by_runtime.as_slice() else {
         return None;
     };
-    (kind.as_str() != CRI_SANDBOX && !id.is_empty() && id.len() <= 128 && !id.chars().any(char::is_control))
-        .then(|| id.to_string())
+    (kind.as_str() != CRI_SANDBOX && plain_name(id)).then(|| (*runtime, id.to_string()))
+}
+
+/// A name fit to key the ledger by: not empty, short, one line.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 128 && !name.chars().any(char::is_control)
+}
+
+/// Which container of which pod this is, as its CRI runtime wrote it: the pod sandbox
+/// ([`pod_sandbox`]) and the container's name under the same runtime's key
+/// ([`CRI_CONTAINER_NAME_ANNOTATIONS`]), never the other runtime's, which a pod annotation can
+/// carry into the spec (CRI-O copies a pod's annotations whatever their keys). What a start's
+/// retry is recognised by ([`crate::ledger::PodContainer`]). `None` outside a pod, for a
+/// sandbox, and wherever [`pod_sandbox`] finds none.
+pub fn pod_container(spec: &SpecView) -> Option<crate::ledger::PodContainer> {
+    let (runtime, pod) = pod_sandbox_by(spec)?;
+    let name = spec.annotations.get(CRI_CONTAINER_NAME_ANNOTATIONS[runtime])?;
+    plain_name(name).then(|| crate::ledger::PodContainer {
+        pod,
+        name: name.to_string(),
+    })
 }
 
 /// True when the spec asks for VRAM at all. This is the whole of the no-request fast path,
@@ -541,6 +572,7 @@ impl Request {
             notes,
             claim_devices: Vec::new(),
             pod_sandbox: pod_sandbox(spec),
+            pod_container: pod_container(spec),
         }))
     }
 

@@ -799,3 +799,45 @@ fn the_pod_sandbox_is_read_from_one_runtimes_keys_only() {
         None
     );
 }
+
+/// Which container of which pod a spec is (what a retry keeps its first attempt's place by) is
+/// read under the keys of the runtime that marked it only: CRI-O copies a pod's annotations
+/// into the spec whatever their keys, so a pod could otherwise name itself another pod's
+/// container under containerd's keys.
+#[test]
+fn the_pod_container_is_read_from_one_runtimes_keys_only() {
+    let with = |annotations: &str| {
+        let text = format!(
+            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa"]}},"annotations":{{{annotations}}}}}"#
+        );
+        Request::from_spec(&spec(&text))
+            .unwrap()
+            .unwrap()
+            .pod_container
+            .map(|c| (c.pod, c.name))
+    };
+    let containerd = r#""io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"abc","io.kubernetes.cri.container-name":"app""#;
+    let crio = r#""io.kubernetes.cri-o.ContainerType":"container","io.kubernetes.cri-o.SandboxID":"def","io.kubernetes.container.name":"web""#;
+    let pair = |p: &str, n: &str| Some((p.to_string(), n.to_string()));
+    assert_eq!(with(containerd), pair("abc", "app"));
+    assert_eq!(with(crio), pair("def", "web"));
+    // CRI-O's marks with containerd's name key (a pod annotation): no name of its runtime.
+    assert_eq!(
+        with(
+            r#""io.kubernetes.cri-o.ContainerType":"container","io.kubernetes.cri-o.SandboxID":"def","io.kubernetes.cri.container-name":"app""#
+        ),
+        None
+    );
+    assert_eq!(with(&format!("{containerd},{crio}")), None);
+    assert_eq!(
+        with(r#""io.kubernetes.cri.sandbox-id":"abc","io.kubernetes.cri.container-name":"app""#),
+        None,
+        "not in a pod"
+    );
+    assert_eq!(
+        with(
+            r#""io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"abc","io.kubernetes.cri.container-name":"""#
+        ),
+        None
+    );
+}

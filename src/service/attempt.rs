@@ -195,6 +195,8 @@ impl Service<'_> {
             now: self.clock.stamp(),
             waited: self.clock.monotonic().saturating_sub(progress.started),
         };
+        // Places kept for retries last only as long as their tickets could have waited.
+        ledger.forget_kept_places(at.now);
         let step = self.steps(ledger, checked_all, reclaimed, req, progress, log, at);
         if !matches!(step, Ok(Step::Wait)) {
             if let Some(ticket) = progress.ticket.take() {
@@ -253,6 +255,12 @@ impl Service<'_> {
             });
         }
         let gone = self.gone_process(req)?;
+        // The engine gave up on the start (the runtime process running the hook is gone, or
+        // the bundle): the place is kept for its retry, as when the waiter itself is killed.
+        if let Some(t) = ledger.remove_ticket(ticket) {
+            ledger.keep_place_of(&t);
+        }
+        progress.ticket = None;
         let refusal = Refusal::ContainerGone {
             container,
             waited: at.waited,

@@ -253,26 +253,43 @@ impl Service<'_> {
         }
         if progress.ticket.is_none() {
             let now = at.now.unix_ms;
-            let ticket = ledger.enqueue(Ticket {
-                ticket: 0,
-                container_id: id.to_string(),
-                gpus: shares.clone(),
-                waiter: req.waiter,
-                enqueued_unix_ms: now,
-                enqueued_boot_ms: at.now.boot_ms,
-                deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
-                bundle: req.bundle.map(Path::to_path_buf),
-                choose,
-                expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
-                extra: Default::default(),
-            });
+            // kubelet's retry of a start it gave up on while it waited takes the place its
+            // first attempt had (see KeptPlace): otherwise it would queue at the back with a
+            // fresh age, and backfill could pass it for another whole bound on every retry.
+            let kept = req
+                .request
+                .pod_container
+                .as_ref()
+                .and_then(|c| ledger.take_kept_place(c, at.now));
+            let ticket = ledger.enqueue_at(
+                Ticket {
+                    ticket: 0,
+                    container_id: id.to_string(),
+                    gpus: shares.clone(),
+                    waiter: req.waiter,
+                    enqueued_unix_ms: now,
+                    enqueued_boot_ms: at.now.boot_ms,
+                    deadline_unix_ms: now.saturating_add(req.wait_for.saturating_sub(at.waited).as_millis() as u64),
+                    bundle: req.bundle.map(Path::to_path_buf),
+                    choose,
+                    expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
+                    pod_container: req.request.pod_container.clone(),
+                    extra: Default::default(),
+                },
+                kept.as_ref(),
+            );
             progress.ticket = Some(ticket);
-            log.push(self.event(
-                Kind::Enqueue,
-                id,
-                &shares,
-                format!("ticket {ticket}, number {position}: {shortage}"),
-            ));
+            let detail = match &kept {
+                None => format!("ticket {ticket}, number {position}: {shortage}"),
+                Some(k) => format!(
+                    "ticket {ticket}, number {}, the place of its earlier attempt (waiting {}): {shortage}",
+                    crate::queue::position(ledger, Some(ticket), &shares),
+                    format_duration(Duration::from_millis(
+                        at.now.ms_since(k.enqueued_unix_ms, k.enqueued_boot_ms)
+                    ))
+                ),
+            };
+            log.push(self.event(Kind::Enqueue, id, &shares, detail));
         }
         Step::Wait
     }

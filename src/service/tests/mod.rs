@@ -158,6 +158,7 @@ fn request(bytes: u64, gpus: &str) -> Request {
         notes: vec![],
         claim_devices: vec![],
         pod_sandbox: None,
+        pod_container: None,
     }
 }
 

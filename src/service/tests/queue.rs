@@ -420,3 +420,164 @@ fn no_backfill_order_passes_a_waiter_that_has_waited_the_bound() {
         assert!(admitted(&s), "{order}: past the bound small defers to no one");
     }
 }
+
+/// A request of the container `name` of pod `pod`, as a CRI runtime marks it.
+fn in_pod(request: Request, pod: &str, name: &str) -> Request {
+    Request {
+        pod_sandbox: Some(pod.into()),
+        pod_container: Some(crate::ledger::PodContainer {
+            pod: pod.into(),
+            name: name.into(),
+        }),
+        ..request
+    }
+}
+
+/// Issue 43, item 5: kubelet gives up on a queued start at its deadline (containerd's shim
+/// kills the waiting create, and the next transaction drops its ticket), then retries it as a
+/// new container of the same pod with the same name. The retry keeps the place and the age of
+/// its first attempt, so once that attempt's age passes `backfill_bound` nothing passes it;
+/// before, it queued at the back with a fresh age and backfill passed it for another whole
+/// bound on every retry.
+#[test]
+fn a_retried_start_keeps_its_age_and_is_not_passed_beyond_the_bound() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_bound = Duration::from_secs(30);
+    let service = w.service();
+    let (big, small) = (in_pod(request(8 * GI, "0"), "pod-a", "train"), request(GI / 2, "0"));
+    let mut ledger = held(&service, &request(8 * GI, "0"));
+    let first = placing("big-1", 2, &big, Policy::Wait);
+    let _first = queued(&service, &mut ledger, &first);
+    let enqueued = ledger.queue[0].enqueued_unix_ms;
+    assert_eq!(ledger.queue[0].ticket, 1);
+
+    // kubelet's deadline: the waiting create is killed, and a transaction drops its ticket.
+    w.clock.advance(Duration::from_secs(20));
+    w.liveness.gone.borrow_mut().insert(2);
+    let reclaimed = ledger.reclaim_all(&w.liveness);
+    assert_eq!(reclaimed.tickets.len(), 1);
+    assert!(ledger.queue.is_empty());
+    // While no ticket is there, a small request passes: nobody waits.
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("between", 3, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s));
+
+    // The retry: a new container id and process, the same pod and name.
+    w.clock.advance(Duration::from_secs(2));
+    let retry = placing("big-2", 4, &big, Policy::Wait);
+    let mut retried = Progress::default();
+    let (s, log) = step(&service, &mut ledger, &retry, &mut retried);
+    assert!(matches!(s, Ok(Step::Wait)));
+    let ticket = &ledger.queue[0];
+    assert_eq!(
+        (ticket.container_id.as_str(), ticket.ticket, ticket.enqueued_unix_ms),
+        ("big-2", 1, enqueued),
+        "the retry takes its first attempt's number and age"
+    );
+    assert!(
+        log[0].detail.contains("the place of its earlier attempt (waiting 22s)"),
+        "{}",
+        log[0].detail
+    );
+    assert!(ledger.kept_places.is_empty(), "the place is used once");
+
+    // Within the bound (counted from the first attempt) a small request still passes it...
+    w.clock.advance(Duration::from_secs(5));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("early", 5, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(admitted(&s), "27 s after the first attempt, within the bound");
+    // ...and past it, none does, although the retry itself has waited only 8 s.
+    w.clock.advance(Duration::from_secs(4));
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("late", 6, &small, Policy::Reject),
+        &mut Progress::default(),
+    );
+    assert!(
+        matches!(
+            refusal(s),
+            Refusal::NoRoom {
+                shortage: Shortage::Queue { ahead: 1 },
+                ..
+            }
+        ),
+        "31 s after the first attempt, the retry is not passed"
+    );
+}
+
+/// A kept place goes only to the same container of the same pod, once, and only while the
+/// dropped ticket could itself have waited; a ticket of no pod keeps none; a hook's wait that
+/// the engine cancels (its runtime process gone) keeps its place as a killed waiter does.
+#[test]
+fn a_kept_place_goes_once_to_the_same_pod_container_within_the_first_wait() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    let service = w.service();
+    let big = in_pod(request(8 * GI, "0"), "pod-a", "train");
+    let mut ledger = held(&service, &request(8 * GI, "0"));
+    // Not in a pod: nothing is kept.
+    let plain = request(8 * GI, "0");
+    let _ = queued(&service, &mut ledger, &placing("plain", 2, &plain, Policy::Wait));
+    // The hook's wait, whose runtime process the engine killed.
+    let mut hooked = queued(&service, &mut ledger, &admit_req("big-1", 3, &big, Policy::Wait));
+    let first = ledger.queue[1].clone();
+    w.clock.advance(Duration::from_secs(5));
+    w.liveness.gone.borrow_mut().extend([2, 20_003]);
+    ledger.reclaim_all(&w.liveness);
+    let (s, _) = step(
+        &service,
+        &mut ledger,
+        &admit_req("big-1", 3, &big, Policy::Wait),
+        &mut hooked,
+    );
+    assert!(matches!(refusal(s), Refusal::ContainerGone { .. }));
+    assert!(ledger.queue.is_empty());
+    assert_eq!(ledger.kept_places.len(), 1, "{:?}", ledger.kept_places);
+    assert_eq!(ledger.kept_places[0].ticket, first.ticket);
+
+    // Another pod's container of that name, or another container of that pod: a place of its own.
+    for (id, n, req) in [
+        ("other-pod", 4, in_pod(request(8 * GI, "0"), "pod-b", "train")),
+        ("other-name", 5, in_pod(request(8 * GI, "0"), "pod-a", "eval")),
+    ] {
+        let _ = queued(&service, &mut ledger, &placing(id, n, &req, Policy::Wait));
+        let t = ledger.queue.iter().find(|t| t.container_id == id).unwrap();
+        assert!(
+            t.ticket > first.ticket && t.enqueued_unix_ms > first.enqueued_unix_ms,
+            "{id}"
+        );
+    }
+    // The retry, once; a second retry of it (with the first retry still waiting) has none.
+    // Each attempt's wait is counted from its own start, as a new process's is.
+    let queued_now = |ledger: &mut Ledger, req: &AdmitRequest| {
+        let (s, _) = step(&service, ledger, req, &mut Progress::start(&w.clock));
+        assert!(matches!(s, Ok(Step::Wait)), "{s:?}");
+    };
+    queued_now(&mut ledger, &placing("big-2", 6, &big, Policy::Wait));
+    assert_eq!(ledger.queue[0].container_id, "big-2");
+    assert_eq!(ledger.queue[0].ticket, first.ticket);
+    let _ = queued(&service, &mut ledger, &placing("big-3", 7, &big, Policy::Wait));
+    assert!(ledger.queue.last().unwrap().container_id == "big-3");
+
+    // Both retries given up on: the earlier place is kept. It lasts until the deadline of the
+    // ticket that held it last (big-2's: 5 s + its 60 s wait after the first attempt).
+    w.liveness.gone.borrow_mut().extend([6, 7]);
+    ledger.reclaim_all(&w.liveness);
+    assert_eq!(ledger.kept_places.len(), 1, "one place per container: the earliest");
+    assert_eq!(ledger.kept_places[0].ticket, first.ticket);
+    w.clock.advance(Duration::from_secs(61));
+    queued_now(&mut ledger, &placing("big-4", 8, &big, Policy::Wait));
+    let t = ledger.queue.iter().find(|t| t.container_id == "big-4").unwrap();
+    assert!(t.ticket > first.ticket, "past that deadline the place is gone");
+    assert!(ledger.kept_places.is_empty());
+}
