@@ -7,9 +7,14 @@
 //! - `vramgate doctor` says whether a watch runs under `over_use = "kill"` (its heartbeat in the
 //!   state directory, which is what lets a pod's holders of one claim count it once): a problem
 //!   before one runs, ok while the built `vramgate watch` runs, a problem again once it stopped.
+//! - Under `over_use = "kill"`, the built `vramgate watch` on the NVML backend (the stub of
+//!   `tests/fixtures/nvml_inventory_stub.c`, which lists the processes the test says hold
+//!   memory) stops the runc container that holds more than its reservation, and only it: its
+//!   neighbour on the same GPU, under its own reservation, runs on through later passes.
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -154,4 +159,161 @@ fn doctor_says_whether_a_watch_runs_and_what_that_means_for_claims() {
         stale.starts_with("PROBLEM") && stale.contains("each count it whole"),
         "{stale}"
     );
+}
+
+/// Compiles the inventory's stub NVML (`tests/fixtures/nvml_inventory_stub.c`) into `dir`, its
+/// "host" the file it returns second (`gpu <uuid> <total>` and `proc <uuid> <pid> <bytes>`
+/// lines, read again on every call); every process-list call is logged, with the caller's pid,
+/// in that file's path plus `.log`. A missing compiler fails the test.
+fn nvml_inventory_stub(dir: &Path) -> (PathBuf, PathBuf) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_inventory_stub.c");
+    let lib = dir.join("libnvml-inventory.so");
+    let host = dir.join("nvml-host");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .arg(&source)
+        .arg(format!("-DGPUS_PATH=\"{}\"", host.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (lib, host)
+}
+
+/// The ledger's record of container `id`'s init pid.
+fn init_of(bed: &Testbed, id: &str) -> u32 {
+    let ledger: Value = serde_json::from_slice(&std::fs::read(bed.state_dir.join("ledger.json")).unwrap()).unwrap();
+    let entry = array_field(&ledger, "reservations")
+        .iter()
+        .find(|r| str_field(r, "container_id") == id)
+        .unwrap_or_else(|| panic!("{id} is not in the ledger: {ledger}"));
+    u64_field(field(entry, "init"), "pid") as u32
+}
+
+/// What runc says of container `id`: its status, or why it could not say (gone).
+fn runc_status(bed: &Testbed, id: &str) -> String {
+    let out = bed.runc(&["state", id]).output().unwrap();
+    if !out.status.success() {
+        return format!("no state: {}", stderr(&out));
+    }
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    str_field(&state, "status").to_string()
+}
+
+/// The events about container `id` of kind `kind`.
+fn events_of(bed: &Testbed, id: &str, kind: &str) -> Vec<Value> {
+    events_in(&bed.state_dir)
+        .into_iter()
+        .filter(|e| str_field(e, "container") == id && str_field(e, "event") == kind)
+        .collect()
+}
+
+#[test]
+fn the_watch_under_kill_stops_only_the_container_over_its_reservation() {
+    let dir = tempfile::Builder::new().prefix("vg-watch-kill").tempdir().unwrap();
+    let (lib, host) = nvml_inventory_stub(dir.path());
+    std::fs::write(&host, format!("gpu GPU-zero {}\n", 16 * GIB)).unwrap();
+    let config = Testbed::default_config(
+        dir.path(),
+        &format!(
+            "[inventory]\nbackend = \"nvml\"\nnvml_library = {:?}\n[enforce]\nover_use = \"kill\"\nover_use_interval = \"100ms\"\nover_use_margin = \"512Mi\"\n",
+            lib.display().to_string()
+        ),
+    );
+    let bed = Testbed::create(dir.path(), "runc", Path::new(HOOK), &config).unwrap();
+    let _cleanup = Cleanup(&bed);
+
+    // Two containers on GPU 0, 4Gi reserved each, admitted by the built hook on the stub NVML.
+    let mut runs = Vec::new();
+    for id in ["under", "over"] {
+        runs.push(spawn_container(
+            &bed,
+            id,
+            &["sleep", "60"],
+            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "GPU-zero")],
+        ));
+    }
+    for id in ["under", "over"] {
+        wait_reserved(&bed, id, 4 * GIB);
+        eventually(&format!("runc says {id} runs"), Duration::from_secs(20), || {
+            runc_status(&bed, id) == "running"
+        });
+    }
+    let (under, over) = (init_of(&bed, "under"), init_of(&bed, "over"));
+
+    // What NVML lists: "under" within its 4Gi, "over" 2 GiB past it (and past the margin).
+    std::fs::write(
+        &host,
+        format!(
+            "gpu GPU-zero {}\nproc GPU-zero {under} {}\nproc GPU-zero {over} {}\n",
+            16 * GIB,
+            3 * GIB,
+            6 * GIB
+        ),
+    )
+    .unwrap();
+    // Status on the same NVML attributes each process to its container: the watch measures both.
+    let measured = status(&bed.config_path);
+    let used: Vec<(String, u64)> = array_field(&status_gpus(&measured)[0], "reservations")
+        .iter()
+        .map(|r| (str_field(r, "container_id").to_string(), u64_field(r, "used")))
+        .collect();
+    assert!(
+        used.contains(&("under".to_string(), 3 * GIB)) && used.contains(&("over".to_string(), 6 * GIB)),
+        "{used:?}"
+    );
+
+    let watch = RunningWatch::start(&bed);
+    let stop = wait_until("an over_use_stop event for over", Duration::from_secs(15), || {
+        let stops = events_of(&bed, "over", "over_use_stop");
+        (!stops.is_empty(), stops)
+    });
+    assert!(
+        str_field(&stop[0], "detail").contains(&format!("SIGKILL to pid {over}")),
+        "{stop:?}"
+    );
+    assert_eq!(events_of(&bed, "over", "over_use").len(), 1);
+    eventually("runc says over is no longer running", Duration::from_secs(15), || {
+        runc_status(&bed, "over") != "running"
+    });
+    let exited = runs[1].wait().unwrap();
+    assert!(!exited.success(), "over's sleep was killed, not finished: {exited:?}");
+
+    // Two more process queries by the watch after the stop was logged: a whole pass since has
+    // measured "under" at 3 GiB (its line still in the stub's list) and left it alone.
+    let watch_pid = std::fs::read_to_string(bed.state_dir.join(vramgate::service::HEARTBEAT_FILE))
+        .unwrap()
+        .trim()
+        .to_string();
+    let log = PathBuf::from(format!("{}.log", host.display()));
+    let queries = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| *l == format!("processes GPU-zero {watch_pid}"))
+            .count()
+    };
+    let seen = queries();
+    wait_until("two more passes of the watch", Duration::from_secs(15), || {
+        let now = queries();
+        (now >= seen + 2, now)
+    });
+    assert_eq!(runc_status(&bed, "under"), "running");
+    assert!(runs[0].try_wait().unwrap().is_none(), "under's runc run exited");
+    assert!(
+        events_of(&bed, "under", "over_use").is_empty() && events_of(&bed, "under", "over_use_stop").is_empty(),
+        "{:?}",
+        events_in(&bed.state_dir)
+    );
+    wait_released(&bed, "over");
+    wait_reserved(&bed, "under", 4 * GIB);
+
+    watch.stop();
+    assert!(runc_kill_when_running(&bed, "under"));
+    runs[0].wait().unwrap();
+    wait_released(&bed, "under");
 }
