@@ -808,7 +808,7 @@ fn the_pod_sandbox_is_read_from_one_runtimes_keys_only() {
 fn the_pod_container_is_read_from_one_runtimes_keys_only() {
     let with = |annotations: &str| {
         let text = format!(
-            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa"]}},"annotations":{{{annotations}}}}}"#
+            r#"{{"process":{{"env":["VRAMGATE_MEMORY=1Gi","VRAMGATE_GPUS=GPU-aaaa","NVIDIA_VISIBLE_DEVICES=0"]}},"annotations":{{{annotations}}}}}"#
         );
         Request::from_spec(&spec(&text))
             .unwrap()
