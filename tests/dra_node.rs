@@ -205,7 +205,12 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         container_config(
             "hog",
             RUN_UNTIL_STOPPED,
-            &[("VRAMGATE_MEMORY", "9Gi"), ("VRAMGATE_GPUS", "GPU-one")],
+            // Given GPU-one, as a device plugin gives a pod's container its GPU.
+            &[
+                ("VRAMGATE_MEMORY", "9Gi"),
+                ("VRAMGATE_GPUS", "GPU-one"),
+                ("NVIDIA_VISIBLE_DEVICES", "GPU-one"),
+            ],
         ),
     );
     cri.start_one(&outside).unwrap();
