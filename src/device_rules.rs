@@ -332,6 +332,17 @@ mod tests {
         assert!(!DeviceRule(&block).opens_char(195, 0));
     }
 
+    /// A DRM node `226:minor` under `root`'s scratch sysfs, behind the PCI device `address` of
+    /// `vendor`, as the kernel lays it out.
+    fn fake_drm_node(root: &std::path::Path, minor: u64, address: &str, vendor: &str) {
+        let pci = root.join("sys/devices/pci0000:00").join(address);
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
+        let char_dir = root.join(format!("sys/dev/char/226:{minor}"));
+        std::fs::create_dir_all(&char_dir).unwrap();
+        std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
+    }
+
     #[test]
     fn a_drm_node_is_told_by_its_pci_device() {
         let root = tempfile::tempdir().unwrap();
@@ -339,14 +350,7 @@ mod tests {
             sys: root.path().join("sys"),
             proc: root.path().join("proc"),
         };
-        let device = |minor: u64, address: &str, vendor: &str| {
-            let pci = root.path().join("sys/devices/pci0000:00").join(address);
-            std::fs::create_dir_all(&pci).unwrap();
-            std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
-            let char_dir = root.path().join(format!("sys/dev/char/226:{minor}"));
-            std::fs::create_dir_all(&char_dir).unwrap();
-            std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
-        };
+        let device = |minor: u64, address: &str, vendor: &str| fake_drm_node(root.path(), minor, address, vendor);
         device(0, "0000:00:02.0", "0x8086");
         device(1, "0000:3b:00.0", NVIDIA_VENDOR);
         device(2, "0000:5e:00.0", NVIDIA_VENDOR);
@@ -436,14 +440,7 @@ mod tests {
             proc: root.path().join("proc"),
         };
         // DRM 226:0 is an integrated GPU's, 226:128 GPU 0's render node, 226:129 GPU 1's.
-        let node = |minor: u64, address: &str, vendor: &str| {
-            let pci = root.path().join("sys/devices/pci0000:00").join(address);
-            std::fs::create_dir_all(&pci).unwrap();
-            std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
-            let char_dir = root.path().join(format!("sys/dev/char/226:{minor}"));
-            std::fs::create_dir_all(&char_dir).unwrap();
-            std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
-        };
+        let node = |minor: u64, address: &str, vendor: &str| fake_drm_node(root.path(), minor, address, vendor);
         node(0, "0000:00:02.0", "0x8086");
         node(128, "0000:3b:00.0", NVIDIA_VENDOR);
         node(129, "0000:5e:00.0", NVIDIA_VENDOR);
