@@ -44,6 +44,7 @@ impl Service<'_> {
     }
 
     /// The admission rule on the GPUs' numbers now (see [`crate::admission`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide(
         &self,
         ledger: &mut Ledger,
@@ -52,12 +53,18 @@ impl Service<'_> {
         req: &AdmitRequest,
         progress: &Progress,
         at: At,
+        read_before_lock: Option<Snapshot>,
     ) -> Result<Decided> {
         // Process lists matter only where live reservations are (to count what those
         // containers already allocated); everywhere else the driver's free memory says it all.
-        let snapshot = self
-            .inventory
-            .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
+        // A transaction reads them before it locks (see `attempt_locked`); a caller deciding on
+        // a ledger in memory reads them here.
+        let snapshot = match read_before_lock {
+            Some(snapshot) => snapshot,
+            None => self
+                .inventory
+                .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?,
+        };
         let (mut shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
         // A hook of a release without limits waits and will read what this writes: the limit
         // is decided on and reserved whole, as that release would (see ledger/compat.rs), so

@@ -192,7 +192,7 @@ fn step(
 ) -> (Result<Step>, Vec<Event>) {
     let mut reclaimed = Reclaimed::default();
     let mut log = Vec::new();
-    let step = service.decide_on(ledger, true, &mut reclaimed, req, progress, &mut log);
+    let step = service.decide_on(ledger, true, &mut reclaimed, req, progress, &mut log, None);
     (step, log)
 }
 
