@@ -495,3 +495,43 @@ fn the_admission_policies_hold_the_releases_own_driver() {
     let rendered = serde_json::to_string(&objects).unwrap();
     assert!(!rendered.contains("kube-system"), "{rendered}");
 }
+
+#[test]
+fn a_change_of_the_settings_changes_every_pods_template_so_an_upgrade_rolls_them() {
+    // Kubernetes restarts a DaemonSet's pods only when their template changes; the ConfigMap
+    // changing alone would leave the pods on the old settings (the device plugin and the
+    // driver reread the file, the exporter and the watch read it once).
+    let helm = Helm::new();
+    let pods = |policy: &str| -> Vec<(String, Value)> {
+        let values = json!({
+            "dra": {"enabled": false},
+            "devicePlugin": {"enabled": true},
+            "exporter": {"enabled": true},
+            "watch": {"enabled": true},
+            "config": {"fromChart": true, "settings": {"policy": policy}},
+        });
+        let out = helm.template(&Release::new(values), &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        objects(&String::from_utf8(out.stdout).unwrap())
+            .into_iter()
+            .filter(|o| o["kind"] == "DaemonSet")
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o["spec"]["template"].clone(),
+                )
+            })
+            .collect()
+    };
+    let before = pods("reject");
+    let after = pods("wait");
+    assert_eq!(before.len(), 3, "{before:?}");
+    for ((name, old), (_, new)) in before.iter().zip(&after) {
+        let key = "vramgate.dev/config-sha256";
+        assert_ne!(
+            old["metadata"]["annotations"][key], new["metadata"]["annotations"][key],
+            "{name}"
+        );
+        assert_eq!(old["spec"], new["spec"], "{name}: only the annotation differs");
+    }
+}
