@@ -107,6 +107,7 @@ fn the_chart_passes_helm_lint_strict() {
         json!({}),
         combination("device-plugin", true, true, true, false),
         combination("none", false, true, false, true),
+        helm::test_node_values(combination("dra", true, true, true, true)),
     ] {
         let out = helm.lint(&Release::new(values.clone()));
         let said = text(&out);

@@ -74,6 +74,32 @@ impl Release {
     }
 }
 
+/// The values for the suite's one-node cluster, which has no NVIDIA driver: no NVML library
+/// to mount, the node image imported into the node's containerd beforehand (scripts/build-image,
+/// `ctr -n k8s.io images import`) and never pulled, the pods on the node labelled
+/// vramgate.dev/ready=true. `extra` is merged over them (a JSON object).
+pub fn test_node_values(extra: Value) -> Value {
+    let mut values = serde_json::json!({
+        "nvmlLibrary": "",
+        "image": {"pullPolicy": "Never"},
+    });
+    merge(&mut values, extra);
+    values
+}
+
+/// `over` merged into `base`, objects key by key, anything else replaced: as Helm merges a
+/// values file over the chart's.
+pub fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(base), Value::Object(over)) => {
+            for (k, v) in over {
+                merge(base.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
 /// Helm with its config, cache and data under a private directory (no repositories, no
 /// plugins, nothing of the user's), removed when dropped.
 pub struct Helm {
