@@ -536,3 +536,76 @@ fn a_change_of_the_settings_changes_every_pods_template_so_an_upgrade_rolls_them
         assert_eq!(old["spec"], new["spec"], "{name}: only the annotation differs");
     }
 }
+
+/// The chart's NOTES.txt as `helm install` would print it for `values`: Helm renders it only on
+/// install, so the test renders a copy of the chart whose NOTES.txt is a named template, shown
+/// by a probe template as one YAML string.
+fn notes(helm: &Helm, values: Value) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("vramgate");
+    let status = Command::new("cp").arg("-a").arg(chart()).arg(&copy).status().unwrap();
+    assert!(status.success());
+    let templates = copy.join("templates");
+    let source = std::fs::read_to_string(templates.join("NOTES.txt")).unwrap();
+    std::fs::remove_file(templates.join("NOTES.txt")).unwrap();
+    std::fs::write(
+        templates.join("_notes.tpl"),
+        format!("{{{{- define \"vramgate.test.notes\" -}}}}\n{source}{{{{- end -}}}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("notes-probe.yaml"),
+        "notes: {{ include \"vramgate.test.notes\" . | toJson }}\n",
+    )
+    .unwrap();
+    let values_file = dir.path().join("values.json");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let out = helm
+        .command()
+        .args(["template", "vramgate"])
+        .arg(&copy)
+        .args([
+            "--namespace",
+            "kube-system",
+            "--show-only",
+            "templates/notes-probe.yaml",
+            "-f",
+        ])
+        .arg(&values_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let probe: Value = serde_saphyr::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    probe["notes"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_notes_say_what_to_do_next() {
+    let helm = Helm::new();
+    let dra = notes(&helm, json!({}));
+    for line in [
+        "  2. the label: kubectl label node <node> vramgate.dev/ready=true",
+        "  kubectl get runtimeclass vramgate",
+        "  kubectl -n kube-system get daemonset vramgate-dra",
+        "  kubectl get resourceslices --field-selector spec.driver=gpu-memory.vramgate.dev",
+        "  a ResourceClaim of DeviceClass gpu-memory.vramgate.dev with capacity.requests.memory",
+    ] {
+        assert!(dra.lines().any(|l| l == line), "{line:?} not in:\n{dra}");
+    }
+    assert!(!dra.contains("configmap"), "{dra}");
+
+    let plugin = notes(
+        &helm,
+        json!({"dra": {"enabled": false}, "devicePlugin": {"enabled": true}, "exporter": {"enabled": true}, "config": {"fromChart": true}}),
+    );
+    for line in [
+        "  kubectl -n kube-system get daemonset vramgate-device-plugin",
+        "  kubectl -n kube-system get pods -l app.kubernetes.io/name=vramgate-exporter -o wide",
+        "    (metrics at http://<pod IP>:9835/metrics)",
+        // The host's hook reads the host's file: the notes say how to put the chart's there.
+        "     kubectl -n kube-system get configmap vramgate-config -o jsonpath='{.data.config\\.toml}' > /etc/vramgate/config.toml",
+    ] {
+        assert!(plugin.lines().any(|l| l == line), "{line:?} not in:\n{plugin}");
+    }
+    assert!(!plugin.contains("ResourceClaim"), "{plugin}");
+}
