@@ -417,6 +417,10 @@ fn main() {
                 let start = Instant::now();
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&cluster)));
                 eprintln!("{name}: {:?}", start.elapsed());
+                if result.is_err() {
+                    // What a failed scenario left (its pods) must not fail the next one.
+                    cluster.delete_all_pods();
+                }
                 result.map_err(|e| Failed::from(panic_message(&e)))
             })
         })

@@ -837,6 +837,9 @@ fn take_host_lock() -> nix::fcntl::Flock<std::fs::File> {
     let limit = Duration::from_secs(30 * 60);
     let start = Instant::now();
     let mut said = false;
+    if let Some(dir) = Path::new(HOST_LOCK).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     loop {
         let file = std::fs::OpenOptions::new()
             .create(true)
