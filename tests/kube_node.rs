@@ -12,6 +12,8 @@
 
 #[path = "support/cri.rs"]
 mod cri_support;
+#[path = "support/dra.rs"]
+mod dra_support;
 #[path = "support/kube.rs"]
 mod kube_support;
 mod support;
@@ -51,6 +53,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         runtime_class_pods_reserve_by_annotation_are_refused_in_events_and_wait,
     ),
     ("every_manifest_applies_server_side", every_manifest_applies_server_side),
+    (
+        "dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims",
+        dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims,
+    ),
 ];
 
 /// The device plugin's resource.
@@ -491,4 +497,106 @@ fn node_is_ready_and_runs_kubernetes_1_36_3(c: &Cluster) {
         pod["status"]
     );
     delete_pod(c, "plain");
+}
+
+/// The DRA driver against the real API server and kube-scheduler: k8s/dra.yaml (DeviceClass,
+/// RBAC, admission policies) applied server-side; the built `vramgate-dra` as a process on the
+/// host (not yet as a pod of the node image) with its ServiceAccount's token bound to this
+/// node, as the DaemonSet's projected token is, so that the shipped admission policies judge
+/// its writes; it publishes the node's slice (one device, the GPU's 8 GiB); a pod whose claim
+/// comes from a ResourceClaimTemplate asking 6 GiB has its claim allocated by kube-scheduler
+/// on that device, consuming 6Gi; deleting the pod deletes the claim and nothing is reserved.
+///
+/// Not yet: kubelet preparing the claim. kubelet 1.36.3 cannot register the driver: its
+/// GetInfo call on the registration socket is reset with PROTOCOL_ERROR (kubelet's plugin
+/// watcher sends the socket's path as HTTP/2 `:authority`, which the h2 crate under tonic
+/// refuses; the stand-in kubelet of tests/dra_driver.rs sends a valid one), so the pod never
+/// starts. When that is fixed, this scenario goes on to the pod running with its CDI edits.
+fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims(c: &Cluster) {
+    let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
+    c.apply_file(&k8s.join("dra.yaml"));
+    let token = c.kubectl_ok(&[
+        "create",
+        "token",
+        "vramgate-dra",
+        "-n",
+        "kube-system",
+        "--bound-object-kind",
+        "Node",
+        "--bound-object-name",
+        &c.node,
+        "--duration",
+        "1h",
+    ]);
+    let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
+    let cdi_dir = c.tb().dir.join("containerd/cdi");
+    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[]);
+    let slice = c.wait("the driver's slice is published", POD_LIMIT, "kube-apiserver", || {
+        let slices = c
+            .get_json(&["resourceslices"])
+            .map(|s| s["items"].clone())
+            .unwrap_or_default();
+        let ours = slices
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["spec"]["driver"] == dra_support::DRIVER && s["spec"]["nodeName"] == c.node.as_str())
+            .cloned();
+        (ours.is_some(), ours.unwrap_or_else(|| Value::String(driver.log_text())))
+    });
+    let devices = slice["spec"]["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 1, "{slice}");
+    assert_eq!(devices[0]["capacity"]["memory"]["value"], "8Gi", "{slice}");
+    let template = r#"{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "gpu-6gi", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu-memory.vramgate.dev", "count": 1,
+            "capacity": {"requests": {"memory": "6Gi"}}}}]}}}}"#;
+    c.apply(template);
+    let mut pod: Value = serde_json::from_str(&pod_yaml(
+        "dra-a",
+        &PodSpec {
+            vramgate: true,
+            ..PodSpec::default()
+        },
+    ))
+    .unwrap();
+    pod["spec"]["resourceClaims"] = serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": "gpu-6gi"}]);
+    pod["spec"]["containers"][0]["resources"] = serde_json::json!({"claims": [{"name": "gpu"}]});
+    c.apply(&pod.to_string());
+    let claim = c.wait(
+        "kube-scheduler allocates the pod's claim",
+        POD_LIMIT,
+        "kube-scheduler",
+        || {
+            let items = c
+                .get_json(&["resourceclaims"])
+                .map(|l| l["items"].clone())
+                .unwrap_or_default();
+            let claim = items.as_array().and_then(|a| a.first()).cloned().unwrap_or_default();
+            (claim["status"]["allocation"].is_object(), claim)
+        },
+    );
+    let result = &claim["status"]["allocation"]["devices"]["results"][0];
+    assert_eq!(result["driver"], dra_support::DRIVER, "{claim}");
+    assert_eq!(result["pool"], c.node.as_str(), "{claim}");
+    assert_eq!(result["device"], devices[0]["name"], "{claim}");
+    assert_eq!(result["consumedCapacity"]["memory"], "6Gi", "{claim}");
+    assert_eq!(claim["status"]["reservedFor"][0]["name"], "dra-a", "{claim}");
+    delete_pod(c, "dra-a");
+    c.wait(
+        "the pod's claim is deleted",
+        POD_LIMIT,
+        "kube-controller-manager",
+        || {
+            let items = c
+                .get_json(&["resourceclaims"])
+                .map(|l| l["items"].clone())
+                .unwrap_or_default();
+            (items.as_array().is_some_and(Vec::is_empty), items)
+        },
+    );
+    assert_eq!(ledger(c), []);
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi"]);
+    drop(driver);
 }

@@ -424,13 +424,21 @@ impl Cluster {
             ("sched", "schedtoken"),
             ("kubelet", "nodetoken"),
         ] {
-            let config = format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: https://127.0.0.1:{APISERVER}, certificate-authority: {}}}\n\
-                 users:\n- name: u\n  user: {{token: {token}}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
-                d.join("pki/apiserver.crt").display()
-            );
-            std::fs::write(d.join(format!("{name}.kubeconfig")), config).unwrap();
+            self.write_kubeconfig(name, token);
         }
+    }
+
+    /// A kubeconfig for the API server with `token`, as `<name>.kubeconfig`; returns its path.
+    pub fn write_kubeconfig(&self, name: &str, token: &str) -> PathBuf {
+        let d = &self.dir;
+        let config = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: https://127.0.0.1:{APISERVER}, certificate-authority: {}}}\n\
+             users:\n- name: u\n  user: {{token: {token}}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            d.join("pki/apiserver.crt").display()
+        );
+        let path = d.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, config).unwrap();
+        path
     }
 
     fn spawn(&self, name: &'static str, program: &Path, args: &[String], path: Option<&str>) {
