@@ -1397,7 +1397,7 @@ fn runc_v2(tb: &vramgate::testbed::Testbed, args: &[&str]) -> std::process::Outp
 fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     require("runc");
     let stub_dir = tempfile::tempdir().unwrap();
-    let (lib, log) = nvml_stub(stub_dir.path(), true);
+    let (lib, log) = nvml_stub(stub_dir.path(), true, &["GPU-zero", "GPU-one"]);
     let usage = std::path::PathBuf::from(format!("{}.usage", log.display()));
     let gpus = GPUS.replacen(
         "backend = \"static\"\n",

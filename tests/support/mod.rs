@@ -665,8 +665,10 @@ pub fn stdout(out: &Output) -> String {
 /// driver memory limit's calls (a driver R615+ would have them), or without (`with_limits:
 /// false`, a 580 driver). Returns the library and the log it appends every call to; the file
 /// of what each cgroup "uses" (for `nvmlDeviceGetMemoryLimits_v1`) is the log's path plus
-/// `.usage`. A missing compiler fails the test: skipping would pass without checking anything.
-pub fn nvml_stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
+/// `.usage`. The stub's "host" has the GPUs `devices` (their UUIDs, written to the log's path plus
+/// `.devices`): as the real library, it refuses a handle for any other UUID. A missing compiler
+/// fails the test: skipping would pass without checking anything.
+pub fn nvml_stub(dir: &Path, with_limits: bool, devices: &[&str]) -> (PathBuf, PathBuf) {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
     let lib = dir.join(if with_limits {
         "libnvml-limits.so"
@@ -690,6 +692,9 @@ pub fn nvml_stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
         "cc failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let mut listed = devices.join("\n");
+    listed.push('\n');
+    std::fs::write(format!("{}.devices", log.display()), listed).unwrap();
     (lib, log)
 }
 
