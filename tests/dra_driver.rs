@@ -1180,6 +1180,41 @@ fn the_stand_in_api_server_passes_its_selftest() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
 }
 
+/// The stand-in authenticates every request (issue 44, item 5): one without a bearer token is
+/// a 401 and writes nothing, as kube-apiserver answers with anonymous requests off; the tests'
+/// own client reads and writes with its admin token. The stand-in before took a request
+/// without a token for a cluster admin's.
+#[test]
+fn the_stand_in_api_server_refuses_a_request_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start(dir.path(), &[NODE]);
+    let address = api.url.strip_prefix("http://").unwrap().to_string();
+    let ask = |request: String| {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    let answer = ask(format!(
+        "GET {slices} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    ));
+    assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+    let body = r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"forged"}}"#;
+    let answer = ask(format!(
+        "POST {slices} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+    // The tests' own client, with its token, is answered; and nothing was written.
+    let rt = runtime();
+    let writes = rt.block_on(api.writes());
+    assert!(writes.is_empty(), "{writes:?}");
+}
+
 /// This driver's opaque configuration in a claim, for its request `gpu`.
 fn limit_config(parameters: serde_json::Value) -> serde_json::Value {
     serde_json::json!([{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}])

@@ -108,7 +108,7 @@ pub struct User<'a> {
 pub struct ApiServer {
     child: Child,
     pub url: String,
-    /// The tests' own client: no token, a cluster admin to the stand-in.
+    /// The tests' own client: the admin token, a cluster admin to the stand-in.
     pub kubeconfig: PathBuf,
 }
 
@@ -147,6 +147,10 @@ impl ApiServer {
                 .arg(root.join("k8s/dra.yaml"))
                 .env("PYTHONPATH", cel_python_dir());
         }
+        // The stand-in answers no request without a token (401): the tests' own client has
+        // one of its own, unguessable by anything else on the host.
+        let admin = admin_token();
+        command.args(["--admin-token", &admin]);
         for user in users {
             command.args(["--user", user.token, user.username, user.node]);
         }
@@ -167,7 +171,7 @@ impl ApiServer {
             })
             .to_string();
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(&url, "{}")).unwrap();
+        std::fs::write(&kubeconfig, kubeconfig_text(&url, &format!("{{token: {admin}}}"))).unwrap();
         ApiServer { child, url, kubeconfig }
     }
 
@@ -415,6 +419,13 @@ impl ApiServer {
         );
         api.replace_status(name, &PostParams::default(), &claim).await.unwrap();
     }
+}
+
+/// 128 random bits, hex: the stand-in's admin token for one test.
+fn admin_token() -> String {
+    let mut bytes = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut bytes).unwrap();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn kubeconfig_text(url: &str, user: &str) -> String {
