@@ -18,7 +18,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use dra_support::*;
-use kubelet::claim;
+use kubelet::{claim, vramgate_ids};
 use support::*;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -540,7 +540,9 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
         reservations(&tb)
     );
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
-    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    // Its env, device nodes and hooks from the driver's spec, as the runtime applies them.
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &[], false).unwrap();
+    apply_cdi(&bundle, &cdi_dir, &vramgate_ids(&answer.claims[&uid]));
     let mut claimed = tb
         .runc_run(&bundle, "claimed")
         .stdout(std::process::Stdio::null())
@@ -1478,17 +1480,8 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     );
 
     // The claim's container, as the runtime makes it from the claim's CDI edits.
-    let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"))).unwrap())
-            .unwrap();
-    let env: Vec<String> = spec["devices"][0]["containerEdits"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap().to_string())
-        .collect();
-    let env: Vec<&str> = env.iter().map(String::as_str).collect();
-    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &[], false).unwrap();
+    apply_cdi(&bundle, &cdi_dir, &vramgate_ids(&answer.claims[&uid]));
     let cgroup = format!("/vramgate-dra-used/{}/claimed", std::process::id());
     let config_json = bundle.join("config.json");
     let mut oci: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_json).unwrap()).unwrap();
