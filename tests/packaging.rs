@@ -681,6 +681,48 @@ impl StandIn {
     }
 }
 
+/// Asserts that process `pid` runs in the sandbox its unit asks (the exporter's: root,
+/// `CapabilityBoundingSet=CAP_SYS_PTRACE`, `NoNewPrivileges=yes`, `ProtectSystem=strict`):
+/// what the stand-in systemctl set up, read back from /proc as the kernel holds it.
+fn assert_sandboxed(pid: u32, what: &str) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+            .trim()
+            .to_string()
+    };
+    let ptrace = format!("{:016x}", 1u64 << 19); // CAP_SYS_PTRACE
+    assert_eq!(field("NoNewPrivs"), "1", "{what}: no_new_privs\n{status}");
+    assert_eq!(field("CapBnd"), ptrace, "{what}: the bounding set\n{status}");
+    assert_eq!(field("CapAmb"), "0000000000000000", "{what}: ambient\n{status}");
+    let effective = u64::from_str_radix(&field("CapEff"), 16).unwrap();
+    assert_eq!(
+        effective & !(1u64 << 19),
+        0,
+        "{what}: effective beyond the bounding set\n{status}"
+    );
+    // ProtectSystem=strict: every mount it sees read-only but /dev, /proc and /sys.
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    for point in ["/", "/usr", "/etc", "/run"] {
+        let options = mounts
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(point))
+            .last()
+            .map(|l| l.split(' ').nth(5).unwrap().to_string());
+        if let Some(options) = options {
+            assert!(
+                options.split(',').any(|o| o == "ro"),
+                "{what}: {point} is writable to it ({options})\n{mounts}"
+            );
+        } else {
+            assert_ne!(point, "/", "{what}: no root mount\n{mounts}");
+        }
+    }
+}
+
 /// `GET /metrics` of the packaged exporter: the status line and the body.
 fn scrape() -> std::io::Result<(String, String)> {
     let mut stream = std::net::TcpStream::connect_timeout(&EXPORTER.parse().unwrap(), Duration::from_secs(2))?;
@@ -779,6 +821,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     });
     let old_exporter = stand_in.main_pid("vramgate-exporter.service");
     assert_ne!(old_exporter, 0, "{}", stand_in.log("vramgate-exporter.service"));
+    assert_sandboxed(old_exporter, "the old exporter");
     healthy_scrape("the old exporter");
 
     // 2. Through the old installed hook (hooks.d, as podman and CRI-O run it) and real runc: a
@@ -872,6 +915,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
         scrape().is_ok()
     });
     let metrics = healthy_scrape("the new exporter");
+    assert_sandboxed(new_exporter, "the new exporter");
     assert_eq!(queue_length(&metrics), 1, "{metrics}");
     let status = installed_status();
     assert!(
