@@ -9,9 +9,11 @@
 //! container waiting in the queue, `dpkg -i` of this package restarts the exporter onto the new
 //! binary, and the old hook still waiting keeps reading the ledger.
 //!
-//! These change the host (/usr/bin, /etc/vramgate, /run/vramgate): each test's steps run in
-//! order, the tests run one at a time (`DPKG`), and a guard purges the package even when a step
-//! fails. A missing tool
+//! These change the host (/usr/bin, /etc/vramgate, /run/vramgate, the exporter unit's port
+//! 9835) and write target/debian, target/package and target/generate-rpm: each test's steps
+//! run in order, the tests run one at a time (`DPKG` within this binary, the host-wide flock
+//! `packages` against other binaries: tests/node_image.rs packages too), and a guard purges
+//! the package even when a step fails. A missing tool
 //! fails it with the one line that says what to install (`scripts/test` installs them all):
 //! a skip would report `ok` for packages nobody built.
 
@@ -25,14 +27,29 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vramgate::testbed::Testbed;
 
+mod support;
+
 const PACKAGE: &str = "vramgate";
 
 /// dpkg installs on this host: one test at a time.
 static DPKG: Mutex<()> = Mutex::new(());
 
-fn dpkg_turn() -> MutexGuard<'static, ()> {
+/// A test's turn at the host: this binary's other test waits on `DPKG`, other test binaries on
+/// the host-wide flock `packages`. dpkg installs into /usr, /etc and /run, which no test can
+/// make private, and `scripts/package` rewrites target/debian and target/package (which
+/// tests/node_image.rs packages from too): a flock, since a Mutex holds within one process.
+struct Turn {
+    _host: nix::fcntl::Flock<std::fs::File>,
+    _dpkg: MutexGuard<'static, ()>,
+}
+
+fn dpkg_turn() -> Turn {
     // A test that failed holding it has purged the package (its guard), so the next may go.
-    DPKG.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    let dpkg = DPKG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    Turn {
+        _host: support::host_lock("packages"),
+        _dpkg: dpkg,
+    }
 }
 const HOOKS_D: &str = "/usr/share/containers/oci/hooks.d";
 
