@@ -396,6 +396,10 @@ fn packages_install_gate_a_container_and_purge_clean() {
         install.contains("no container engine was changed or restarted"),
         "{install}"
     );
+    // The installed binaries are the ones this test run built (stripped: the build id stays),
+    // not whatever else target/release held; and so are those the rpm was made from.
+    support::assert_built_here(Path::new("/usr/bin"), &binaries);
+    support::assert_built_here(&root().join("target/package/bin"), &binaries);
     let listed = run_ok(Command::new("dpkg").args(["-L", PACKAGE]));
     let listed: Vec<PathBuf> = listed.lines().map(PathBuf::from).collect();
     for bin in &binaries {
@@ -904,6 +908,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     let upgraded = run_ok(&mut upgrade);
     let version = run_ok(Command::new("/usr/bin/vramgate").arg("--version"));
     assert_eq!(version.trim(), format!("vramgate {}", env!("CARGO_PKG_VERSION")));
+    support::assert_built_here(Path::new("/usr/bin"), &expected_binaries());
 
     // The exporter was restarted onto the new binary, after the unit files were reloaded; the
     // units that were not running stay stopped.

@@ -793,3 +793,50 @@ pub fn in_cgroup_v2(program: &Path, args: &[&std::ffi::OsStr]) -> Command {
         .args(args);
     cmd
 }
+
+/// The binaries this test run built, by name: `cargo test` sets `CARGO_BIN_EXE_<name>` for each
+/// (under `CARGO_TARGET_DIR`, wherever that is). A binary added to src/bin/ must be added here.
+pub fn built_binary(name: &str) -> PathBuf {
+    PathBuf::from(match name {
+        "vramgate" => env!("CARGO_BIN_EXE_vramgate"),
+        "vramgate-hook" => env!("CARGO_BIN_EXE_vramgate-hook"),
+        "vramgate-runtime" => env!("CARGO_BIN_EXE_vramgate-runtime"),
+        "vramgate-device-plugin" => env!("CARGO_BIN_EXE_vramgate-device-plugin"),
+        "vramgate-dra" => env!("CARGO_BIN_EXE_vramgate-dra"),
+        other => panic!("src/bin/{other}.rs: add it to tests/support/mod.rs's built_binary"),
+    })
+}
+
+/// The GNU build id of the ELF file `path` (its `.note.gnu.build-id`, as `readelf -n` shows
+/// it): a hash the linker writes over the linked output, which `strip` keeps. A packaged,
+/// stripped binary carries the id of the binary it was stripped from.
+pub fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run readelf (binutils): {e}"));
+    assert!(out.status.success(), "readelf -n {}: {}", path.display(), stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{} has no GNU build id: {text}", path.display()))
+        .to_string()
+}
+
+/// Asserts that each binary in `dir` (the package's /usr/bin, unpacked or installed) is the one
+/// this test run built, by build id: packaging whatever target/release held (a build of
+/// another commit, or of another target directory) fails here.
+pub fn assert_built_here(dir: &Path, names: &[String]) {
+    for name in names {
+        let packaged = dir.join(name);
+        let built = built_binary(name);
+        assert_eq!(
+            build_id(&packaged),
+            build_id(&built),
+            "{} is not the {name} this test run built ({}): the package took another build",
+            packaged.display(),
+            built.display()
+        );
+    }
+}
