@@ -20,8 +20,6 @@ use support::*;
 use vramgate::testbed::Testbed;
 
 const IMAGE: &str = "vramgate-busybox:test";
-/// dockerd 20.10 writes its trust key here whatever its data-root; removed if we caused it.
-const DOCKER_KEY: &str = "/etc/docker/key.json";
 
 /// Which Docker Engine a test drives: the PATH its dockerd, containerd, shims and client are
 /// found on.
@@ -70,7 +68,6 @@ struct Daemons {
     containerd_state: PathBuf,
     containerd: Option<Child>,
     dockerd: Option<Child>,
-    key_existed: bool,
     _host_dirs: HostDirs,
 }
 
@@ -80,8 +77,13 @@ impl Daemons {
         for d in ["data", "exec", "ctd-root", "ctd-state", "opt", "cli"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
-        let key_existed = Path::new(DOCKER_KEY).exists();
+        // What dockerd and its containerd make at fixed host paths whatever their flags:
+        // dockerd 20.10's trust key (whatever its data-root), the plugin directory, the shim
+        // sockets. Shared with the other test's daemon and other test binaries' containerds:
+        // HostDirs removes them once the last user is done.
         let host_dirs = HostDirs::note(&[
+            "/etc/docker/key.json",
+            "/etc/docker",
             "/run/containerd/s",
             "/run/containerd",
             "/run/docker/plugins",
@@ -98,7 +100,6 @@ impl Daemons {
             tb,
             containerd: Some(containerd),
             dockerd: None,
-            key_existed,
             _host_dirs: host_dirs,
         };
         wait_until("containerd listens", Duration::from_secs(20), || {
@@ -226,9 +227,6 @@ impl Drop for Daemons {
             stop_pid(c.id() as i32, Duration::from_secs(10));
         }
         unmount_under(&self.tb.dir);
-        if !self.key_existed {
-            let _ = std::fs::remove_file(DOCKER_KEY);
-        }
     }
 }
 
