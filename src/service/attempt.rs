@@ -119,6 +119,11 @@ impl Service<'_> {
             let mut log = Vec::new();
             let on_disk = progress.ticket;
             let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
+            // Every event of this attempt is about the requesting container: its name, read
+            // from its spec once, goes with each.
+            for event in log.iter_mut().filter(|e| e.container == req.container) {
+                event.name.clone_from(&req.request.name);
+            }
             tx.ledger
                 .counters
                 .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
@@ -154,7 +159,7 @@ impl Service<'_> {
             if let Some(t) = tx.ledger.remove_ticket(ticket) {
                 tx.ledger.counters.record_abandon();
                 let detail = format!("ticket {ticket}: {error}");
-                log.push(self.event(Kind::Cancel, container, &t.gpus, detail));
+                log.push(self.event(Kind::Cancel, container, &t.gpus, detail).named(&t.name));
             }
             tx.ledger
                 .counters
