@@ -343,6 +343,10 @@ impl Watch {
                 }
             }
         }
+        // The events name the containers as the ledger does (where it names them).
+        for event in &mut log {
+            event.name = ledger.reservation(&event.container).and_then(|r| r.name.clone());
+        }
         events::append(dir, &log);
         // This pass measured: a watch is seen running (claims may be held once, see
         // crate::service::watch_seen).

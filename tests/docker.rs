@@ -256,10 +256,14 @@ fn docker_runs_through_vramgate_runtime() {
     // Admitted, visible in status while it runs, with the hooks the wrapper added.
     let big = container_id(run_ok(&mut d.run(
         "vramgate",
-        &["-d", "-e", &req("20Gi"), gpu[0], gpu[1]],
+        &["-d", "--name", "big-job", "-e", &req("20Gi"), gpu[0], gpu[1]],
         &["sleep", "300"],
     )));
     wait_reserved(&d.tb, &big, 20 << 30);
+    // Docker writes no name into the spec (`--name` is dockerd's own): shown by its id.
+    let spec = std::fs::read_to_string(d.bundle_config(&big)).unwrap();
+    assert!(!spec.contains("big-job"), "Docker now writes the name: {spec}");
+    support::assert_shown_as(&d.tb.config_path, &d.tb.state_dir, &big, None);
     assert_eq!(
         vramgate_hook_stages(&d.bundle_config(&big)),
         ["createRuntime", "poststop"]
@@ -397,8 +401,24 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
     };
 
     // Admitted from the annotation alone: no VRAMGATE_* variable in the container.
-    let big = container_id(run_ok(&mut run(args(&["-d"], &annotated("20Gi")), &["sleep", "300"])));
+    let big = container_id(run_ok(&mut run(
+        args(
+            &[
+                "-d",
+                "--name",
+                "big-job",
+                "--annotation",
+                "vramgate.dev/name=nightly-eval",
+            ],
+            &annotated("20Gi"),
+        ),
+        &["sleep", "300"],
+    )));
     wait_reserved(&d.tb, &big, 20 << 30);
+    // Engine 26 writes no name of its own either; the one the container gives itself is shown.
+    let spec = std::fs::read_to_string(d.bundle_config(&big)).unwrap();
+    assert!(!spec.contains("big-job"), "Docker now writes the name: {spec}");
+    support::assert_shown_as(&d.tb.config_path, &d.tb.state_dir, &big, Some("nightly-eval"));
     assert_eq!(
         vramgate_hook_stages(&d.bundle_config(&big)),
         ["createRuntime", "poststop"]

@@ -139,6 +139,11 @@ impl Service<'_> {
                 &mut log,
                 snapshot,
             );
+            // Every event of this attempt is about the requesting container: its name, read
+            // from its spec once, goes with each.
+            for event in log.iter_mut().filter(|e| e.container == req.container) {
+                event.name.clone_from(&req.request.name);
+            }
             tx.ledger
                 .counters
                 .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
@@ -174,7 +179,7 @@ impl Service<'_> {
             if let Some(t) = tx.ledger.remove_ticket(ticket) {
                 tx.ledger.counters.record_abandon();
                 let detail = format!("ticket {ticket}: {error}");
-                log.push(self.event(Kind::Cancel, container, &t.gpus, detail));
+                log.push(self.event(Kind::Cancel, container, &t.gpus, detail).named(&t.name));
             }
             tx.ledger
                 .counters

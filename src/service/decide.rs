@@ -177,6 +177,7 @@ impl Service<'_> {
                     pending: req.pending,
                     claim: hold,
                     cgroup: req.cgroup.map(str::to_string),
+                    name: req.request.name.clone(),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
@@ -281,6 +282,7 @@ impl Service<'_> {
                     choose,
                     expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
                     pod_container: req.request.pod_container.clone(),
+                    name: req.request.name.clone(),
                     extra: Default::default(),
                 },
                 kept.as_ref(),

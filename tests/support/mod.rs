@@ -840,3 +840,42 @@ pub fn assert_built_here(dir: &Path, names: &[String]) {
         );
     }
 }
+
+/// Asserts that the container `id` is shown as `name` (`None`: by its id) wherever a container
+/// is shown: `vramgate status --json` and its table, the metrics' `name` label and its admission
+/// in the event log (issue 47).
+pub fn assert_shown_as(config: &Path, state_dir: &Path, id: &str, name: Option<&str>) {
+    let json = status(config);
+    let entry = array_field(&json, "gpus")
+        .iter()
+        .flat_map(|g| array_field(g, "reservations"))
+        .find(|r| field(r, "container_id") == id)
+        .unwrap_or_else(|| panic!("{id} holds no reservation: {json}"));
+    assert_eq!(field(entry, "name").as_str(), name, "{entry}");
+    let table = status_output(config, &[]);
+    let column = name.map_or_else(|| id.chars().take(24).collect::<String>(), str::to_string);
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with(&column)),
+        "{column} is not in the CONTAINER column:\n{table}"
+    );
+    let metrics = Command::new(VRAMGATE)
+        .arg("metrics")
+        .env("VRAMGATE_CONFIG", config)
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let series = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("vramgate_container_reserved_bytes{{container_id=\"{id}\"")))
+        .unwrap_or_else(|| panic!("no series of {id}:\n{metrics}"));
+    match name {
+        Some(name) => assert!(series.contains(&format!(",name=\"{name}\"}}")), "{series}"),
+        None => assert!(!series.contains("name="), "{series}"),
+    }
+    let events = events_in(state_dir);
+    let admitted = events
+        .iter()
+        .find(|e| e["container"] == id && e["event"].as_str().is_some_and(|k| k.starts_with("admit")))
+        .unwrap_or_else(|| panic!("no admission of {id} in {events:?}"));
+    assert_eq!(admitted.get("name").and_then(Value::as_str), name, "{admitted}");
+}

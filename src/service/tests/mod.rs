@@ -159,6 +159,7 @@ fn request(bytes: u64, gpus: &str) -> Request {
         claim_devices: vec![],
         pod_sandbox: None,
         pod_container: None,
+        name: None,
     }
 }
 
