@@ -542,9 +542,12 @@ pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
 /// Test binaries run side by side (two `cargo test` runs, or the tests of one binary), and one
 /// test's engine may be using a directory another's made: each test holds a shared flock on
 /// [`HOST_DIRS_LOCK`] while its engine runs, and removes only when it can take the lock
-/// exclusively, that is when no other test holds it. What tests made is kept in
-/// [`HOST_DIRS_MADE`] (a path there existed before no test), so a test that finds a directory
-/// another test made does not take it for the host's own.
+/// exclusively, that is when no other test holds it. Noting never waits for the exclusive
+/// lock: a test that holds a shared one (its engine running) and notes again, or one whose
+/// neighbour in the same binary holds one for the binary's whole run, would wait forever.
+/// What tests made is kept in [`HOST_DIRS_MADE`] (a path there existed before no test),
+/// edited under [`HOST_DIRS_MADE_LOCK`], so a test that finds a directory another test made
+/// does not take it for the host's own.
 pub struct HostDirs {
     _shared: Option<nix::fcntl::Flock<std::fs::File>>,
 }
@@ -553,14 +556,20 @@ pub struct HostDirs {
 pub const HOST_DIRS_LOCK: &str = "/run/lock/vramgate-tests-host-dirs.lock";
 /// The host paths tests made, one a line, changed only under [`HOST_DIRS_LOCK`] held exclusively.
 pub const HOST_DIRS_MADE: &str = "/run/lock/vramgate-tests-host-dirs.made";
+/// Held exclusively, briefly, while [`HOST_DIRS_MADE`] is read and rewritten.
+pub const HOST_DIRS_MADE_LOCK: &str = "/run/lock/vramgate-tests-host-dirs.made.lock";
 
 fn host_dirs_lock(arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
+    flock_at(HOST_DIRS_LOCK, arg)
+}
+
+fn flock_at(path: &str, arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(HOST_DIRS_LOCK)
-        .unwrap_or_else(|e| panic!("{HOST_DIRS_LOCK}: {e}"));
+        .open(path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
     nix::fcntl::Flock::lock(file, arg).map_err(|(_, errno)| errno)
 }
 
@@ -574,7 +583,10 @@ fn host_dirs_made() -> Vec<PathBuf> {
 
 impl HostDirs {
     pub fn note(paths: &[&str]) -> HostDirs {
-        let exclusive = host_dirs_lock(nix::fcntl::FlockArg::LockExclusive).unwrap();
+        // Shared first: from here no cleanup can run (it needs the lock exclusively), so what
+        // is noted below is never removed from under this test.
+        let shared = host_dirs_lock(nix::fcntl::FlockArg::LockShared).unwrap();
+        let _editing = flock_at(HOST_DIRS_MADE_LOCK, nix::fcntl::FlockArg::LockExclusive).unwrap();
         let mut made = host_dirs_made();
         for path in paths.iter().map(PathBuf::from) {
             if !path.exists() && !made.contains(&path) {
@@ -583,12 +595,7 @@ impl HostDirs {
         }
         let listed: String = made.iter().map(|p| format!("{}\n", p.display())).collect();
         std::fs::write(HOST_DIRS_MADE, listed).unwrap_or_else(|e| panic!("{HOST_DIRS_MADE}: {e}"));
-        // Held shared from here on: the same open file turned shared, so no other test's
-        // cleanup finds the lock free in between (flock(2) converts a lock in place).
-        exclusive.relock(nix::fcntl::FlockArg::LockShared).unwrap();
-        HostDirs {
-            _shared: Some(exclusive),
-        }
+        HostDirs { _shared: Some(shared) }
     }
 }
 
@@ -599,6 +606,7 @@ impl Drop for HostDirs {
         let Ok(_exclusive) = host_dirs_lock(nix::fcntl::FlockArg::LockExclusiveNonblock) else {
             return;
         };
+        let _editing = flock_at(HOST_DIRS_MADE_LOCK, nix::fcntl::FlockArg::LockExclusive).unwrap();
         let mut made = host_dirs_made();
         made.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for path in &made {
