@@ -38,6 +38,8 @@ use vramgate::testbed::bench::{arg, built_binary, report, static_config};
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;
 const NODE: &str = "bench-node";
+/// The stand-in API server's admin token: a bench on a scratch loopback port needs no secret one.
+const ADMIN_TOKEN: &str = "bench-admin";
 
 /// A channel to the driver's socket at `path`, dialed as the plugins dial kubelet's.
 async fn dial(path: std::path::PathBuf) -> tonic::transport::Channel {
@@ -82,12 +84,13 @@ fn main() {
     };
     let state = StateDir::open_or_create(&state_dir).unwrap();
 
-    // The stand-in API server and a kubeconfig for it.
+    // The stand-in API server and a kubeconfig for it (its admin token: the stand-in answers
+    // no request without one).
     let schemas = std::env::var("VRAMGATE_K8S_SCHEMAS")
         .unwrap_or_else(|_| "/var/cache/vramgate-tests/k8s-json-schema-1.36".into());
     let mut api = Command::new("/usr/bin/python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/apiserver.py"))
-        .args(["--schemas", &schemas, "--node", NODE])
+        .args(["--schemas", &schemas, "--admin-token", ADMIN_TOKEN, "--node", NODE])
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(work.path().join("apiserver.log")).unwrap())
         .spawn()
@@ -105,7 +108,7 @@ fn main() {
     std::fs::write(
         &kubeconfig,
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: b\n  cluster:\n    server: {url}\nusers:\n- name: b\n  user: {{}}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: b\n  cluster:\n    server: {url}\nusers:\n- name: b\n  user: {{token: {ADMIN_TOKEN}}}\n\
              contexts:\n- name: b\n  context:\n    cluster: b\n    user: b\ncurrent-context: b\n"
         ),
     )

@@ -7,6 +7,8 @@
 # N PyTorch jobs of mixed sizes (SIZES GiB, cycled, plus their CUDA context) start at once,
 # each in its own runc container through vramgate-runtime (`run`), policy wait, in up to three
 # runs:
+#   baseline    without vramgate: plain runc, no request, job i pinned to GPU i mod G by hand
+#               (what a host without admission control does with the same burst);
 #   pinned0     every job NVIDIA_VISIBLE_DEVICES=0, only GPU 0's device node (what users do today);
 #   roundrobin  job i pinned to GPU i mod G by hand, only that GPU's node;
 #   auto        vramgate.dev/gpus=auto and every GPU's node, as CDI gives them: the wrapper
@@ -91,8 +93,12 @@ run_placement() {
         local gib=${SIZE_LIST[$(( (i - 1) % ${#SIZE_LIST[@]} ))]}
         local req=$(( gib * 1024 + OVERHEAD_MIB ))Mi
         local secs=${DURATION_LIST[$(( (i - 1) % ${#DURATION_LIST[@]} ))]}
-        local gpu_args=()
+        local gpu_args=() request=(--annotation "vramgate.dev/memory=$req")
         case $label in
+            baseline)
+                local g=$(( (i - 1) % G ))
+                request=()
+                gpu_args=(--gpu-minors "${MINOR[$g]}" --env NVIDIA_VISIBLE_DEVICES=$g) ;;
             pinned0) gpu_args=(--gpu-minors "${MINOR[0]}" --env NVIDIA_VISIBLE_DEVICES=0) ;;
             roundrobin)
                 local g=$(( (i - 1) % G ))
@@ -103,7 +109,7 @@ run_placement() {
                     --annotation "vramgate.dev/expected-duration=$(( secs + DECLARE_EXTRA ))s") ;;
         esac
         "$PY" "$here/gpu_bundle.py" --template "$WORK/template/config.json" --rootfs "$ROOTFS" --bundle "$dir/c$i" \
-            --annotation "vramgate.dev/memory=$req" "${gpu_args[@]}" \
+            "${request[@]}" "${gpu_args[@]}" \
             --env JOB_GIB="$gib" --env JOB_SECONDS="$secs" -- "$PY" "$WORK/gpu_job.py"
     done
     # Sampler: reserved (vramgate) and used (NVML) per GPU, every second.
@@ -130,9 +136,13 @@ print(f"{time.time() - t0:.1f}," + ",".join(cells) + f",{queued}")
     for i in $(seq 1 "$N"); do
         (
             s=$(date +%s.%N)
-            VRAMGATE_CONFIG=$config LD_LIBRARY_PATH="$WORK/debs/usr/lib/x86_64-linux-gnu" \
-                "$BIN/vramgate-runtime" --root "$RUNC_ROOT" run "${RUN_FLAGS[@]}" --bundle "$dir/c$i" "pl-$label-$i" \
-                </dev/null >"$dir/c$i/log" 2>&1
+            if [ "$label" = baseline ]; then
+                runc_ run "${RUN_FLAGS[@]}" --bundle "$dir/c$i" "pl-$label-$i" </dev/null >"$dir/c$i/log" 2>&1
+            else
+                VRAMGATE_CONFIG=$config LD_LIBRARY_PATH="$WORK/debs/usr/lib/x86_64-linux-gnu" \
+                    "$BIN/vramgate-runtime" --root "$RUNC_ROOT" run "${RUN_FLAGS[@]}" --bundle "$dir/c$i" "pl-$label-$i" \
+                    </dev/null >"$dir/c$i/log" 2>&1
+            fi
             echo "$? $s $(date +%s.%N)" >"$dir/c$i/rc"
         ) &
         pids+=($!)

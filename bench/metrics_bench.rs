@@ -108,6 +108,7 @@ fn main() {
             choose: None,
             expected_ms: None,
             pod_container: None,
+            name: None,
             extra: Default::default(),
         });
     }

@@ -701,12 +701,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__status)
-            opts="-h -V --json --record --note --config --help --version"
+            opts="-w -n -h -V --json --watch --interval --record --note --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --record)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

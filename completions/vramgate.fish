@@ -29,7 +29,7 @@ complete -c vramgate -n "__fish_vramgate_needs_command" -s h -l help -d 'Print h
 complete -c vramgate -n "__fish_vramgate_needs_command" -s V -l version -d 'Print version'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
-complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by name or container id'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "metrics" -d 'Print Prometheus metrics (GPU memory, reservations, queue, outcome counters), or write them for node_exporter\'s textfile collector'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "exporter" -d 'Serve Prometheus metrics over HTTP at /metrics (what `vramgate metrics` prints, taken at each scrape)'
@@ -39,10 +39,12 @@ complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "demo" -d 'Replay 
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "setup" -d 'Wire vramgate into an engine: docker, containerd, podman or crio'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "replay" -d 'Replay a workload (a host\'s events.jsonl, or a job file) on vramgate\'s own decision code, on simulated GPUs and a virtual clock: what other GPUs, a strategy, backfill, a policy, headroom or exclusive GPUs (one job per GPU) would have done. Settings not given are the config\'s'
 complete -c vramgate -n "__fish_vramgate_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s n -l interval -d 'Seconds between redraws, as watch(1) (0.1 to 86400; implies --watch)' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l record -d 'Also write what the inventory answered (GPUs, processes, their pid namespaces) and the ledger to this file, for test fixtures' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l note -d 'A note stored in the recording (what was running)' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -l json -d 'Print JSON for scripts instead of a table'
+complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s w -l watch -d 'Redraw every 2 seconds (or every -n) until Ctrl-C: in place on a terminal, one table after another when piped'
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s h -l help -d 'Print help'
 complete -c vramgate -n "__fish_vramgate_using_subcommand status" -s V -l version -d 'Print version'
 complete -c vramgate -n "__fish_vramgate_using_subcommand doctor" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
@@ -123,7 +125,7 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -s h -l help -
 complete -c vramgate -n "__fish_vramgate_using_subcommand replay" -s V -l version -d 'Print version'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "status" -d 'Show each GPU\'s memory, its reservations and its queue'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "doctor" -d 'Check the config, the GPU driver (NVML), the state directory, the hook binary and which container engines are set up to run the hook; changes nothing'
-complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by container id'
+complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "release" -d 'Release a container\'s reservation (and queue ticket) by name or container id'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "gc" -d 'Reclaim reservations and tickets whose processes are gone'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "metrics" -d 'Print Prometheus metrics (GPU memory, reservations, queue, outcome counters), or write them for node_exporter\'s textfile collector'
 complete -c vramgate -n "__fish_vramgate_using_subcommand help; and not __fish_seen_subcommand_from status doctor release gc metrics exporter watch ledger demo setup replay help" -f -a "exporter" -d 'Serve Prometheus metrics over HTTP at /metrics (what `vramgate metrics` prints, taken at each scrape)'

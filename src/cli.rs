@@ -13,7 +13,9 @@ const CLI_EXAMPLES: &str = "\
 Examples:
   vramgate status                  GPUs, reservations and the wait queue
   vramgate status --json           the same, for scripts
-  vramgate release 3f2a9c0d1e      release one container's reservation by hand
+  vramgate status --watch          the same, redrawn every 2 s until Ctrl-C (-n SECONDS)
+  vramgate status team-a/train/gpu one container, by name (namespace/pod/container) or id
+  vramgate release 3f2a9c0d1e      release one container's reservation by hand (or by name)
   vramgate gc                      reclaim reservations of containers that are gone
   vramgate metrics                 the same numbers for Prometheus, on stdout
   vramgate exporter                serve them at http://127.0.0.1:9835/metrics
@@ -28,6 +30,19 @@ annotation vramgate.dev/memory; vramgate-runtime adds it to the specs of Docker 
 
 Exit status: 0 admitted, released, or no request; 1 refused or failed (one line on stderr);
 2 usage error.";
+
+/// How often `vramgate status --watch` redraws when no -n is given (as watch(1)).
+pub const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `-n SECONDS`: a decimal number of seconds from 0.1 to 86400, as watch(1) takes it.
+pub fn parse_interval(value: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{value:?} is not a number of seconds from 0.1 to 86400 (say -n 2 or -n 0.5)");
+    let seconds: f64 = value.trim().parse().map_err(|_| bad())?;
+    if !(0.1..=86400.0).contains(&seconds) {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
 
 /// The administrator's tool.
 #[derive(Debug, Parser)]
@@ -51,9 +66,20 @@ pub struct Cli {
 pub enum Command {
     /// Show each GPU's memory, its reservations and its queue
     Status {
+        /// Show only this container: its name (`namespace/pod/container` for a pod's, else
+        /// `vramgate.dev/name`), its id, or the start of its id (12 characters or more)
+        #[arg(value_name = "NAME|ID")]
+        container: Option<String>,
         /// Print JSON for scripts instead of a table
         #[arg(long)]
         json: bool,
+        /// Redraw every 2 seconds (or every -n) until Ctrl-C: in place on a terminal, one
+        /// table after another when piped
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// Seconds between redraws, as watch(1) (0.1 to 86400; implies --watch)
+        #[arg(short = 'n', long = "interval", value_name = "SECONDS", value_parser = parse_interval)]
+        interval: Option<std::time::Duration>,
         /// Also write what the inventory answered (GPUs, processes, their pid namespaces) and
         /// the ledger to this file, for test fixtures
         #[arg(long, value_name = "FILE", hide = true)]
@@ -69,10 +95,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Release a container's reservation (and queue ticket) by container id
+    /// Release a container's reservation (and queue ticket) by name or container id
     Release {
-        /// The container id, as the runtime knows it (`vramgate status` lists them)
-        #[arg(value_name = "CONTAINER_ID")]
+        /// The container's name as `vramgate status` shows it, its id as the runtime knows
+        /// it, or the start of its id (12 characters or more); a name several containers
+        /// hold is refused: give the id
+        #[arg(value_name = "NAME|ID")]
         container_id: String,
     },
     /// Reclaim reservations and tickets whose processes are gone

@@ -307,6 +307,47 @@ impl HostPaths {
     }
 }
 
+/// A scratch `/sys` and `/proc` laid out as the kernel lays out a host's DRM nodes and the
+/// NVIDIA driver its GPUs, for the tests of this module and of the wrapper's narrowing.
+#[cfg(test)]
+pub(crate) struct ScratchHost {
+    _root: tempfile::TempDir,
+    pub paths: HostPaths,
+}
+
+#[cfg(test)]
+impl ScratchHost {
+    pub(crate) fn new() -> ScratchHost {
+        let root = tempfile::tempdir().unwrap();
+        let paths = HostPaths {
+            sys: root.path().join("sys"),
+            proc: root.path().join("proc"),
+        };
+        ScratchHost { _root: root, paths }
+    }
+
+    /// The DRM node `226:minor`, behind the PCI device `address` of `vendor`.
+    pub(crate) fn drm_node(&self, minor: u64, address: &str, vendor: &str) {
+        let pci = self.paths.sys.join("devices/pci0000:00").join(address);
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
+        let char_dir = self.paths.sys.join(format!("dev/char/{DRM_MAJOR}:{minor}"));
+        std::fs::create_dir_all(&char_dir).unwrap();
+        std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
+    }
+
+    /// The NVIDIA driver's information file of the GPU at `address`, giving it `gpu_minor`.
+    pub(crate) fn nvidia_gpu(&self, address: &str, gpu_minor: u32) {
+        let info = self.paths.proc.join("driver/nvidia/gpus").join(address);
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::write(
+            info.join("information"),
+            format!("Model: \t\t NVIDIA H100\nDevice Minor: \t {gpu_minor}\n"),
+        )
+        .unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,42 +373,21 @@ mod tests {
         assert!(!DeviceRule(&block).opens_char(195, 0));
     }
 
-    /// A DRM node `226:minor` under `root`'s scratch sysfs, behind the PCI device `address` of
-    /// `vendor`, as the kernel lays it out.
-    fn fake_drm_node(root: &std::path::Path, minor: u64, address: &str, vendor: &str) {
-        let pci = root.join("sys/devices/pci0000:00").join(address);
-        std::fs::create_dir_all(&pci).unwrap();
-        std::fs::write(pci.join("vendor"), format!("{vendor}\n")).unwrap();
-        let char_dir = root.join(format!("sys/dev/char/226:{minor}"));
-        std::fs::create_dir_all(&char_dir).unwrap();
-        std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
-    }
-
     #[test]
     fn a_drm_node_is_told_by_its_pci_device() {
-        let root = tempfile::tempdir().unwrap();
-        let host = HostPaths {
-            sys: root.path().join("sys"),
-            proc: root.path().join("proc"),
-        };
-        let device = |minor: u64, address: &str, vendor: &str| fake_drm_node(root.path(), minor, address, vendor);
-        device(0, "0000:00:02.0", "0x8086");
-        device(1, "0000:3b:00.0", NVIDIA_VENDOR);
-        device(2, "0000:5e:00.0", NVIDIA_VENDOR);
-        let info = root.path().join("proc/driver/nvidia/gpus/0000:3b:00.0");
-        std::fs::create_dir_all(&info).unwrap();
-        std::fs::write(
-            info.join("information"),
-            "Model: \t\t NVIDIA H100\nDevice Minor: \t 3\n",
-        )
-        .unwrap();
+        let scratch = ScratchHost::new();
+        let host = &scratch.paths;
+        scratch.drm_node(0, "0000:00:02.0", "0x8086");
+        scratch.drm_node(1, "0000:3b:00.0", NVIDIA_VENDOR);
+        scratch.drm_node(2, "0000:5e:00.0", NVIDIA_VENDOR);
+        scratch.nvidia_gpu("0000:3b:00.0", 3);
         assert_eq!(host.drm_node(0), DrmNode::OtherVendor);
         assert_eq!(host.drm_node(1), DrmNode::NvidiaGpu(3));
         assert_eq!(host.drm_node(2), DrmNode::Unknown, "NVIDIA, but no GPU minor for it");
         assert_eq!(host.drm_node(9), DrmNode::Unknown, "no such device");
-        std::fs::create_dir_all(root.path().join("proc")).unwrap();
+        std::fs::create_dir_all(&host.proc).unwrap();
         std::fs::write(
-            root.path().join("proc/devices"),
+            host.proc.join("devices"),
             "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-caps\n\nBlock devices:\n  8 sd\n",
         )
         .unwrap();
@@ -379,15 +399,11 @@ mod tests {
     #[test]
     fn rules_that_reach_another_gpu() {
         let rule = |v: Value| vec![json!({"allow": false, "access": "rwm"}), v];
-        let root = tempfile::tempdir().unwrap();
-        let host = HostPaths {
-            sys: root.path().join("sys"),
-            proc: root.path().join("proc"),
-        };
+        let scratch = ScratchHost::new();
         let kept = Kept {
             gpu_minors: &[0],
             caps: None,
-            host: &host,
+            host: &scratch.paths,
         };
         for (rules, reaches) in [
             (
@@ -434,26 +450,19 @@ mod tests {
 
     #[test]
     fn drm_and_mig_capability_rules_reach_other_gpus_as_the_gpu_major_does() {
-        let root = tempfile::tempdir().unwrap();
-        let host = HostPaths {
-            sys: root.path().join("sys"),
-            proc: root.path().join("proc"),
-        };
+        let scratch = ScratchHost::new();
+        let host = &scratch.paths;
         // DRM 226:0 is an integrated GPU's, 226:128 GPU 0's render node, 226:129 GPU 1's.
-        let node = |minor: u64, address: &str, vendor: &str| fake_drm_node(root.path(), minor, address, vendor);
-        node(0, "0000:00:02.0", "0x8086");
-        node(128, "0000:3b:00.0", NVIDIA_VENDOR);
-        node(129, "0000:5e:00.0", NVIDIA_VENDOR);
-        for (address, gpu) in [("0000:3b:00.0", 0), ("0000:5e:00.0", 1)] {
-            let info = root.path().join("proc/driver/nvidia/gpus").join(address);
-            std::fs::create_dir_all(&info).unwrap();
-            std::fs::write(info.join("information"), format!("Device Minor: {gpu}\n")).unwrap();
-        }
+        scratch.drm_node(0, "0000:00:02.0", "0x8086");
+        scratch.drm_node(128, "0000:3b:00.0", NVIDIA_VENDOR);
+        scratch.drm_node(129, "0000:5e:00.0", NVIDIA_VENDOR);
+        scratch.nvidia_gpu("0000:3b:00.0", 0);
+        scratch.nvidia_gpu("0000:5e:00.0", 1);
         assert_eq!(host.drm_minors(), [0, 128, 129]);
         let kept = Kept {
             gpu_minors: &[0],
             caps: Some((508, vec![12, 13, 1])),
-            host: &host,
+            host,
         };
         let allow = |major: Option<u64>, minor: Option<u64>| {
             vec![json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rw"})]

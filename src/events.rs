@@ -46,6 +46,10 @@ pub struct Event {
     pub time_unix_ms: u64,
     pub event: Kind,
     pub container: String,
+    /// What the container is called ([`crate::ledger::Reservation::name`]), where it has a name:
+    /// the container is still keyed by its id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuShare>,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -67,9 +71,20 @@ impl Event {
             time_unix_ms,
             event,
             container: container.into(),
+            name: None,
             gpus: gpus.to_vec(),
             detail: detail.into(),
             placement: None,
+        }
+    }
+}
+
+impl Event {
+    /// The event, with the container's name where it has one.
+    pub fn named(self, name: &Option<String>) -> Event {
+        Event {
+            name: name.clone(),
+            ..self
         }
     }
 }

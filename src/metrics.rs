@@ -5,7 +5,10 @@
 //! the time), so it does not matter who took the snapshot: `vramgate metrics` (stdout, or a
 //! file for node_exporter's textfile collector) and `vramgate exporter` (HTTP) both call it.
 //! The output is built afresh from each snapshot, so a reservation that is gone leaves no
-//! series behind, and labels are bounded by the live containers and the GPUs.
+//! series behind, and labels are bounded by the live containers and the GPUs. A container's
+//! series carry `container_id` and `name` (its [`crate::ledger::Reservation::name`], absent where
+//! it has none): both are the reservation's, so `name` adds no series, and it is at most three
+//! parts of [`crate::request::name::MAX_NAME_PART`] characters of a set that needs no escaping.
 //!
 //! The format is written here rather than with the `prometheus-client` crate: that crate
 //! writes only OpenMetrics (counters as `# TYPE x counter` with samples named `x_total`,
@@ -191,11 +194,16 @@ pub fn render(report: &StatusReport, counters: &Counters, now_unix_ms: u64) -> S
             let index = gpu.account.index.to_string();
             for r in &gpu.reservations {
                 if let Some(v) = value(r) {
-                    let labels = [
+                    // `name` adds no series: one per reservation, as `container_id` (see the
+                    // module docs). Absent, as Prometheus reads an empty one, where none.
+                    let mut labels = vec![
                         ("container_id", r.container_id.as_str()),
                         ("gpu", &index),
                         ("gpu_uuid", &gpu.account.uuid),
                     ];
+                    if let Some(shown) = &r.name {
+                        labels.push(("name", shown));
+                    }
                     out.sample_int(name, &labels, v);
                 }
             }

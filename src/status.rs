@@ -56,6 +56,9 @@ pub struct GpuStatus {
 #[derive(Debug, Serialize)]
 pub struct ReservationStatus {
     pub container_id: String,
+    /// What the container is called ([`crate::ledger::Reservation::name`]): `namespace/pod/
+    /// container` for a pod's, the name its owner gave otherwise; `null` where none was given.
+    pub name: Option<String>,
     /// The request: what is reserved for it and counted by admission.
     pub bytes: u64,
     /// What it may use at most (`bytes` where it asked for no more).
@@ -86,6 +89,8 @@ pub struct TicketStatus {
     pub position: usize,
     pub ticket: u64,
     pub container_id: String,
+    /// What the waiting container is called (see [`ReservationStatus::name`]).
+    pub name: Option<String>,
     pub bytes: u64,
     /// The limit it asks for beside its request (`bytes` where it asked for no more).
     pub limit: u64,
@@ -278,6 +283,7 @@ pub fn build_report(
                         .map_or((used, share.limit_bytes()), |t| (t.used, t.limit));
                     Some(ReservationStatus {
                         container_id: r.container_id.clone(),
+                        name: shown_name(&r.name),
                         bytes: share.bytes,
                         limit: share.limit_bytes(),
                         used,
@@ -304,6 +310,7 @@ pub fn build_report(
                     position: crate::queue::position(ledger, Some(t.ticket), &this_gpu),
                     ticket: t.ticket,
                     container_id: t.container_id.clone(),
+                    name: shown_name(&t.name),
                     bytes: share.bytes,
                     limit: share.limit_bytes(),
                     waited_ms: now.saturating_sub(t.enqueued_unix_ms),
@@ -341,6 +348,32 @@ pub fn build_report(
         shared: attribution.shared,
         snapshot,
     })
+}
+
+/// A name read back from the ledger, which someone may have edited: shown only where it is one
+/// admission could have written ([`crate::request::checked_name`]), the id otherwise.
+fn shown_name(name: &Option<String>) -> Option<String> {
+    name.as_deref()
+        .and_then(crate::request::checked_name)
+        .map(str::to_string)
+}
+
+/// The report narrowed to the container `container_id`: its reservation or ticket on each GPU
+/// that has one, and only those GPUs (`vramgate status NAME|ID`).
+pub fn only(report: &mut StatusReport, container_id: &str) {
+    for gpu in &mut report.gpus {
+        gpu.reservations.retain(|r| r.container_id == container_id);
+        gpu.queue.retain(|t| t.container_id == container_id);
+        gpu.outside_processes.clear();
+    }
+    report
+        .gpus
+        .retain(|g| !g.reservations.is_empty() || !g.queue.is_empty());
+}
+
+/// What the CONTAINER column shows: the name where there is one, else the id, cut.
+fn shown(name: &Option<String>, id: &str) -> String {
+    name.clone().unwrap_or_else(|| short_id(id))
 }
 
 fn short_id(id: &str) -> String {
@@ -410,7 +443,7 @@ pub fn render(report: &StatusReport) -> String {
                 let _ = writeln!(
                     out,
                     "  {:<26} {:>11} {:>11} {:>11} {:>8} {:>8} {:>13}  {}",
-                    short_id(&r.container_id),
+                    shown(&r.name, &r.container_id),
                     format_bytes(r.bytes),
                     format_bytes(r.limit),
                     used,
@@ -433,7 +466,7 @@ pub fn render(report: &StatusReport) -> String {
                     out,
                     "  {:>4} {:<26} {:>11} {:>11} {:>8} {:>10}{}",
                     t.position,
-                    short_id(&t.container_id),
+                    shown(&t.name, &t.container_id),
                     format_bytes(t.bytes),
                     format_bytes(t.limit),
                     format_duration(std::time::Duration::from_secs(t.waited_ms / 1000)),
@@ -459,4 +492,47 @@ pub fn render(report: &StatusReport) -> String {
         }
     }
     out
+}
+
+/// Clears a terminal and puts the cursor home, as `watch nvidia-smi` redraws: the next table is
+/// drawn over the last one instead of scrolling.
+pub const CLEAR_HOME: &str = "\x1b[H\x1b[2J";
+
+/// One redraw of `vramgate status --watch`: on a terminal the screen cleared and `body` drawn
+/// from the top under `header` (as watch(1) heads its screen); elsewhere (a pipe, a file, a log)
+/// no control sequence at all, each table after the last under its `header` line.
+pub fn watch_frame(header: &str, body: &str, terminal: bool) -> String {
+    if terminal {
+        format!("{CLEAR_HOME}{header}\n\n{body}")
+    } else {
+        format!("{header}\n{body}\n")
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn the_container_column_shows_the_name_and_the_id_where_there_is_none() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        assert_eq!(shown(&Some("team-a/train/trainer".into()), id), "team-a/train/trainer");
+        assert_eq!(shown(&None, id), "0123456789abcdef01234567…");
+    }
+
+    #[test]
+    fn a_name_someone_wrote_into_the_ledger_by_hand_is_not_shown() {
+        assert_eq!(shown_name(&Some("ns/pod/c".into())).as_deref(), Some("ns/pod/c"));
+        assert_eq!(shown_name(&Some("x\n  GPU 9 fake line".into())), None);
+        assert_eq!(shown_name(&Some("a\x1b[2J".into())), None);
+    }
+
+    #[test]
+    fn a_watch_frame_redraws_in_place_only_on_a_terminal() {
+        let on_tty = watch_frame("Every 2.0s", "table\n", true);
+        assert!(on_tty.starts_with(CLEAR_HOME), "{on_tty:?}");
+        let piped = watch_frame("Every 2.0s", "table\n", false);
+        assert!(!piped.contains('\x1b'), "{piped:?}");
+        assert_eq!(piped, "Every 2.0s\ntable\n\n");
+    }
 }

@@ -343,6 +343,10 @@ impl Watch {
                 }
             }
         }
+        // The events name the containers as the ledger does (where it names them).
+        for event in &mut log {
+            event.name = ledger.reservation(&event.container).and_then(|r| r.name.clone());
+        }
         events::append(dir, &log);
         // This pass measured: a watch is seen running (claims may be held once, see
         // crate::service::watch_seen).
@@ -621,6 +625,41 @@ mod tests {
         let _committed = tx.commit().unwrap();
     }
 
+    /// A process on GPU-0, as the inventory lists it.
+    fn on_gpu0(pid: u32, used: u64) -> GpuProcess {
+        GpuProcess {
+            gpu_uuid: "GPU-0".into(),
+            pid,
+            used,
+        }
+    }
+
+    fn listed(processes: Vec<GpuProcess>) -> ListedProcesses {
+        ListedProcesses(std::cell::RefCell::new(processes))
+    }
+
+    /// The watch's config over the state directory `dir`, acting by `over_use`.
+    fn watch_config(dir: &StateDir, over_use: OverUseAction) -> Config {
+        let mut config = Config::default();
+        config.state_dir = dir.path().to_path_buf();
+        config.enforce.over_use = over_use;
+        config
+    }
+
+    /// Waits (5 s at most: a SIGKILL lands at once) until none of `pids` runs.
+    fn wait_until_stopped(pids: &[u32], what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(|&pid| running(pid)) {
+            assert!(std::time::Instant::now() < deadline, "{what} still runs");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn sorted(mut pids: Vec<u32>) -> Vec<u32> {
+        pids.sort();
+        pids
+    }
+
     fn events(dir: &StateDir) -> Vec<serde_json::Value> {
         std::fs::read_to_string(dir.path().join(crate::events::EVENTS_FILE))
             .unwrap_or_default()
@@ -639,25 +678,12 @@ mod tests {
         reserve(&dir, "neighbour", neighbour.init, 4 * GI);
         // Two processes of the greedy container (its init among them), 3 GiB each: each
         // within the reservation, as MPS's per-process limit lets them be, 6 GiB together.
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
-            GpuProcess {
-                gpu_uuid: "GPU-0".into(),
-                pid: greedy.init,
-                used: 3 * GI,
-            },
-            GpuProcess {
-                gpu_uuid: "GPU-0".into(),
-                pid: greedy.init,
-                used: 3 * GI,
-            },
-            GpuProcess {
-                gpu_uuid: "GPU-0".into(),
-                pid: neighbour.init,
-                used: 4 * GI,
-            },
-        ]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
+        let inventory = listed(vec![
+            on_gpu0(greedy.init, 3 * GI),
+            on_gpu0(greedy.init, 3 * GI),
+            on_gpu0(neighbour.init, 4 * GI),
+        ]);
+        let mut config = watch_config(&dir, OverUseAction::Report);
         config.enforce.over_use_margin = Quantity::Bytes(GI);
         let mut watch = Watch::default();
 
@@ -694,11 +720,7 @@ mod tests {
         let pass = watch.pass(&service, &dir, &config).unwrap();
         assert_eq!(pass.stopped.len(), 1, "{pass:?}");
         assert_eq!(pass.stopped[0].1, [greedy.init]);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while greedy.alive() {
-            assert!(std::time::Instant::now() < deadline, "the greedy container still runs");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_stopped(&[greedy.init], "the greedy container");
         assert!(neighbour.alive(), "the neighbour within its reservation runs on");
         let logged = events(&dir);
         let kinds: Vec<&str> = logged.iter().map(|e| e["event"].as_str().unwrap()).collect();
@@ -731,18 +753,12 @@ mod tests {
             let _committed = tx.commit().unwrap();
         }
         reserve(&dir, "alone", alone.init, 4 * GI);
-        let process = |pid: u32| GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid,
-            used: 3 * GI,
-        };
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
-            process(app.init),
-            process(sidecar.init),
-            process(alone.init),
-        ]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
+        let inventory = listed(vec![
+            on_gpu0(app.init, 3 * GI),
+            on_gpu0(sidecar.init, 3 * GI),
+            on_gpu0(alone.init, 3 * GI),
+        ]);
+        let config = watch_config(&dir, OverUseAction::Report);
         let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
         let pass = Watch::default().pass(&service, &dir, &config).unwrap();
         let over: Vec<(&str, u64, usize)> = pass
@@ -778,14 +794,8 @@ mod tests {
         };
         tx.ledger.reservations.push(stale);
         let _committed = tx.commit().unwrap();
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid: tenant.init,
-            used: 3 * GI,
-        }]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
-        config.enforce.over_use = OverUseAction::Kill;
+        let inventory = listed(vec![on_gpu0(tenant.init, 3 * GI)]);
+        let config = watch_config(&dir, OverUseAction::Kill);
         let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
         let pass = Watch::default().pass(&service, &dir, &config).unwrap();
         assert!(pass.reported.is_empty() && pass.stopped.is_empty(), "{pass:?}");
@@ -806,11 +816,7 @@ mod tests {
             start_time: now.start_time + 1,
         };
         ledger.reservations.push(r);
-        let processes = [GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid: tenant.init,
-            used: 3 * GI,
-        }];
+        let processes = [on_gpu0(tenant.init, 3 * GI)];
         let refused = stop_group(&ledger, &["gone".into()], &processes, &procfs::pid_namespace).unwrap_err();
         assert!(
             refused.contains("is no longer the process the ledger recorded"),
@@ -835,19 +841,12 @@ mod tests {
         reserve(&dir, "app", pod.init, 4 * GI);
         reserve(&dir, "sidecar", sidecar, 4 * GI);
         reserve(&dir, "neighbour", neighbour.init, 4 * GI);
-        let process = |pid: u32, used: u64| GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid,
-            used,
-        };
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
-            process(pod.init, GI),
-            process(sidecar, 5 * GI),
-            process(neighbour.init, 3 * GI),
-        ]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
-        config.enforce.over_use = OverUseAction::Kill;
+        let inventory = listed(vec![
+            on_gpu0(pod.init, GI),
+            on_gpu0(sidecar, 5 * GI),
+            on_gpu0(neighbour.init, 3 * GI),
+        ]);
+        let config = watch_config(&dir, OverUseAction::Kill);
         let mut watch = Watch::default();
         let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
         // 6 GiB of 8 reserved together: nobody over, nobody stopped.
@@ -881,16 +880,8 @@ mod tests {
             pass.reported[0].describe()
         );
         assert_eq!(pass.stopped.len(), 1, "{pass:?}");
-        let mut killed = pass.stopped[0].1.clone();
-        killed.sort();
-        let mut both = vec![pod.init, sidecar];
-        both.sort();
-        assert_eq!(killed, both);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while pod.alive() || running(sidecar) {
-            assert!(std::time::Instant::now() < deadline, "the pod's processes still run");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert_eq!(sorted(pass.stopped[0].1.clone()), sorted(vec![pod.init, sidecar]));
+        wait_until_stopped(&[pod.init, sidecar], "a process of the pod");
         assert!(neighbour.alive(), "the neighbour within its reservation runs on");
     }
 
@@ -918,19 +909,12 @@ mod tests {
             let _committed = tx.commit().unwrap();
         }
         reserve(&dir, "neighbour", neighbour.init, 4 * GI);
-        let process = |pid: u32, used: u64| GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid,
-            used,
-        };
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
-            process(container.init, GI),
-            process(nested, 4 * GI),
-            process(neighbour.init, 3 * GI),
-        ]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
-        config.enforce.over_use = OverUseAction::Kill;
+        let inventory = listed(vec![
+            on_gpu0(container.init, GI),
+            on_gpu0(nested, 4 * GI),
+            on_gpu0(neighbour.init, 3 * GI),
+        ]);
+        let config = watch_config(&dir, OverUseAction::Kill);
         let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
         let report = service.snapshot_of(&dir.read().unwrap()).unwrap();
         assert!(report.gpus[0].outside_processes.is_empty(), "{report:?}");
@@ -938,19 +922,8 @@ mod tests {
         let over: Vec<(&str, u64)> = pass.reported.iter().map(|o| (o.container.as_str(), o.used)).collect();
         assert_eq!(over, [("nested", 5 * GI)], "{pass:?}");
         assert_eq!(pass.stopped.len(), 1, "{pass:?}");
-        let mut killed = pass.stopped[0].1.clone();
-        killed.sort();
-        let mut both = vec![container.init, nested];
-        both.sort();
-        assert_eq!(killed, both);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while container.alive() || running(nested) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the container's processes still run"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert_eq!(sorted(pass.stopped[0].1.clone()), sorted(vec![container.init, nested]));
+        wait_until_stopped(&[container.init, nested], "a process of the container");
         assert!(neighbour.alive(), "the neighbour within its reservation runs on");
     }
 
@@ -972,18 +945,8 @@ mod tests {
             tx.ledger.reservations.last_mut().unwrap().cgroup = Some(recorded_cgroup(pid));
             let _committed = tx.commit().unwrap();
         }
-        let process = |pid: u32, used: u64| GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid,
-            used,
-        };
-        let inventory = ListedProcesses(std::cell::RefCell::new(vec![
-            process(pod.init, GI),
-            process(sidecar, 5 * GI),
-        ]));
-        let mut config = Config::default();
-        config.state_dir = dir.path().to_path_buf();
-        config.enforce.over_use = OverUseAction::Kill;
+        let inventory = listed(vec![on_gpu0(pod.init, GI), on_gpu0(sidecar, 5 * GI)]);
+        let config = watch_config(&dir, OverUseAction::Kill);
         let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
         let pass = Watch::default().pass(&service, &dir, &config).unwrap();
         let over: Vec<(&str, u64, usize)> = pass
@@ -994,22 +957,14 @@ mod tests {
         assert_eq!(over, [("sidecar", 5 * GI, 1)], "{pass:?}");
         assert_eq!(pass.stopped.len(), 1);
         assert_eq!(pass.stopped[0].1, [sidecar]);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while running(sidecar) {
-            assert!(std::time::Instant::now() < deadline, "the sidecar still runs");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_stopped(&[sidecar], "the sidecar");
         assert!(pod.alive(), "the app within its reservation runs on");
     }
 
     #[test]
     fn a_container_in_the_hosts_pid_namespace_is_never_judged_by_process() {
         let me = ProcessIdentity::current().unwrap();
-        let processes = [GpuProcess {
-            gpu_uuid: "GPU-0".into(),
-            pid: me.pid,
-            used: GI,
-        }];
+        let processes = [on_gpu0(me.pid, GI)];
         let mut r = Reservation::for_test("host", "GPU-0", GI);
         r.init = me;
         assert!(container_processes(&[&r], &processes, &procfs::pid_namespace).is_empty());

@@ -222,6 +222,11 @@ fn ctr_run_through_the_wrapper_is_admitted_and_released() {
         .state
         .join(format!("io.containerd.runtime.v2.task/default/{big}/config.json"));
     assert_eq!(vramgate_hook_stages(&bundle), ["createRuntime", "poststop"]);
+    // ctr writes no annotation of its own (the id is the name its user gave): shown by its id.
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&bundle).unwrap()).unwrap();
+    let keys: Vec<&String> = spec["annotations"].as_object().unwrap().keys().collect();
+    assert!(keys.iter().all(|k| k.starts_with("vramgate.dev/")), "{keys:?}");
+    support::assert_shown_as(&c.tb.config_path, &c.tb.state_dir, &big, None);
 
     // Over capacity (env request this time): ctr fails with vramgate's message.
     let out = c

@@ -299,6 +299,13 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
     cri.start_one(&sidecar)
         .unwrap_or_else(|e| panic!("the sidecar, which names no GPU, was refused: {e}"));
     assert_eq!(reservations(&cri.tb), [(gpu.clone(), REQUEST_BYTES)]);
+    // Shown as the pod's namespace, the pod and the container, from the CRI plugin's keys.
+    support::assert_shown_as(
+        &cri.tb.config_path,
+        &cri.tb.state_dir,
+        &gpu,
+        Some("default/trainer/gpu"),
+    );
     assert_eq!(
         vramgate_hook_stages(&cri.bundle_spec(&gpu)),
         ["createRuntime", "poststop"]

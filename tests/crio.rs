@@ -48,6 +48,8 @@ fn hooks_d_reserves_at_create_releases_at_removal_and_refuses_in_create_containe
     let id = crio.create(&pod, gpu_container("app"));
     // Reserved by CreateContainer itself, before any StartContainer.
     assert_eq!(reservations(&crio.tb), [(id.clone(), 6 * GIB)]);
+    // Shown as the pod's namespace, the pod and the container, from CRI-O's keys.
+    support::assert_shown_as(&crio.tb.config_path, &crio.tb.state_dir, &id, Some("default/gpu/app"));
     // CRI-O puts the hooks.d entry's `prestart` stage into the spec as `createRuntime` (the
     // same moment, runc's name for it since OCI 1.0.2); the hook is run with `prestart`.
     let stages = vramgate_hook_stages(&crio.bundle_spec(&id));

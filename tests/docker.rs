@@ -20,8 +20,6 @@ use support::*;
 use vramgate::testbed::Testbed;
 
 const IMAGE: &str = "vramgate-busybox:test";
-/// dockerd 20.10 writes its trust key here whatever its data-root; removed if we caused it.
-const DOCKER_KEY: &str = "/etc/docker/key.json";
 
 /// Which Docker Engine a test drives: the PATH its dockerd, containerd, shims and client are
 /// found on.
@@ -70,7 +68,6 @@ struct Daemons {
     containerd_state: PathBuf,
     containerd: Option<Child>,
     dockerd: Option<Child>,
-    key_existed: bool,
     _host_dirs: HostDirs,
 }
 
@@ -80,8 +77,13 @@ impl Daemons {
         for d in ["data", "exec", "ctd-root", "ctd-state", "opt", "cli"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
-        let key_existed = Path::new(DOCKER_KEY).exists();
+        // What dockerd and its containerd make at fixed host paths whatever their flags:
+        // dockerd 20.10's trust key (whatever its data-root), the plugin directory, the shim
+        // sockets. Shared with the other test's daemon and other test binaries' containerds:
+        // HostDirs removes them once the last user is done.
         let host_dirs = HostDirs::note(&[
+            "/etc/docker/key.json",
+            "/etc/docker",
             "/run/containerd/s",
             "/run/containerd",
             "/run/docker/plugins",
@@ -98,7 +100,6 @@ impl Daemons {
             tb,
             containerd: Some(containerd),
             dockerd: None,
-            key_existed,
             _host_dirs: host_dirs,
         };
         wait_until("containerd listens", Duration::from_secs(20), || {
@@ -226,9 +227,6 @@ impl Drop for Daemons {
             stop_pid(c.id() as i32, Duration::from_secs(10));
         }
         unmount_under(&self.tb.dir);
-        if !self.key_existed {
-            let _ = std::fs::remove_file(DOCKER_KEY);
-        }
     }
 }
 
@@ -258,10 +256,14 @@ fn docker_runs_through_vramgate_runtime() {
     // Admitted, visible in status while it runs, with the hooks the wrapper added.
     let big = container_id(run_ok(&mut d.run(
         "vramgate",
-        &["-d", "-e", &req("20Gi"), gpu[0], gpu[1]],
+        &["-d", "--name", "big-job", "-e", &req("20Gi"), gpu[0], gpu[1]],
         &["sleep", "300"],
     )));
     wait_reserved(&d.tb, &big, 20 << 30);
+    // Docker writes no name into the spec (`--name` is dockerd's own): shown by its id.
+    let spec = std::fs::read_to_string(d.bundle_config(&big)).unwrap();
+    assert!(!spec.contains("big-job"), "Docker now writes the name: {spec}");
+    support::assert_shown_as(&d.tb.config_path, &d.tb.state_dir, &big, None);
     assert_eq!(
         vramgate_hook_stages(&d.bundle_config(&big)),
         ["createRuntime", "poststop"]
@@ -399,8 +401,24 @@ fn docker_engine_26_takes_the_request_as_an_annotation() {
     };
 
     // Admitted from the annotation alone: no VRAMGATE_* variable in the container.
-    let big = container_id(run_ok(&mut run(args(&["-d"], &annotated("20Gi")), &["sleep", "300"])));
+    let big = container_id(run_ok(&mut run(
+        args(
+            &[
+                "-d",
+                "--name",
+                "big-job",
+                "--annotation",
+                "vramgate.dev/name=nightly-eval",
+            ],
+            &annotated("20Gi"),
+        ),
+        &["sleep", "300"],
+    )));
     wait_reserved(&d.tb, &big, 20 << 30);
+    // Engine 26 writes no name of its own either; the one the container gives itself is shown.
+    let spec = std::fs::read_to_string(d.bundle_config(&big)).unwrap();
+    assert!(!spec.contains("big-job"), "Docker now writes the name: {spec}");
+    support::assert_shown_as(&d.tb.config_path, &d.tb.state_dir, &big, Some("nightly-eval"));
     assert_eq!(
         vramgate_hook_stages(&d.bundle_config(&big)),
         ["createRuntime", "poststop"]

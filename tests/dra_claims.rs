@@ -137,10 +137,26 @@ fn prepare(
         .collect())
 }
 
-/// `runc run` of a container with `env` (and the vramgate hooks) in the background.
-fn start(tb: &vramgate::testbed::Testbed, id: &str, args: &[&str], env: &[String]) -> std::process::Child {
-    let env: Vec<&str> = env.iter().map(String::as_str).collect();
-    let bundle = tb.bundle(id, args, &[], &env, true).unwrap();
+/// A bundle running `args`, with `annotations` and its own `env`, given the CDI devices `ids`
+/// as a CDI runtime applies the driver's spec: its env, device nodes and hooks (vramgate's
+/// hooks come from the spec, as on a node; none are added here).
+fn claim_bundle(
+    tb: &vramgate::testbed::Testbed,
+    id: &str,
+    args: &[&str],
+    annotations: &[(&str, &str)],
+    env: &[&str],
+    ids: &[String],
+) -> std::path::PathBuf {
+    let bundle = tb.bundle(id, args, annotations, env, false).unwrap();
+    apply_cdi(&bundle, &tb.dir.join("cdi"), ids);
+    bundle
+}
+
+/// `runc run` of a container given the CDI devices `ids` (env and hooks from the driver's spec)
+/// in the background.
+fn start(tb: &vramgate::testbed::Testbed, id: &str, args: &[&str], ids: &[String]) -> std::process::Child {
+    let bundle = claim_bundle(tb, id, args, &[], &[], ids);
     tb.runc_run(&bundle, id)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -226,7 +242,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
             format!("vramgate.dev/gpu-memory={pair}-gpu-1")
         ]
     );
-    let mut main = start(&tb, "pair-main", &["sleep", "60"], &cdi_env(&cdi_dir, &ids));
+    let mut main = start(&tb, "pair-main", &["sleep", "60"], &ids);
     wait_until("pair-main's reservation", Duration::from_secs(10), || {
         let shares = shares_of(&tb, "pair-main");
         (
@@ -269,16 +285,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
     let results = allocate(&rt, &api, "every");
     assert_eq!(decided(&results), want(&[("gpu-0", "10Gi"), ("gpu-1", "10Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "every", &every, None).expect("allocationMode All is prepared");
-    let env = cdi_env(&cdi_dir, &ids);
-    let bundle = tb
-        .bundle(
-            "every-init",
-            &["true"],
-            &[],
-            &env.iter().map(String::as_str).collect::<Vec<_>>(),
-            true,
-        )
-        .unwrap();
+    let bundle = claim_bundle(&tb, "every-init", &["true"], &[], &[], &ids);
     // Its output to a file: the created container keeps the stdio it inherited, and a pipe
     // would never reach its end.
     let said = tempfile::NamedTempFile::new_in(&tb.dir).unwrap();
@@ -305,7 +312,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
         let status = serde_json::from_slice::<Value>(&state.stdout).map(|s| s["status"].clone());
         (status.as_ref().is_ok_and(|s| s == "stopped"), status.ok())
     });
-    let mut app = start(&tb, "every-app", &["sleep", "60"], &env);
+    let mut app = start(&tb, "every-app", &["sleep", "60"], &ids);
     wait_until("every-app's reservation", Duration::from_secs(10), || {
         let shares = shares_of(&tb, "every-app");
         (
@@ -361,7 +368,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
         ],
         "one CDI device for the GPU, named by each result"
     );
-    let mut main = start(&tb, "both-main", &["sleep", "60"], &cdi_env(&cdi_dir, &ids));
+    let mut main = start(&tb, "both-main", &["sleep", "60"], &ids);
     wait_reserved(&tb, "both-main", 6 * GI);
     assert_eq!(shares_of(&tb, "both-main"), [("GPU-zero".to_string(), 6 * GI)]);
     stop(&tb, "both-main", &mut main);
@@ -376,15 +383,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
     let results = allocate(&rt, &api, "apart");
     assert_eq!(decided(&results), want(&[("gpu-0", "8Gi"), ("gpu-1", "6Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "apart", &apart, None).expect("prepared: each device alone runs");
-    let bundle = tb
-        .bundle(
-            "apart-main",
-            &["true"],
-            &[],
-            &cdi_env(&cdi_dir, &ids).iter().map(String::as_str).collect::<Vec<_>>(),
-            true,
-        )
-        .unwrap();
+    let bundle = claim_bundle(&tb, "apart-main", &["true"], &[], &[], &ids);
     let out = tb.runc_run(&bundle, "apart-main").output().unwrap();
     let said = stderr(&out);
     eprintln!("a container given both devices: {said}");
@@ -397,7 +396,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
     assert!(reservations(&tb).is_empty(), "{:?}", reservations(&tb));
     // A container that names only the small request gets only its device.
     let only = prepare(&rt, &registered.endpoint, "apart", &apart, Some("small")).unwrap();
-    let mut small = start(&tb, "apart-small", &["sleep", "60"], &cdi_env(&cdi_dir, &only));
+    let mut small = start(&tb, "apart-small", &["sleep", "60"], &only);
     wait_reserved(&tb, "apart-small", 6 * GI);
     assert_eq!(shares_of(&tb, "apart-small"), [("GPU-one".to_string(), 6 * GI)]);
     stop(&tb, "apart-small", &mut small);
@@ -425,9 +424,9 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
 
-    let create = |id: &str, annotations: &[(&str, &str)], env: &[String]| {
-        let env: Vec<&str> = env.iter().map(String::as_str).collect();
-        let bundle = tb.bundle(id, &["sleep", "60"], annotations, &env, false).unwrap();
+    // A container given the CDI devices `ids` (none: a container outside Kubernetes).
+    let create = |id: &str, annotations: &[(&str, &str)], ids: &[String]| {
+        let bundle = claim_bundle(&tb, id, &["sleep", "60"], annotations, &[], ids);
         let (ok, said) = wrapper(&tb, &["create", "--bundle", bundle.to_str().unwrap(), id]);
         assert!(ok, "create {id}: {said}");
     };
@@ -459,7 +458,7 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     let results = allocate(&rt, &api, "fits");
     assert_eq!(decided(&results), want(&[("gpu-1", "4Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "fits", &uid, None).unwrap();
-    create("claimed", &[], &cdi_env(&cdi_dir, &ids));
+    create("claimed", &[], &ids);
     assert_eq!(shares_of(&tb, "claimed"), [("GPU-one".to_string(), 4 * GI)]);
     // Nothing republished for the claim's own container: the order and capacities stay. A
     // container outside Kubernetes made after it (1 GiB of GPU-zero) is published, so the
@@ -518,9 +517,10 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
             ("io.kubernetes.cri.sandbox-id", pod),
         ]
     };
+    // A container of `pod` given the claim's device, with `extra` env of its own.
     let run = |id: &str, pod: &'static str, extra: &[String]| {
-        let env: Vec<&str> = env.iter().chain(extra).map(String::as_str).collect();
-        let bundle = tb.bundle(id, &["sleep", "60"], &in_pod(pod), &env, true).unwrap();
+        let own: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let bundle = claim_bundle(&tb, id, &["sleep", "60"], &in_pod(pod), &own, &ids);
         tb.runc_run(&bundle, id)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

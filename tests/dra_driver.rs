@@ -20,7 +20,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use dra_support::*;
-use kubelet::claim;
+use kubelet::{claim, vramgate_ids};
 use support::*;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -583,7 +583,9 @@ fn the_published_capacity_follows_what_is_held_outside_kubernetes() {
         reservations(&tb)
     );
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "12Gi")]);
-    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    // Its env, device nodes and hooks from the driver's spec, as the runtime applies them.
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &[], false).unwrap();
+    apply_cdi(&bundle, &cdi_dir, &vramgate_ids(&answer.claims[&uid]));
     let mut claimed = tb
         .runc_run(&bundle, "claimed")
         .stdout(std::process::Stdio::null())
@@ -1223,6 +1225,41 @@ fn the_stand_in_api_server_passes_its_selftest() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("checks passed"));
 }
 
+/// The stand-in authenticates every request (issue 44, item 5): one without a bearer token is
+/// a 401 and writes nothing, as kube-apiserver answers with anonymous requests off; the tests'
+/// own client reads and writes with its admin token. The stand-in before took a request
+/// without a token for a cluster admin's.
+#[test]
+fn the_stand_in_api_server_refuses_a_request_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start(dir.path(), &[NODE]);
+    let address = api.url.strip_prefix("http://").unwrap().to_string();
+    let ask = |request: String| {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    let answer = ask(format!(
+        "GET {slices} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    ));
+    assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+    let body = r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{"name":"forged"}}"#;
+    let answer = ask(format!(
+        "POST {slices} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+    // The tests' own client, with its token, is answered; and nothing was written.
+    let rt = runtime();
+    let writes = rt.block_on(api.writes());
+    assert!(writes.is_empty(), "{writes:?}");
+}
+
 /// This driver's opaque configuration in a claim, for its request `gpu`.
 fn limit_config(parameters: serde_json::Value) -> serde_json::Value {
     serde_json::json!([{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}])
@@ -1440,7 +1477,7 @@ fn runc_v2(tb: &vramgate::testbed::Testbed, args: &[&str]) -> std::process::Outp
 fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     require("runc");
     let stub_dir = tempfile::tempdir().unwrap();
-    let (lib, log) = nvml_stub(stub_dir.path(), true);
+    let (lib, log) = nvml_stub(stub_dir.path(), true, &["GPU-zero", "GPU-one"]);
     let usage = std::path::PathBuf::from(format!("{}.usage", log.display()));
     let gpus = GPUS.replacen(
         "backend = \"static\"\n",
@@ -1486,17 +1523,8 @@ fn a_claims_status_says_what_its_containers_use_refreshed_with_the_view() {
     );
 
     // The claim's container, as the runtime makes it from the claim's CDI edits.
-    let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"))).unwrap())
-            .unwrap();
-    let env: Vec<String> = spec["devices"][0]["containerEdits"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap().to_string())
-        .collect();
-    let env: Vec<&str> = env.iter().map(String::as_str).collect();
-    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &env, true).unwrap();
+    let bundle = tb.bundle("claimed", &["sleep", "60"], &[], &[], false).unwrap();
+    apply_cdi(&bundle, &cdi_dir, &vramgate_ids(&answer.claims[&uid]));
     let cgroup = format!("/vramgate-dra-used/{}/claimed", std::process::id());
     let config_json = bundle.join("config.json");
     let mut oci: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_json).unwrap()).unwrap();

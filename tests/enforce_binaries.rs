@@ -44,7 +44,17 @@ impl Host {
     fn with_enforce(name: &str, wrapper: bool, with_limits: bool, extra: &str, gpus: &str, enforce: &str) -> Host {
         support::require("runc");
         let dir = tempfile::Builder::new().prefix(name).tempdir().unwrap();
-        let (lib, log) = nvml_stub(dir.path(), with_limits);
+        // The stub's host has the GPUs of the inventory: the simulated one, or those of `gpus`.
+        let uuids: Vec<&str> = gpus
+            .lines()
+            .filter_map(|l| l.strip_prefix("uuid = \"")?.strip_suffix('"'))
+            .collect();
+        let devices = if uuids.is_empty() {
+            vec![vramgate::config::SIMULATED_GPU_UUID]
+        } else {
+            uuids
+        };
+        let (lib, log) = nvml_stub(dir.path(), with_limits, &devices);
         let runtime = if wrapper {
             format!("[runtime]\nruntimes = [\"runc\"]\nhook_path = {HOOK:?}\n")
         } else {

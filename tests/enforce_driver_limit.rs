@@ -10,12 +10,13 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use vramgate::enforce::driver_limit::{apply_driver_limit_at, SET_LIMITS_SYMBOL};
+use vramgate::enforce::driver_limit::{apply_driver_limit_at, apply_driver_limit_to, SET_LIMITS_SYMBOL};
 use vramgate::enforce::{driver_limit_available, AppliedLimit, Availability, EnforceError, PlacedShare};
 
-/// The stub NVML library (tests/fixtures/nvml_limit_stub.c), compiled into `dir`.
+/// The stub NVML library (tests/fixtures/nvml_limit_stub.c), compiled into `dir`, its host's
+/// GPUs GPU-aaaa and GPU-cccc.
 fn stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
-    support::nvml_stub(dir, with_limits)
+    support::nvml_stub(dir, with_limits, &["GPU-aaaa", "GPU-cccc"])
 }
 
 fn log_lines(log: &Path) -> Vec<String> {
@@ -148,6 +149,36 @@ fn an_unknown_gpu_is_an_error_naming_it_and_nvml_is_shut_down() {
     );
     let lines = log_lines(&log);
     assert_eq!(lines.last().map(String::as_str), Some("shutdown"), "{lines:?}");
+}
+
+/// The stand-in is as strict as the driver about what it is handed: a well-formed UUID of a GPU
+/// its host does not have is NVML_ERROR_NOT_FOUND (nvml.h: "uuid does not match a valid device
+/// on the system"), and a directory that is no cgroup (a plain directory under /tmp) is
+/// NVML_ERROR_OPERATING_SYSTEM ("the cgroup path cannot be opened"), nothing set. The stub
+/// before took any UUID but those starting "GPU-unknown", and any directory for a cgroup.
+#[test]
+fn the_stub_refuses_a_gpu_its_host_lacks_and_a_directory_that_is_no_cgroup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lib, log) = stub(dir.path(), true);
+    let container = Contained::start("strict");
+    let err = apply_driver_limit_to(&lib, &container.cgroup, &[share("GPU-bbbb", 1, None, 1)]).unwrap_err();
+    assert!(matches!(err, EnforceError::Nvml { code: 6, .. }), "{err:?}");
+    assert!(err.to_string().contains("GPU-bbbb"), "{err}");
+
+    let plain = dir.path().join("not-a-cgroup");
+    std::fs::create_dir(&plain).unwrap();
+    let err = apply_driver_limit_to(&lib, &plain, &[share("GPU-aaaa", 0, None, 1)]).unwrap_err();
+    assert!(matches!(err, EnforceError::Nvml { code: 17, .. }), "{err:?}");
+    let lines = log_lines(&log);
+    assert!(lines.contains(&"handle GPU-bbbb not-found".to_string()), "{lines:?}");
+    assert!(
+        lines.contains(&format!("set no-cgroup {}", plain.display())),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("set GPU-")),
+        "nothing set: {lines:?}"
+    );
 }
 
 #[test]

@@ -85,6 +85,43 @@ fn fields_of_a_newer_vramgate_survive_admit_and_release() {
     assert_eq!(released["counters"]["released"], 1);
 }
 
+/// A ledger of the release before names (no `name` anywhere) is read as it was, its containers
+/// shown by their ids; the next admission records its container's name beside them without a
+/// format bump (a name is only shown), and an older reader's entries keep no name.
+#[test]
+fn a_ledger_without_names_reads_and_the_next_admission_names_its_container() {
+    let h = harness(GPUS);
+    let other = FakeContainer::start();
+    let older = json!({
+        "schema": 1, "generation": 5, "next_ticket": 1,
+        "reservations": [{
+            "container_id": "other", "gpus": [{"uuid": "GPU-zero", "bytes": GIB}],
+            "init": identity(other.pid()), "created_unix_ms": 1
+        }],
+        "queue": []
+    });
+    plant(&h, &serde_json::to_vec(&older).unwrap());
+    let shown = status(&h.config);
+    assert_eq!(shown["gpus"][0]["reservations"][0]["container_id"], "other");
+    assert_eq!(shown["gpus"][0]["reservations"][0]["name"], Value::Null, "{shown}");
+
+    let annotations = [
+        ("vramgate.dev/memory", "1Gi"),
+        ("vramgate.dev/gpus", "0"),
+        ("vramgate.dev/name", "mine-job"),
+    ];
+    let bundle = h.bundle("mine", &annotations);
+    let me = FakeContainer::start();
+    let out = h.hook("createRuntime", &oci_state("mine", Some(me.pid()), &bundle));
+    assert!(out.status.success(), "admit: {}", stderr(&out));
+    let written = ledger_json(&h);
+    assert_eq!(written["schema"], 1, "a name is no format bump: {written}");
+    assert!(written["reservations"][0].get("name").is_none(), "{written}");
+    assert_eq!(written["reservations"][1]["name"], "mine-job", "{written}");
+    let shown = status(&h.config);
+    assert_eq!(shown["gpus"][0]["reservations"][1]["name"], "mine-job", "{shown}");
+}
+
 /// A ledger of a format this vramgate does not read is refused with the line that says so,
 /// by the hook and by the CLI, and nothing is written.
 #[test]

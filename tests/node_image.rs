@@ -70,13 +70,42 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         "k8s/dra.yaml's mounts changed: change this test with it"
     );
 
-    // 1. The package and the image.
+    // 1. The package and the image. scripts/package rewrites target/debian and target/package,
+    // as tests/packaging.rs's tests do: the host-wide flock keeps the two binaries apart.
+    let _turn = host_lock("packages");
     run_ok(
         Command::new(root().join("scripts/package"))
             .arg("--no-build")
             .current_dir(root()),
     );
-    let built = run_ok(Command::new(root().join("scripts/build-image")).current_dir(root()));
+    let version = env!("CARGO_PKG_VERSION");
+    let deb = std::fs::read_dir(root().join("target/debian"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with(&format!("vramgate_{version}-")) && name.ends_with(".deb")
+        })
+        .max_by_key(|p| p.metadata().unwrap().modified().unwrap())
+        .expect("scripts/package built a .deb");
+    // The image's binaries are the .deb's: those this test run built, by build id.
+    let unpacked = tempfile::tempdir().unwrap();
+    run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(unpacked.path()));
+    let binaries: Vec<String> = [
+        "vramgate",
+        "vramgate-hook",
+        "vramgate-runtime",
+        "vramgate-device-plugin",
+        "vramgate-dra",
+    ]
+    .map(String::from)
+    .into();
+    assert_built_here(&unpacked.path().join("usr/bin"), &binaries);
+    let built = run_ok(
+        Command::new(root().join("scripts/build-image"))
+            .arg(&deb)
+            .current_dir(root()),
+    );
     let tar = root().join(format!("target/image/vramgate-{}.oci.tar", env!("CARGO_PKG_VERSION")));
     assert!(tar.is_file(), "{built}");
 

@@ -9,9 +9,11 @@
 //! container waiting in the queue, `dpkg -i` of this package restarts the exporter onto the new
 //! binary, and the old hook still waiting keeps reading the ledger.
 //!
-//! These change the host (/usr/bin, /etc/vramgate, /run/vramgate): each test's steps run in
-//! order, the tests run one at a time (`DPKG`), and a guard purges the package even when a step
-//! fails. A missing tool
+//! These change the host (/usr/bin, /etc/vramgate, /run/vramgate, the exporter unit's port
+//! 9835) and write target/debian, target/package and target/generate-rpm: each test's steps
+//! run in order, the tests run one at a time (`DPKG` within this binary, the host-wide flock
+//! `packages` against other binaries: tests/node_image.rs packages too), and a guard purges
+//! the package even when a step fails. A missing tool
 //! fails it with the one line that says what to install (`scripts/test` installs them all):
 //! a skip would report `ok` for packages nobody built.
 
@@ -25,14 +27,29 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vramgate::testbed::Testbed;
 
+mod support;
+
 const PACKAGE: &str = "vramgate";
 
 /// dpkg installs on this host: one test at a time.
 static DPKG: Mutex<()> = Mutex::new(());
 
-fn dpkg_turn() -> MutexGuard<'static, ()> {
+/// A test's turn at the host: this binary's other test waits on `DPKG`, other test binaries on
+/// the host-wide flock `packages`. dpkg installs into /usr, /etc and /run, which no test can
+/// make private, and `scripts/package` rewrites target/debian and target/package (which
+/// tests/node_image.rs packages from too): a flock, since a Mutex holds within one process.
+struct Turn {
+    _host: nix::fcntl::Flock<std::fs::File>,
+    _dpkg: MutexGuard<'static, ()>,
+}
+
+fn dpkg_turn() -> Turn {
     // A test that failed holding it has purged the package (its guard), so the next may go.
-    DPKG.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    let dpkg = DPKG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    Turn {
+        _host: support::host_lock("packages"),
+        _dpkg: dpkg,
+    }
 }
 const HOOKS_D: &str = "/usr/share/containers/oci/hooks.d";
 
@@ -379,6 +396,10 @@ fn packages_install_gate_a_container_and_purge_clean() {
         install.contains("no container engine was changed or restarted"),
         "{install}"
     );
+    // The installed binaries are the ones this test run built (stripped: the build id stays),
+    // not whatever else target/release held; and so are those the rpm was made from.
+    support::assert_built_here(Path::new("/usr/bin"), &binaries);
+    support::assert_built_here(&root().join("target/package/bin"), &binaries);
     let listed = run_ok(Command::new("dpkg").args(["-L", PACKAGE]));
     let listed: Vec<PathBuf> = listed.lines().map(PathBuf::from).collect();
     for bin in &binaries {
@@ -681,6 +702,48 @@ impl StandIn {
     }
 }
 
+/// Asserts that process `pid` runs in the sandbox its unit asks (the exporter's: root,
+/// `CapabilityBoundingSet=CAP_SYS_PTRACE`, `NoNewPrivileges=yes`, `ProtectSystem=strict`):
+/// what the stand-in systemctl set up, read back from /proc as the kernel holds it.
+fn assert_sandboxed(pid: u32, what: &str) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+            .trim()
+            .to_string()
+    };
+    let ptrace = format!("{:016x}", 1u64 << 19); // CAP_SYS_PTRACE
+    assert_eq!(field("NoNewPrivs"), "1", "{what}: no_new_privs\n{status}");
+    assert_eq!(field("CapBnd"), ptrace, "{what}: the bounding set\n{status}");
+    assert_eq!(field("CapAmb"), "0000000000000000", "{what}: ambient\n{status}");
+    let effective = u64::from_str_radix(&field("CapEff"), 16).unwrap();
+    assert_eq!(
+        effective & !(1u64 << 19),
+        0,
+        "{what}: effective beyond the bounding set\n{status}"
+    );
+    // ProtectSystem=strict: every mount it sees read-only but /dev, /proc and /sys.
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    for point in ["/", "/usr", "/etc", "/run"] {
+        let options = mounts
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(point))
+            .last()
+            .map(|l| l.split(' ').nth(5).unwrap().to_string());
+        if let Some(options) = options {
+            assert!(
+                options.split(',').any(|o| o == "ro"),
+                "{what}: {point} is writable to it ({options})\n{mounts}"
+            );
+        } else {
+            assert_ne!(point, "/", "{what}: no root mount\n{mounts}");
+        }
+    }
+}
+
 /// `GET /metrics` of the packaged exporter: the status line and the body.
 fn scrape() -> std::io::Result<(String, String)> {
     let mut stream = std::net::TcpStream::connect_timeout(&EXPORTER.parse().unwrap(), Duration::from_secs(2))?;
@@ -779,6 +842,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     });
     let old_exporter = stand_in.main_pid("vramgate-exporter.service");
     assert_ne!(old_exporter, 0, "{}", stand_in.log("vramgate-exporter.service"));
+    assert_sandboxed(old_exporter, "the old exporter");
     healthy_scrape("the old exporter");
 
     // 2. Through the old installed hook (hooks.d, as podman and CRI-O run it) and real runc: a
@@ -844,6 +908,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     let upgraded = run_ok(&mut upgrade);
     let version = run_ok(Command::new("/usr/bin/vramgate").arg("--version"));
     assert_eq!(version.trim(), format!("vramgate {}", env!("CARGO_PKG_VERSION")));
+    support::assert_built_here(Path::new("/usr/bin"), &expected_binaries());
 
     // The exporter was restarted onto the new binary, after the unit files were reloaded; the
     // units that were not running stay stopped.
@@ -872,6 +937,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
         scrape().is_ok()
     });
     let metrics = healthy_scrape("the new exporter");
+    assert_sandboxed(new_exporter, "the new exporter");
     assert_eq!(queue_length(&metrics), 1, "{metrics}");
     let status = installed_status();
     assert!(

@@ -108,8 +108,10 @@ fn podman_admits_refuses_and_releases() {
     let p = Podman::new(testbed(dir.path()));
 
     // Admitted: visible in status while it runs.
-    let big = run_ok(&mut p.run(&["-d"], Some("20Gi"), &["sleep", "300"]));
+    let big = run_ok(&mut p.run(&["-d", "--name", "big-job"], Some("20Gi"), &["sleep", "300"]));
     wait_reserved(&p.tb, &big, 20 << 30);
+    // podman writes no name into the spec (`--name` is podman's own): shown by its id.
+    support::assert_shown_as(&p.tb.config_path, &p.tb.state_dir, &big, None);
 
     // Refused: podman fails and prints vramgate's message; nothing more is reserved.
     let out = p.run(&["--rm"], Some("5Gi"), &["true"]).output().unwrap();
@@ -158,11 +160,19 @@ fn podman_admits_refuses_and_releases() {
     // A container's own `vramgate.dev/enforcement` is not a tier vramgate applied: the hook
     // alone records none, so status and the metrics never claim a driver limit no one set.
     let forged = run_ok(&mut p.run(
-        &["-d", "--annotation", "vramgate.dev/enforcement=driver_limit"],
+        &[
+            "-d",
+            "--annotation",
+            "vramgate.dev/enforcement=driver_limit",
+            "--annotation",
+            "vramgate.dev/name=nightly-eval",
+        ],
         Some("2Gi"),
         &["sleep", "300"],
     ));
     wait_reserved(&p.tb, &forged, 2 << 30);
+    // The name the container gives itself is what status, the metrics and the events show.
+    support::assert_shown_as(&p.tb.config_path, &p.tb.state_dir, &forged, Some("nightly-eval"));
     let listed = status(&p.tb.config_path)["gpus"][0]["reservations"]
         .as_array()
         .unwrap()

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use serde_json::Value;
 use support::{runc_testbed, spawn_container as spawn, status, Cleanup, GIB, VRAMGATE};
 use vramgate::testbed::Testbed;
 
@@ -477,4 +478,213 @@ fn a_limit_above_the_request_is_bounded_by_limit_overcommit() {
         first.wait().unwrap();
         assert!(reservations(&bed).is_empty(), "both released at poststop");
     }
+}
+
+fn vramgate(bed: &Testbed, args: &[&str]) -> Output {
+    Command::new(VRAMGATE)
+        .args(args)
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A container that names itself (`vramgate.dev/name`, as `podman run --annotation` and
+/// `docker run --annotation` pass it; neither engine writes a name of its own) is shown by
+/// that name in the table, the JSON, the metrics and the event log; `status NAME` shows it
+/// alone and `release NAME` releases it; a name two containers claim is refused with the ids
+/// listed; a name with a newline and quotes reaches no table line or metric label whole.
+#[test]
+fn containers_are_shown_and_released_by_name() {
+    let (_dir, bed) = runc_testbed("vg-names", "");
+    let _cleanup = Cleanup(&bed);
+    let named = |name: &'static str| {
+        let mut r = request("1Gi");
+        r.push(("vramgate.dev/name", name));
+        r
+    };
+    let hostile = "evil\"} 9\nvramgate_container_reserved_bytes{x=\"y";
+    let mut children = vec![
+        spawn(&bed, "c-trainer", &["sleep", "60"], &named("trainer")),
+        spawn(&bed, "c-twin-1", &["sleep", "60"], &named("twin")),
+        spawn(&bed, "c-twin-2", &["sleep", "60"], &named("twin")),
+        spawn(&bed, "c-hostile", &["sleep", "60"], &named(hostile)),
+        spawn(&bed, "c-nameless", &["sleep", "60"], &request("1Gi")),
+    ];
+    eventually("all five are admitted", || reservations(&bed).len() == 5);
+
+    let json = status(&bed.config_path);
+    let names: Vec<(String, Value)> = json["gpus"][0]["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["container_id"].as_str().unwrap().to_string(), r["name"].clone()))
+        .collect();
+    let name_of = |id: &str| names.iter().find(|(i, _)| i == id).unwrap().1.clone();
+    assert_eq!(name_of("c-trainer"), "trainer");
+    assert_eq!(name_of("c-nameless"), Value::Null);
+    let cleaned = name_of("c-hostile").as_str().unwrap().to_string();
+    assert!(cleaned.starts_with("evil__"), "{cleaned}");
+    assert!(!cleaned.contains(['"', '\n', '{', '}']), "{cleaned}");
+
+    let table = support::status_output(&bed.config_path, &[]);
+    assert!(table.lines().any(|l| l.trim_start().starts_with("trainer ")), "{table}");
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with("c-nameless ")),
+        "{table}"
+    );
+    assert!(table.lines().any(|l| l.trim_start().starts_with(&cleaned)), "{table}");
+    assert!(!table.lines().any(|l| l.starts_with("vramgate_")), "{table}");
+
+    let metrics = text(&vramgate(&bed, &["metrics"]).stdout);
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("vramgate_container_reserved_bytes{container_id=\"c-trainer\"")
+                && l.contains("name=\"trainer\"")
+        ),
+        "{metrics}"
+    );
+    // One sample line per container and family: the hostile name opened no line of its own.
+    let reserved: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("vramgate_container_reserved_bytes"))
+        .collect();
+    assert_eq!(reserved.len(), 5, "{metrics}");
+    assert!(reserved.iter().all(|l| l.ends_with(" 1073741824")), "{reserved:?}");
+
+    // `status NAME` shows that container alone.
+    let one = support::status_output(&bed.config_path, &["trainer"]);
+    assert!(
+        one.contains("trainer") && !one.contains("twin") && !one.contains("c-nameless"),
+        "{one}"
+    );
+    let by_id = support::status_output(&bed.config_path, &["c-twin-1", "--json"]);
+    let by_id: Value = serde_json::from_str(&by_id).unwrap();
+    assert_eq!(by_id["gpus"][0]["reservations"].as_array().unwrap().len(), 1, "{by_id}");
+    assert_eq!(by_id["gpus"][0]["reservations"][0]["container_id"], "c-twin-1");
+
+    // A name two containers hold: both listed, one line saying to use the id, non-zero.
+    for verb in ["status", "release"] {
+        let out = vramgate(&bed, &[verb, "twin"]);
+        assert_eq!(out.status.code(), Some(1), "{verb}: {}", text(&out.stderr));
+        let listed = text(&out.stdout);
+        assert!(
+            listed.contains("c-twin-1") && listed.contains("c-twin-2"),
+            "{verb}: {listed}"
+        );
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{verb}: {err}");
+        assert!(err.contains("give the container id"), "{verb}: {err}");
+    }
+    assert_eq!(reservations(&bed).len(), 5, "the ambiguous release released nothing");
+    let out = vramgate(&bed, &["status", "nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
+
+    // `release NAME` releases the one container of that name, by its id.
+    let out = vramgate(&bed, &["release", "trainer"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("released c-trainer:"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!reservations(&bed).iter().any(|r| r.0 == "c-trainer"));
+
+    // The event log names it on its admission and on its release.
+    let events = std::fs::read_to_string(bed.state_dir.join("events.jsonl")).unwrap();
+    let of_trainer: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["container"] == "c-trainer")
+        .collect();
+    for kind in ["admit", "release"] {
+        let e = of_trainer
+            .iter()
+            .find(|e| e["event"] == kind)
+            .unwrap_or_else(|| panic!("{kind}: {events}"));
+        assert_eq!(e["name"], "trainer", "{e}");
+    }
+
+    for id in ["c-trainer", "c-twin-1", "c-twin-2", "c-hostile", "c-nameless"] {
+        support::runc_kill_when_running(&bed, id);
+    }
+    for child in &mut children {
+        child.wait().unwrap();
+    }
+}
+
+/// Reads `child`'s stdout until `frames` headers of `vramgate status --watch` came, then kills
+/// it: what it printed.
+fn watch_frames(mut child: Child, frames: usize) -> String {
+    use std::io::Read;
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while text(&seen).matches("Every 0.2s: vramgate status").count() < frames {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {frames} frames in 60 s: {}",
+            text(&seen)
+        );
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the watch ended: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    text(&seen)
+}
+
+/// `vramgate status --watch -n 0.2`: one table after another, with no control sequence, into a
+/// pipe; on a terminal (a pty from script(1)) each table drawn over the last (clear, home); a
+/// bad -n is refused with one line that says what to give.
+#[test]
+fn status_watch_redraws_on_a_terminal_and_appends_into_a_pipe() {
+    let (_dir, bed) = runc_testbed("vg-swatch", "");
+    let _cleanup = Cleanup(&bed);
+    let mut child = spawn(&bed, "watched", &["sleep", "60"], &request("1Gi"));
+    eventually("admitted", || reservations(&bed).len() == 1);
+
+    let piped = Command::new(VRAMGATE)
+        .args(["status", "--watch", "-n", "0.2"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = watch_frames(piped, 3);
+    assert!(!out.contains('\x1b'), "{out:?}");
+    assert!(out.matches("\n  watched ").count() >= 2, "{out}");
+
+    let command = format!("{VRAMGATE} status -n 0.2");
+    let on_tty = Command::new("script")
+        .args(["-qfec", &command, "/dev/null"])
+        .env("VRAMGATE_CONFIG", &bed.config_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = watch_frames(on_tty, 2);
+    assert!(out.matches("\x1b[H\x1b[2J").count() >= 2, "{out:?}");
+    assert!(out.contains("watched"), "{out:?}");
+
+    for bad in ["0", "abc", "0.05", "1e9", "nan"] {
+        let out = vramgate(&bed, &["status", "-n", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = text(&out.stderr);
+        assert!(
+            err.lines()
+                .next()
+                .unwrap_or("")
+                .contains("is not a number of seconds from 0.1 to 86400"),
+            "{bad}: {err}"
+        );
+    }
+
+    support::runc_kill_when_running(&bed, "watched");
+    child.wait().unwrap();
 }

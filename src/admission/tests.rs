@@ -74,6 +74,7 @@ fn enqueue(ledger: &mut Ledger, bytes: u64, at_ms: u64) -> u64 {
         choose: None,
         expected_ms: None,
         pod_container: None,
+        name: None,
         extra: Default::default(),
     });
     ticket

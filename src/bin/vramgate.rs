@@ -45,7 +45,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
     let config_path = cli.config.clone().unwrap_or_else(config::path_from_env);
     let config_path = config_path.as_path();
     match cli.command {
-        Command::Status { json, record, note } => status(config_path, json, record.as_deref(), &note),
+        Command::Status {
+            container,
+            json,
+            watch,
+            interval,
+            record,
+            note,
+        } => match (watch || interval.is_some(), record) {
+            (true, Some(_)) => anyhow::bail!("--record takes one snapshot: leave out --watch and -n"),
+            (true, None) => watch_status(
+                config_path,
+                container.as_deref(),
+                json,
+                interval.unwrap_or(vramgate::cli::WATCH_INTERVAL),
+            ),
+            (false, record) => status(config_path, container.as_deref(), json, record.as_deref(), &note),
+        },
         Command::Doctor { json } => {
             let report = vramgate::doctor::run(&vramgate::doctor::Paths::host(config_path.to_path_buf()));
             if json {
@@ -109,27 +125,116 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-fn status(config_path: &Path, json: bool, record: Option<&Path>, note: &str) -> Result<ExitCode> {
+fn status(
+    config_path: &Path,
+    container: Option<&str>,
+    json: bool,
+    record: Option<&Path>,
+    note: &str,
+) -> Result<ExitCode> {
     let config = Config::load_from(config_path)?;
     let inventory = vramgate::inventory::open(&config)?;
-    let ledger = match StateDir::open_existing(&config.state_dir)? {
-        Some(dir) => dir.read()?,
-        None => Default::default(),
-    };
+    let ledger = read_ledger(&config)?;
     if let Some(path) = record {
         let host = vramgate::inventory::RecordedHost::capture(inventory.as_ref(), &ledger, note)?;
         std::fs::write(path, serde_json::to_vec_pretty(&host)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    // The report the service's snapshot builds, on the ledger just read (an empty one when
-    // nothing was ever reserved on this host).
-    let report = vramgate::status::build(&config, inventory.as_ref(), &ledger)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", vramgate::status::render(&report));
+    match status_text(&config, inventory.as_ref(), &ledger, container, json)? {
+        Ok(text) => {
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => {
+            eprintln!("vramgate: {why}");
+            Ok(ExitCode::from(1))
+        }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// The ledger as it stands (an empty one when nothing was ever reserved on this host).
+fn read_ledger(config: &Config) -> Result<vramgate::ledger::Ledger> {
+    Ok(match StateDir::open_existing(&config.state_dir)? {
+        Some(dir) => dir.read()?,
+        None => Default::default(),
+    })
+}
+
+/// What `vramgate status [NAME|ID] [--json]` prints for `ledger`, or the one line saying why
+/// the container asked for cannot be shown (the matches of an ambiguous name come before it).
+fn status_text(
+    config: &Config,
+    inventory: &dyn vramgate::inventory::Inventory,
+    ledger: &vramgate::ledger::Ledger,
+    container: Option<&str>,
+    json: bool,
+) -> Result<std::result::Result<String, String>> {
+    // The report the service's snapshot builds, on the ledger just read.
+    let mut report = vramgate::status::build(config, inventory, ledger)?;
+    if let Some(who) = container {
+        match found(ledger, who) {
+            Ok(id) => vramgate::status::only(&mut report, &id),
+            Err(why) => return Ok(Err(why)),
+        }
+    }
+    Ok(Ok(if json {
+        format!("{}\n", serde_json::to_string_pretty(&report)?)
+    } else {
+        vramgate::status::render(&report)
+    }))
+}
+
+/// The container id `who` names in `ledger`, or the line that says why there is none; an
+/// ambiguous name's matches are printed first, one a line.
+fn found(ledger: &vramgate::ledger::Ledger, who: &str) -> std::result::Result<String, String> {
+    use vramgate::ledger::Found;
+    match ledger.find_container(who) {
+        Found::Id(id) => Ok(id),
+        Found::Nothing => Err(format!(
+            "no container named or numbered {who:?} holds a reservation or waits; `vramgate status` lists them"
+        )),
+        Found::Ambiguous(matches) => {
+            for (id, name) in &matches {
+                println!("{id}  {name}");
+            }
+            Err(format!(
+                "{} containers are named {who:?} (listed above): give the container id instead",
+                matches.len()
+            ))
+        }
+    }
+}
+
+/// `vramgate status --watch`: the table again every `interval` until Ctrl-C, drawn over the
+/// last one on a terminal, one after another elsewhere. A snapshot that fails is shown in its
+/// frame and the watch goes on: the next one may succeed (a GPU back, a ledger repaired).
+fn watch_status(
+    config_path: &Path,
+    container: Option<&str>,
+    json: bool,
+    interval: std::time::Duration,
+) -> Result<ExitCode> {
+    use std::io::{IsTerminal, Write};
+    let config = Config::load_from(config_path)?;
+    let inventory = vramgate::inventory::open(&config)?;
+    let terminal = std::io::stdout().is_terminal();
+    let mut what = String::from("vramgate status");
+    if let Some(who) = container {
+        what = format!("{what} {who}");
+    }
+    loop {
+        let body = read_ledger(&config)
+            .and_then(|ledger| status_text(&config, inventory.as_ref(), &ledger, container, json))
+            .map(|text| text.unwrap_or_else(|why| format!("vramgate: {why}\n")))
+            .unwrap_or_else(|e| format!("vramgate: {}\n", vramgate::cli::error_line(&e)));
+        let now = vramgate::runtime::runc_log::rfc3339_now();
+        let header = format!("Every {:.1}s: {what}    {}Z", interval.as_secs_f64(), &now[..19]);
+        let mut out = std::io::stdout().lock();
+        out.write_all(vramgate::status::watch_frame(&header, &body, terminal).as_bytes())?;
+        out.flush()?;
+        drop(out);
+        std::thread::sleep(interval);
+    }
 }
 
 /// The service for commands that change the ledger but never read the GPUs.
@@ -167,16 +272,31 @@ fn exporter(config_path: &Path, listen: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn release(config_path: &Path, container_id: &str) -> Result<ExitCode> {
-    vramgate::spec::validate_container_id(container_id)?;
+fn release(config_path: &Path, who: &str) -> Result<ExitCode> {
+    vramgate::spec::validate_container_id(who)?;
     let config = Config::load_from(config_path)?;
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         eprintln!(
-            "vramgate: no reservation for container {container_id:?} (no state directory {})",
+            "vramgate: no reservation for container {who:?} (no state directory {})",
             config.state_dir.display()
         );
         return Ok(ExitCode::from(1));
     };
+    // A name leads to an id here, read without the lock; the release itself is by id, so a
+    // container that left meanwhile is reported as not found, never another released.
+    let ledger = dir.read()?;
+    let container_id = match ledger.find_container(who) {
+        // Released by the word given, whose "no reservation" the release below reports.
+        vramgate::ledger::Found::Nothing => who.to_string(),
+        _ => match found(&ledger, who) {
+            Ok(id) => id,
+            Err(why) => {
+                eprintln!("vramgate: {why}");
+                return Ok(ExitCode::from(1));
+            }
+        },
+    };
+    let container_id = container_id.as_str();
     let released = ledger_service(&config, dir)
         .release(container_id, None, "vramgate release")
         .context("releasing")?;

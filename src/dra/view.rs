@@ -348,6 +348,7 @@ mod tests {
             enforcement: None,
             claim: None,
             cgroup: None,
+            name: None,
             extra: Default::default(),
         }
     }

@@ -54,6 +54,10 @@
 //! carries the claim's whole share, so the hold is simply left out of what such a reader may
 //! read: each holder is then counted whole, more than the claim holds, never less.
 //!
+//! **Names** ([`Reservation::name`](super::Reservation::name), [`Ticket::name`](super::Ticket::name))
+//! are refused by ed7e56d's readers as unknown fields, and kept (and ignored) by every later
+//! one; they are only shown, so they are left out the same way and such a reader shows the id.
+//!
 //! The cost: nothing when every ticket carries the field (the common case, and an empty
 //! queue); otherwise two `/proc` reads and two `stat`s per ticket without it, on writes only
 //! (where the link cannot be read: one read of the waiter's command line and up to eight
@@ -238,16 +242,14 @@ pub fn write_for_older_readers(ledger: &Ledger, binaries: &dyn Binaries) -> bool
 /// without it a waiter counts as undeclared), and every limit taken as its share's bytes
 /// (format 1). `None` when there is nothing to leave out.
 pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
-    if ledger
-        .queue
-        .iter()
-        .all(|t| t.enqueued_boot_ms.is_none() && t.expected_ms.is_none() && t.pod_container.is_none())
-        && ledger.kept_places.is_empty()
+    if ledger.queue.iter().all(|t| {
+        t.enqueued_boot_ms.is_none() && t.expected_ms.is_none() && t.pod_container.is_none() && t.name.is_none()
+    }) && ledger.kept_places.is_empty()
         && !ledger.has_limits()
         && ledger
             .reservations
             .iter()
-            .all(|r| r.claim.is_none() && r.cgroup.is_none())
+            .all(|r| r.claim.is_none() && r.cgroup.is_none() && r.name.is_none())
     {
         return None;
     }
@@ -258,6 +260,8 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
     older.reservations.iter_mut().for_each(|r| {
         r.claim = None;
         r.cgroup = None;
+        // Only shown: such a reader shows the id.
+        r.name = None;
     });
     // Places kept for retries only spare a retry the back of the queue: without them a retry
     // queues as it did before they were kept.
@@ -266,6 +270,7 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         t.enqueued_boot_ms = None;
         t.expected_ms = None;
         t.pod_container = None;
+        t.name = None;
     });
     let shares = older.reservations.iter_mut().flat_map(|r| r.gpus.iter_mut());
     for share in shares.chain(older.queue.iter_mut().flat_map(|t| t.gpus.iter_mut())) {
@@ -315,6 +320,7 @@ mod tests {
             choose: None,
             expected_ms: None,
             pod_container: None,
+            name: None,
             extra: Default::default(),
         }
     }
@@ -559,5 +565,17 @@ mod tests {
                 "{how}: a gone process is no reader"
             );
         }
+    }
+
+    /// A name is an unknown field to ed7e56d's readers: left out for them (they show the id).
+    #[test]
+    fn names_are_left_out_for_a_reader_that_refuses_them() {
+        let mut named = ledger(vec![ticket(1, None)]);
+        named.queue[0].name = Some("ns/pod/waiting".into());
+        let mut r = crate::ledger::Reservation::for_test("c", "GPU-a", 1);
+        r.name = Some("ns/pod/c".into());
+        named.reservations.push(r);
+        let older = for_older_readers(&named).expect("the names are left out");
+        assert!(!serde_json::to_string(&older).unwrap().contains("\"name\""));
     }
 }

@@ -81,3 +81,98 @@ fn unsafe_want(is_dir: &bool) -> &'static str {
         "a regular file owned by root that others cannot write"
     }
 }
+
+/// Which container a word of the operator's means (`vramgate status NAME|ID`,
+/// `vramgate release NAME|ID`): the id is always the key; a name only leads to one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// The container's id: `who` was its id, the start of its id and of no other, or a name
+    /// only it holds.
+    Id(String),
+    /// Nothing in the ledger is called or numbered so.
+    Nothing,
+    /// The name is held by several containers (names are not unique: any container may claim
+    /// one): their ids and names, for the operator to choose by id.
+    Ambiguous(Vec<(String, String)>),
+}
+
+/// Shortest start of an id taken for the id: `vramgate status` shows 24 characters.
+pub const MIN_ID_PREFIX: usize = 12;
+
+impl Ledger {
+    /// What `who` means here ([`Found`]): an id first (whole, then a start of one of at least
+    /// [`MIN_ID_PREFIX`] characters that no other id shares), then a name.
+    pub fn find_container(&self, who: &str) -> Found {
+        let entries = || {
+            self.reservations
+                .iter()
+                .map(|r| (&r.container_id, &r.name))
+                .chain(self.queue.iter().map(|t| (&t.container_id, &t.name)))
+        };
+        if entries().any(|(id, _)| id == who) {
+            return Found::Id(who.to_string());
+        }
+        let mut by_prefix: Vec<&String> = entries()
+            .filter(|(id, _)| who.len() >= MIN_ID_PREFIX && id.starts_with(who))
+            .map(|(id, _)| id)
+            .collect();
+        by_prefix.dedup();
+        if let [id] = by_prefix.as_slice() {
+            return Found::Id(id.to_string());
+        }
+        let mut named: Vec<(String, String)> = entries()
+            .filter(|(_, name)| name.as_deref() == Some(who))
+            .map(|(id, name)| (id.clone(), name.clone().unwrap_or_default()))
+            .collect();
+        named.sort();
+        named.dedup();
+        match named.len() {
+            0 => Found::Nothing,
+            1 => Found::Id(named.remove(0).0),
+            _ => Found::Ambiguous(named),
+        }
+    }
+}
+
+#[cfg(test)]
+mod find_tests {
+    use super::*;
+
+    fn named(id: &str, name: Option<&str>) -> Reservation {
+        Reservation {
+            name: name.map(str::to_string),
+            ..Reservation::for_test(id, "GPU-a", 1)
+        }
+    }
+
+    #[test]
+    fn an_id_a_unique_prefix_or_a_unique_name_finds_the_container_and_a_shared_name_does_not() {
+        let mut ledger = Ledger::default();
+        ledger.reservations.push(named("aaaaaaaaaaaa1111", Some("ns/p/c")));
+        ledger.reservations.push(named("aaaaaaaaaaaa2222", Some("twin")));
+        ledger.reservations.push(named("bbbbbbbbbbbb3333", Some("twin")));
+        let mut waiting = Ticket::for_test("cccccccccccc4444", vec![]);
+        waiting.name = Some("queued".into());
+        ledger.queue.push(waiting);
+        let id = |s: &str| Found::Id(s.to_string());
+        assert_eq!(ledger.find_container("aaaaaaaaaaaa1111"), id("aaaaaaaaaaaa1111"));
+        assert_eq!(ledger.find_container("ns/p/c"), id("aaaaaaaaaaaa1111"));
+        assert_eq!(ledger.find_container("queued"), id("cccccccccccc4444"));
+        assert_eq!(ledger.find_container("bbbbbbbbbbbb"), id("bbbbbbbbbbbb3333"));
+        // Too short a start, or one two ids share, is no id.
+        assert_eq!(ledger.find_container("bbbb"), Found::Nothing);
+        assert_eq!(ledger.find_container("aaaaaaaaaaaa"), Found::Nothing);
+        assert_eq!(
+            ledger.find_container("twin"),
+            Found::Ambiguous(vec![
+                ("aaaaaaaaaaaa2222".into(), "twin".into()),
+                ("bbbbbbbbbbbb3333".into(), "twin".into())
+            ])
+        );
+        // A name that is someone's id is the id: an id is never shadowed by a name.
+        ledger
+            .reservations
+            .push(named("dddddddddddd5555", Some("aaaaaaaaaaaa1111")));
+        assert_eq!(ledger.find_container("aaaaaaaaaaaa1111"), id("aaaaaaaaaaaa1111"));
+    }
+}

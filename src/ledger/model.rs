@@ -135,6 +135,13 @@ pub struct Reservation {
     /// holds its memory as much (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// What the container is called where it is shown ([`crate::request::container_name`]:
+    /// `namespace/pod/container`, or the name its owner wrote), read once at admission; never a
+    /// key (the id is: two containers may claim one name). Absent where the spec names none, and
+    /// in ledgers written before it was recorded. Only shown, so no format bump: an older reader
+    /// keeps it in `extra` and shows the id (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -200,6 +207,7 @@ impl Reservation {
             enforcement: None,
             claim: None,
             cgroup: None,
+            name: None,
             extra: Extra::new(),
         }
     }
@@ -263,6 +271,9 @@ pub struct Ticket {
     /// the retry: the queue as it was before places were kept (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_container: Option<PodContainer>,
+    /// What the waiting container is called where it is shown ([`Reservation::name`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -335,6 +346,7 @@ impl Ticket {
             choose: None,
             expected_ms: None,
             pod_container: None,
+            name: None,
             extra: Extra::new(),
         }
     }

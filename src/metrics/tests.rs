@@ -8,6 +8,7 @@ const GI: u64 = 1 << 30;
 fn reservation(id: &str, bytes: u64, used: Option<u64>) -> ReservationStatus {
     ReservationStatus {
         container_id: id.into(),
+        name: None,
         bytes,
         limit: bytes,
         used,
@@ -26,6 +27,7 @@ fn ticket(id: &str, waited_ms: u64) -> TicketStatus {
         position: 1,
         ticket: 1,
         container_id: id.into(),
+        name: None,
         bytes: GI,
         limit: GI,
         waited_ms,
@@ -245,4 +247,25 @@ fn textfile_is_replaced_whole_and_readable_by_others() {
     assert_eq!(names, vec![std::ffi::OsString::from(TEXTFILE_NAME)]);
     let err = write_textfile(&dir.path().join("missing"), "").unwrap_err();
     assert!(err.to_string().contains("missing/vramgate.prom"), "{err}");
+}
+
+#[test]
+fn a_containers_series_carry_its_name_beside_its_id() {
+    let named = ReservationStatus {
+        name: Some("team-a/train/trainer".into()),
+        ..reservation("c1", GI, None)
+    };
+    let text = render(
+        &report(vec![named, reservation("c2", GI, None)], vec![]),
+        &Counters::default(),
+        0,
+    );
+    assert!(
+        text.contains(r#"vramgate_container_reserved_bytes{container_id="c1",gpu="0",gpu_uuid="GPU-a",name="team-a/train/trainer"} 1073741824"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"vramgate_container_reserved_bytes{container_id="c2",gpu="0",gpu_uuid="GPU-a"} "#),
+        "{text}"
+    );
 }

@@ -173,6 +173,9 @@ struct LoggedEvent {
     time_unix_ms: u64,
     event: String,
     container: String,
+    /// What the container was called, where it had a name ([`crate::events::Event::name`]).
+    #[serde(default)]
+    name: Option<String>,
     #[serde(default)]
     gpus: Vec<crate::ledger::GpuShare>,
     #[serde(default)]
@@ -208,6 +211,7 @@ struct Seen {
     limit: Option<u64>,
     gpus: Option<String>,
     queued: bool,
+    name: Option<String>,
 }
 
 pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
@@ -246,6 +250,9 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
             order.push(e.container.clone());
             Seen::default()
         });
+        if let Some(name) = e.name.as_deref().and_then(crate::request::checked_name) {
+            s.name.get_or_insert_with(|| name.to_string());
+        }
         match e.event.as_str() {
             "admit" | "admit_after_wait" | "enqueue" | "refuse" | "timeout" => {
                 if s.first_ms.is_none() {
@@ -280,6 +287,20 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
         }
     }
     let start = seen.values().filter_map(|s| s.first_ms).min().unwrap_or(0);
+    // A job is named as its container was where no other container of the log had that name
+    // (a job's id keys it in the replay, as the container id keyed it on the host); by the
+    // container's id otherwise.
+    let mut named: HashMap<&str, usize> = HashMap::new();
+    for s in seen.values() {
+        if let Some(name) = &s.name {
+            *named.entry(name.as_str()).or_default() += 1;
+        }
+    }
+    let unique_name = |s: &Seen| {
+        s.name
+            .clone()
+            .filter(|n| named[n.as_str()] == 1 && !seen.contains_key(n.as_str()))
+    };
     let mut jobs = Vec::new();
     for id in order {
         let s = &seen[&id];
@@ -296,7 +317,7 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
             continue;
         }
         jobs.push(Job {
-            id: id.clone(),
+            id: unique_name(s).unwrap_or_else(|| id.clone()),
             arrival_ms: first - start,
             memory: s.bytes.to_string(),
             limit: s.limit.map(|l| l.to_string()),
@@ -375,7 +396,7 @@ mod tests {
     #[test]
     fn event_logs_become_jobs_and_bad_lines_are_named() {
         let p = Path::new("events.jsonl");
-        let log = r#"{"time_unix_ms":1000,"event":"admit","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
+        let log = r#"{"time_unix_ms":1000,"event":"admit","container":"a","name":"ns/pod/a","gpus":[{"uuid":"GPU-x","bytes":5}]}
 {"time_unix_ms":1500,"event":"enqueue","container":"b","gpus":[{"uuid":"GPU-x","bytes":7}]}
 {"time_unix_ms":4000,"event":"release","container":"a","gpus":[{"uuid":"GPU-x","bytes":5}]}
 {"time_unix_ms":4000,"event":"admit_after_wait","container":"b","gpus":[{"uuid":"GPU-x","bytes":7,"limit":9}]}
@@ -397,5 +418,18 @@ mod tests {
         assert_eq!(err, "events.jsonl:5: unknown event \"teleport\"");
         let err = from_events(&log[..log.len() - 30], p).unwrap_err().to_string();
         assert!(err.starts_with("events.jsonl:5: not a vramgate event"), "{err}");
+    }
+
+    #[test]
+    fn a_job_is_named_as_its_container_was_where_the_name_was_its_alone() {
+        let p = Path::new("events.jsonl");
+        let log = r#"{"time_unix_ms":1000,"event":"admit","container":"c1","name":"ns/train/worker","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":1100,"event":"admit","container":"c2","name":"twin","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":1200,"event":"admit","container":"c3","name":"twin","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":1300,"event":"admit","container":"c4","gpus":[{"uuid":"GPU-x","bytes":5}]}
+{"time_unix_ms":1400,"event":"admit","container":"c5","name":"bad\nname","gpus":[{"uuid":"GPU-x","bytes":5}]}
+"#;
+        let ids: Vec<String> = from_events(log, p).unwrap().into_iter().map(|j| j.id).collect();
+        assert_eq!(ids, ["ns/train/worker", "c2", "c3", "c4", "c5"]);
     }
 }

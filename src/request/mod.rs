@@ -38,6 +38,7 @@
 pub mod claim_specs;
 mod claims;
 mod gpus;
+pub mod name;
 mod nvidia;
 
 use std::time::Duration;
@@ -49,6 +50,7 @@ use crate::quantity::{self, Quantity};
 use crate::spec::SpecView;
 pub use claims::{claim_devices, claim_marker_device, claim_markers, claim_shares, ClaimShares};
 pub use gpus::{DeviceRef, GpuSelection, GpuSelector};
+pub use name::{checked as checked_name, container_name, NAME_ANNOTATION};
 use nvidia::nvidia_sources;
 pub use nvidia::{nvidia_memory, NvidiaMemory};
 
@@ -271,6 +273,8 @@ pub struct Request {
     /// engine gave up on keeps its first attempt's place in the queue by
     /// ([`crate::ledger::KeptPlace`]). `None` outside a pod.
     pub pod_container: Option<crate::ledger::PodContainer>,
+    /// What the container is called where it is shown ([`container_name`]): never a key.
+    pub name: Option<String>,
 }
 
 /// What a container is to Kubernetes, from the annotation its CRI runtime writes.
@@ -573,6 +577,7 @@ impl Request {
             claim_devices: Vec::new(),
             pod_sandbox: pod_sandbox(spec),
             pod_container: pod_container(spec),
+            name: container_name(spec),
         }))
     }
 

@@ -8,6 +8,7 @@ use super::queue::Progress;
 use super::{wait, Admission, AdmitRequest, Refusal, Result, Service, ServiceError};
 use crate::config::Policy;
 use crate::events::{self, Event, Kind};
+use crate::inventory::Snapshot;
 use crate::ledger::{Ledger, Reclaimed, Reservation, LOCK_TIMEOUT};
 use crate::procfs;
 
@@ -96,29 +97,53 @@ impl Service<'_> {
     }
 
     fn attempt_locked(&self, req: &AdmitRequest, progress: &mut Progress) -> Result<Step> {
-        // The inventory (NVML: loading the library, nvmlInit) is opened before the lock is
-        // taken, so no start on the host waits behind a driver's initialisation; only the
-        // memory reads happen inside. A hook that confirms what the wrapper reserved at create
-        // needs no GPU numbers and never opens it.
+        // The inventory (NVML: loading the library, nvmlInit) is opened and read before the
+        // lock is taken, so no start on the host waits behind a driver's initialisation or its
+        // answers: on a 4-GPU host with 160 waiters, reading every GPU's memory and processes
+        // inside the lock held it so long that starts failed on the lock's timeout. Read
+        // before the lock, the numbers can only err on the safe side: memory of a container
+        // released meanwhile still counts as used, and a container admitted meanwhile has
+        // allocated nothing in them, so its reservation counts whole. A hook that confirms
+        // what the wrapper reserved at create needs no GPU numbers and never opens it.
         let mut peek = self.dir.peek()?;
         loop {
-            if !self.inventory.is_open() && needs_inventory(peek.ledger(), req) {
-                self.inventory.open()?;
+            let mut snapshot = None;
+            if needs_inventory(peek.ledger(), req) {
+                if !self.inventory.is_open() {
+                    self.inventory.open()?;
+                }
+                let ledger = peek.ledger();
+                snapshot = Some(
+                    self.inventory
+                        .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?,
+                );
             }
             let (mut tx, mut reclaimed, checked_all) =
                 self.dir
                     .begin_reclaiming_after(peek, self.liveness, self.lock_timeout(req, progress))?;
-            if !self.inventory.is_open() && needs_inventory(&tx.ledger, req) {
+            if snapshot.is_none() && needs_inventory(&tx.ledger, req) {
                 // The ledger changed between the look and the lock (what was to be confirmed
-                // was released): give the lock back, open, and look again.
+                // was released): give the lock back, read the GPUs, and look again.
                 drop(tx);
-                self.inventory.open()?;
                 peek = self.dir.peek()?;
                 continue;
             }
             let mut log = Vec::new();
             let on_disk = progress.ticket;
-            let step = self.decide_on(&mut tx.ledger, checked_all, &mut reclaimed, req, progress, &mut log);
+            let step = self.decide_on(
+                &mut tx.ledger,
+                checked_all,
+                &mut reclaimed,
+                req,
+                progress,
+                &mut log,
+                snapshot,
+            );
+            // Every event of this attempt is about the requesting container: its name, read
+            // from its spec once, goes with each.
+            for event in log.iter_mut().filter(|e| e.container == req.container) {
+                event.name.clone_from(&req.request.name);
+            }
             tx.ledger
                 .counters
                 .record_reclaimed(reclaimed.reservations.len(), reclaimed.tickets.len());
@@ -154,7 +179,7 @@ impl Service<'_> {
             if let Some(t) = tx.ledger.remove_ticket(ticket) {
                 tx.ledger.counters.record_abandon();
                 let detail = format!("ticket {ticket}: {error}");
-                log.push(self.event(Kind::Cancel, container, &t.gpus, detail));
+                log.push(self.event(Kind::Cancel, container, &t.gpus, detail).named(&t.name));
             }
             tx.ledger
                 .counters
@@ -182,6 +207,7 @@ impl Service<'_> {
     ///
     /// The one exit for the ticket: whatever the steps conclude, other than to keep waiting
     /// (an admission, a refusal, an error), takes this admission's ticket out of the queue.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_on(
         &self,
         ledger: &mut Ledger,
@@ -190,6 +216,7 @@ impl Service<'_> {
         req: &AdmitRequest,
         progress: &mut Progress,
         log: &mut Vec<Event>,
+        read_before_lock: Option<Snapshot>,
     ) -> Result<Step> {
         let at = At {
             now: self.clock.stamp(),
@@ -197,7 +224,7 @@ impl Service<'_> {
         };
         // Places kept for retries last only as long as their tickets could have waited.
         ledger.forget_kept_places(at.now);
-        let step = self.steps(ledger, checked_all, reclaimed, req, progress, log, at);
+        let step = self.steps(ledger, checked_all, reclaimed, req, progress, log, at, read_before_lock);
         if !matches!(step, Ok(Step::Wait)) {
             if let Some(ticket) = progress.ticket.take() {
                 ledger.remove_ticket(ticket);
@@ -219,6 +246,7 @@ impl Service<'_> {
         progress: &mut Progress,
         log: &mut Vec<Event>,
         at: At,
+        read_before_lock: Option<Snapshot>,
     ) -> Result<Step> {
         if let Some(refusal) = self.wait_ended(ledger, req, progress, log, at) {
             return Ok(Step::Done(Admission::Refused(refusal)));
@@ -229,7 +257,7 @@ impl Service<'_> {
         if let Some(done) = self.same_id(ledger, reclaimed, req) {
             return Ok(Step::Done(done));
         }
-        let decided = self.decide(ledger, checked_all, reclaimed, req, progress, at)?;
+        let decided = self.decide(ledger, checked_all, reclaimed, req, progress, at, read_before_lock)?;
         Ok(self.apply(ledger, decided, req, progress, log, at))
     }
 

@@ -44,6 +44,7 @@ impl Service<'_> {
     }
 
     /// The admission rule on the GPUs' numbers now (see [`crate::admission`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide(
         &self,
         ledger: &mut Ledger,
@@ -52,12 +53,18 @@ impl Service<'_> {
         req: &AdmitRequest,
         progress: &Progress,
         at: At,
+        read_before_lock: Option<Snapshot>,
     ) -> Result<Decided> {
         // Process lists matter only where live reservations are (to count what those
         // containers already allocated); everywhere else the driver's free memory says it all.
-        let snapshot = self
-            .inventory
-            .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?;
+        // A transaction reads them before it locks (see `attempt_locked`); a caller deciding on
+        // a ledger in memory reads them here.
+        let snapshot = match read_before_lock {
+            Some(snapshot) => snapshot,
+            None => self
+                .inventory
+                .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?,
+        };
         let (mut shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
         // A hook of a release without limits waits and will read what this writes: the limit
         // is decided on and reserved whole, as that release would (see ledger/compat.rs), so
@@ -170,6 +177,7 @@ impl Service<'_> {
                     pending: req.pending,
                     claim: hold,
                     cgroup: req.cgroup.map(str::to_string),
+                    name: req.request.name.clone(),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
@@ -274,6 +282,7 @@ impl Service<'_> {
                     choose,
                     expected_ms: req.request.expected_duration.map(|d| d.as_millis() as u64),
                     pod_container: req.request.pod_container.clone(),
+                    name: req.request.name.clone(),
                     extra: Default::default(),
                 },
                 kept.as_ref(),

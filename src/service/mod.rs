@@ -186,18 +186,24 @@ impl<'a> Service<'a> {
     fn reclaim_events(&self, reclaimed: &Reclaimed, log: &mut Vec<Event>) {
         for r in &reclaimed.reservations {
             let detail = format!("init pid {} is gone", r.init.pid);
-            log.push(self.event(Kind::Reclaim, &r.container_id, &r.gpus, detail));
+            log.push(
+                self.event(Kind::Reclaim, &r.container_id, &r.gpus, detail)
+                    .named(&r.name),
+            );
         }
         for t in &reclaimed.tickets {
             let detail = format!("waiting hook pid {} is gone", t.waiter.pid);
-            log.push(self.event(Kind::AbandonTicket, &t.container_id, &t.gpus, detail));
+            log.push(
+                self.event(Kind::AbandonTicket, &t.container_id, &t.gpus, detail)
+                    .named(&t.name),
+            );
         }
         for r in &reclaimed.undecided {
             let detail = format!(
                 "kept: cannot tell whether init pid {} still runs (/proc unreadable)",
                 r.init.pid
             );
-            log.push(self.event(Kind::Note, &r.container_id, &r.gpus, detail));
+            log.push(self.event(Kind::Note, &r.container_id, &r.gpus, detail).named(&r.name));
         }
     }
 }

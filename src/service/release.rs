@@ -67,15 +67,18 @@ impl Service<'_> {
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
         if let Some(r) = &released.reservation {
-            log.push(self.event(Kind::Release, &r.container_id, &r.gpus, why));
+            log.push(self.event(Kind::Release, &r.container_id, &r.gpus, why).named(&r.name));
         }
         for t in &released.cancelled {
-            log.push(self.event(
-                Kind::Cancel,
-                &t.container_id,
-                &t.gpus,
-                format!("ticket {} ({why})", t.ticket),
-            ));
+            log.push(
+                self.event(
+                    Kind::Cancel,
+                    &t.container_id,
+                    &t.gpus,
+                    format!("ticket {} ({why})", t.ticket),
+                )
+                .named(&t.name),
+            );
         }
         events::append(&self.dir, &log);
         Ok(released)
@@ -101,7 +104,9 @@ impl Service<'_> {
             return Ok(false);
         };
         r.enforcement = Some(tier);
-        let event = self.event(Kind::Enforce, container, &r.gpus, format!("{tier}: {detail}"));
+        let event = self
+            .event(Kind::Enforce, container, &r.gpus, format!("{tier}: {detail}"))
+            .named(&r.name);
         let _committed = tx.commit()?;
         events::append(&self.dir, &[event]);
         Ok(true)

@@ -26,12 +26,19 @@ down (consumers use only a pool's newest generation, so a driver that lowered it
 ignored, not refused), and `spec.nodeName` must name a Node given with --node. An update
 must carry `metadata.resourceVersion` (the real server allows unconditional updates).
 
-Callers: a request with `Authorization: Bearer TOKEN` is the user that `--user TOKEN USERNAME
-NODE` names, a service account's with its groups, and with the user extra
-`authentication.kubernetes.io/node-name: [NODE]` that a node-bound service account token
-carries (none when NODE is empty); an unknown token is a 401, as the real server answers. A
-request without a token is the tests' own client, a cluster admin (the real server would call
-it system:anonymous).
+Callers: every request must carry `Authorization: Bearer TOKEN`; one without, or with a token
+the server was not given, is a 401, as kube-apiserver answers when anonymous requests are
+off. `--admin-token TOKEN` is the tests' own client, a cluster admin (system:masters).
+`--user TOKEN USERNAME NODE` names a service account's token, with its groups and the user
+extra `authentication.kubernetes.io/node-name: [NODE]` that a node-bound service account token
+carries (none when NODE is empty).
+
+Not authorization: every authenticated caller may call every endpoint here (no RBAC), and no
+garbage collector removes objects whose owner is gone. Both are left to the real
+kube-apiserver and kube-controller-manager that issue 45 puts into the suite, which exercise
+k8s/dra.yaml's ClusterRole and RBAC bindings for real; this stand-in stays for what they do
+not check (the schemas of the API version under test, the pool generation rule, the
+test-only endpoints below).
 
 With `--policy FILE` (k8s/dra.yaml), the ValidatingAdmissionPolicies and bindings in FILE are
 evaluated on every ResourceSlice write and every update of a ResourceClaim's status, after the
@@ -39,8 +46,8 @@ validation above, as kube-apiserver's
 admission does (tests/support/vap.py; needs cel-python, scripts/fetch-cel-python): a denial is
 the Status kube-apiserver answers, with the policy's message.
 
-Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC,
-protobuf, label selectors (ignored), other kinds and other API versions.
+Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC and
+garbage collection (see above), protobuf, label selectors (ignored), other kinds and other API versions.
 
 Test-only endpoints: GET /_writes (every accepted write, with its time), GET /_rejected
 (every refused write, with the reason), and POST /_refuse with {"method", "suffix", "code",
@@ -49,8 +56,8 @@ with `code` (409: a Conflict, else an InternalError), as a busy or failing API s
 
 Works with Debian 12's python3-jsonschema (4.10) and with current releases (4.26).
 
-Usage: apiserver.py --schemas DIR --node NAME [--node NAME ...] [--policy FILE]
-                    [--user TOKEN USERNAME NODE ...]
+Usage: apiserver.py --schemas DIR --admin-token TOKEN --node NAME [--node NAME ...]
+                    [--policy FILE] [--user TOKEN USERNAME NODE ...]
 Prints `listening http://127.0.0.1:PORT` once ready; one line per request on stderr.
 """
 
@@ -590,7 +597,7 @@ def status(code, reason, message, details=None):
     return body
 
 
-# The tests' own client (no token): may do anything, as a cluster admin may.
+# The tests' own client (--admin-token): may do anything, as a cluster admin may.
 ADMIN = {"username": "test-admin", "groups": ["system:masters", "system:authenticated"]}
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
@@ -686,9 +693,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(500, status(500, "InternalError", message))
 
     def authenticate(self, store):
-        header = self.headers.get("Authorization")
-        if header is None:
-            return ADMIN
+        # No token is no user: the real server, anonymous requests off, answers 401 too.
+        header = self.headers.get("Authorization") or ""
         scheme, _, token = header.partition(" ")
         user = store.users.get(token.strip()) if scheme.lower() == "bearer" else None
         if user is None:
@@ -894,6 +900,7 @@ def main():
     parser.add_argument("--node", action="append", default=[], help="a Node that exists")
     parser.add_argument("--policy", action="append", default=[],
                         help="a manifest whose ValidatingAdmissionPolicies and bindings apply")
+    parser.add_argument("--admin-token", required=True, help="the tests' own client's token: a cluster admin")
     parser.add_argument("--user", action="append", nargs=3, default=[], metavar=("TOKEN", "USERNAME", "NODE"),
                         help="a bearer token's user, with NODE as its node-name extra ('' for none)")
     args = parser.parse_args()
@@ -907,6 +914,7 @@ def main():
         vap = policy_module
         policies = vap.Policies(args.policy, schemas)
     users = {token: user_info(username, node) for token, username, node in args.user}
+    users[args.admin_token] = ADMIN
     Handler.store = Store(schemas, args.node, users, policies)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

@@ -30,8 +30,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The policy applies to the tokens' writes only: the checks without a token are the admin's.
-"$python" "$here/apiserver.py" --schemas "$schemas" --node node-a --node node-b \
+# The policy applies to the service accounts' writes only: the checks without TOKEN set are
+# the admin's (the tests' own client's token).
+admin=selftest-admin
+"$python" "$here/apiserver.py" --schemas "$schemas" --admin-token "$admin" --node node-a --node node-b \
   --policy "$repo/k8s/dra.yaml" \
   --user dra-a "$dra_user" node-a --user dra-b "$dra_user" node-b --user dra-nowhere "$dra_user" '' \
   --user other-a system:serviceaccount:kube-system:other node-a \
@@ -59,13 +61,13 @@ fail() {
   exit 1
 }
 
-# request METHOD PATH [BODY]: sets $code and $body; counts writes as the server should. With
-# $TOKEN set, as that --user.
+# request METHOD PATH [BODY]: sets $code and $body; counts writes as the server should. As
+# the admin, or with $TOKEN set, as that --user (NOTOKEN=1: no Authorization header at all).
 request() {
   method="$1" path="$2"
   local data=() auth=()
   [ $# -ge 3 ] && data=(-H 'Content-Type: application/json' --data-binary "$3")
-  [ -n "${TOKEN:-}" ] && auth=(-H "Authorization: Bearer $TOKEN")
+  [ -z "${NOTOKEN:-}" ] && auth=(-H "Authorization: Bearer ${TOKEN:-$admin}")
   code="$(curl -sS -o "$work/body" -w '%{http_code}' -X "$method" "${data[@]}" "${auth[@]}" "$base$path")"
   body="$(cat "$work/body")"
   if [ "$method" != GET ]; then
@@ -179,7 +181,7 @@ for bad in ("", "Gi", "1 Gi", "1gi", "1KB", "abc", "1.2.3", "--1", "1e", "0x10",
 
 echo "== keep-alive and request log"
 checks=$((checks + 1))
-curl -sS -v "$base/api/v1/nodes/node-a" "$base/api/v1/nodes/node-b" -o /dev/null -o /dev/null 2>"$work/curl-v" >/dev/null
+curl -sS -v -H "Authorization: Bearer $admin" "$base/api/v1/nodes/node-a" "$base/api/v1/nodes/node-b" -o /dev/null -o /dev/null 2>"$work/curl-v" >/dev/null
 grep -qiE 're-?using existing connection' "$work/curl-v" || { cat "$work/curl-v" >&2; fail "the connection was not kept alive"; }
 grep -qi '^< Content-Length: ' "$work/curl-v" || fail "no Content-Length"
 checks=$((checks + 1))
@@ -483,8 +485,12 @@ request GET "$slices?fieldSelector=spec.driver%3Dvap.example.com"
 check "[i['metadata']['name'] for i in b['items']] == ['vap-other']" "node-a's deleted, node-b's kept"
 request DELETE "$slices?fieldSelector=spec.driver%3Dvap.example.com"
 expect_code 200
-# An unknown token is no one.
+# An unknown token is no one, and neither is a request without one (no anonymous admin).
 TOKEN=forged request GET "$slices"
+expect_status 401 Unauthorized
+NOTOKEN=1 request GET "$slices"
+expect_status 401 Unauthorized
+NOTOKEN=1 request POST "$slices" "$(pslice no-token node-a)"
 expect_status 401 Unauthorized
 
 echo "== ValidatingAdmissionPolicy: the evaluation's rules (tests/support/vap.py)"

@@ -108,7 +108,7 @@ pub struct User<'a> {
 pub struct ApiServer {
     child: Child,
     pub url: String,
-    /// The tests' own client: no token, a cluster admin to the stand-in.
+    /// The tests' own client: the admin token, a cluster admin to the stand-in.
     pub kubeconfig: PathBuf,
 }
 
@@ -147,6 +147,10 @@ impl ApiServer {
                 .arg(root.join("k8s/dra.yaml"))
                 .env("PYTHONPATH", cel_python_dir());
         }
+        // The stand-in answers no request without a token (401): the tests' own client has
+        // one of its own, unguessable by anything else on the host.
+        let admin = admin_token();
+        command.args(["--admin-token", &admin]);
         for user in users {
             command.args(["--user", user.token, user.username, user.node]);
         }
@@ -167,7 +171,7 @@ impl ApiServer {
             })
             .to_string();
         let kubeconfig = dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(&url, "{}")).unwrap();
+        std::fs::write(&kubeconfig, kubeconfig_text(&url, &format!("{{token: {admin}}}"))).unwrap();
         ApiServer { child, url, kubeconfig }
     }
 
@@ -417,6 +421,13 @@ impl ApiServer {
     }
 }
 
+/// 128 random bits, hex: the stand-in's admin token for one test.
+fn admin_token() -> String {
+    let mut bytes = [0u8; 16];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut bytes).unwrap();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn kubeconfig_text(url: &str, user: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {url}\n\
@@ -587,5 +598,123 @@ impl Drop for Driver {
         if let Ok(None) = self.child.try_wait() {
             self.stop();
         }
+    }
+}
+
+/// Applies the CDI devices `ids` (as kubelet hands them to the runtime) from the driver's spec
+/// files in `cdi_dir` to the OCI spec of `bundle`, as containerd's and CRI-O's CDI library
+/// (tags.cncf.io/container-device-interface) injects them: for each spec, its own
+/// `containerEdits` and then each named device's, in order; env appended after the container's
+/// own, a variable replacing one of the same name; hooks appended under their `hookName`;
+/// device nodes added (type and numbers from the host's node, `rwm` allowed in the device
+/// cgroup). The hooks the container runs are the driver's: nothing of vramgate's is added here.
+pub fn apply_cdi(bundle: &Path, cdi_dir: &Path, ids: &[String]) {
+    let config = bundle.join("config.json");
+    let mut oci: Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let mut specs_applied: Vec<String> = Vec::new();
+    for id in ids {
+        let name = id
+            .strip_prefix("vramgate.dev/gpu-memory=")
+            .unwrap_or_else(|| panic!("{id} is not vramgate's CDI id"));
+        let uid = name.get(..36).unwrap_or_else(|| panic!("{name}: no claim uid"));
+        let file = cdi_dir.join(format!("vramgate.dev-gpu-memory_{uid}.json"));
+        let spec: Value = serde_json::from_slice(
+            &std::fs::read(&file).unwrap_or_else(|e| panic!("the driver's CDI spec {}: {e}", file.display())),
+        )
+        .unwrap();
+        assert_eq!(spec["kind"], "vramgate.dev/gpu-memory", "{spec}");
+        let device = array_field(&spec, "devices")
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("CDI device {name} is not in {}", file.display()))
+            .clone();
+        if !specs_applied.contains(&uid.to_string()) {
+            if let Some(edits) = spec.get("containerEdits") {
+                apply_edits(&mut oci, edits);
+            }
+            specs_applied.push(uid.to_string());
+        }
+        apply_edits(
+            &mut oci,
+            device
+                .get("containerEdits")
+                .unwrap_or_else(|| panic!("CDI device {name} has no containerEdits")),
+        );
+    }
+    std::fs::write(&config, serde_json::to_vec_pretty(&oci).unwrap()).unwrap();
+}
+
+/// One `containerEdits` object applied to an OCI spec, as [`apply_cdi`] says. A field the CDI
+/// library would apply and this does not (mounts, additionalGids, intelRdt) fails the test
+/// instead of being dropped.
+fn apply_edits(oci: &mut Value, edits: &Value) {
+    let edits = edits
+        .as_object()
+        .unwrap_or_else(|| panic!("containerEdits is not an object: {edits}"));
+    for key in edits.keys() {
+        assert!(
+            ["env", "hooks", "deviceNodes"].contains(&key.as_str()),
+            "containerEdits.{key}: not applied by this test's CDI injection; apply it in tests/support/dra.rs"
+        );
+    }
+    for entry in edits.get("env").and_then(Value::as_array).into_iter().flatten() {
+        let entry = entry.as_str().unwrap().to_string();
+        let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k).to_string();
+        let env = oci["process"]["env"].as_array_mut().unwrap();
+        match env.iter_mut().find(|e| {
+            e.as_str()
+                .unwrap()
+                .split_once('=')
+                .map_or(e.as_str().unwrap(), |(k, _)| k)
+                == key
+        }) {
+            Some(same) => *same = json!(entry),
+            None => env.push(json!(entry)),
+        }
+    }
+    for hook in edits.get("hooks").and_then(Value::as_array).into_iter().flatten() {
+        let stage = hook["hookName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a CDI hook without hookName: {hook}"));
+        let mut entry = hook.clone();
+        entry.as_object_mut().unwrap().remove("hookName");
+        if oci.get("hooks").is_none_or(Value::is_null) {
+            oci["hooks"] = json!({});
+        }
+        let list = oci["hooks"]
+            .as_object_mut()
+            .unwrap()
+            .entry(stage.to_string())
+            .or_insert_with(|| json!([]));
+        list.as_array_mut().unwrap().push(entry);
+    }
+    for node in edits.get("deviceNodes").and_then(Value::as_array).into_iter().flatten() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let path = node["path"].as_str().unwrap();
+        let host = node.get("hostPath").and_then(Value::as_str).unwrap_or(path);
+        // The CDI library fills type and numbers from the host's node and fails without one.
+        let meta = std::fs::metadata(host).unwrap_or_else(|e| panic!("CDI device node {host}: {e}"));
+        let kind = if meta.file_type().is_char_device() { "c" } else { "b" };
+        let (major, minor) = (nix::sys::stat::major(meta.rdev()), nix::sys::stat::minor(meta.rdev()));
+        let devices = oci["linux"]
+            .as_object_mut()
+            .unwrap()
+            .entry("devices")
+            .or_insert_with(|| json!([]));
+        devices
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"path": path, "type": kind, "major": major, "minor": minor}));
+        if oci["linux"].get("resources").is_none_or(Value::is_null) {
+            oci["linux"]["resources"] = json!({});
+        }
+        let rules = oci["linux"]["resources"]
+            .as_object_mut()
+            .unwrap()
+            .entry("devices")
+            .or_insert_with(|| json!([]));
+        rules.as_array_mut().unwrap().push(
+            json!({"allow": true, "type": kind, "major": major, "minor": minor, "access": node.get("permissions").and_then(Value::as_str).unwrap_or("rwm")}),
+        );
     }
 }

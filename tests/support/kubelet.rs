@@ -141,3 +141,14 @@ pub async fn unprepare(endpoint: &Path, claims: Vec<v1::Claim>) -> v1::NodeUnpre
     }
     answer
 }
+
+/// vramgate's CDI ids of a prepared claim, every device's, as kubelet hands them to the runtime
+/// for a container that names the claim.
+pub fn vramgate_ids(prepared: &v1::NodePrepareResourceResponse) -> Vec<String> {
+    prepared
+        .devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .filter(|id| id.starts_with("vramgate.dev/"))
+        .collect()
+}

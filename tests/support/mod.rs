@@ -535,33 +535,97 @@ pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
 }
 
 /// Host paths an engine creates at fixed places whatever its flags (`/run/containerd/s` for
-/// shim sockets, `/run/docker/plugins`, podman's blob-info cache): those that did not exist
-/// before the test are removed after it, in the order given (files, then empty directories).
-pub struct HostDirs(Vec<(PathBuf, bool)>);
+/// shim sockets, `/run/docker/plugins`, dockerd 20.10's `/etc/docker/key.json`, podman's
+/// blob-info cache): those that no test's engine had made before are removed once the last
+/// test that uses any of them is done, deepest first (files, then empty directories).
+///
+/// Test binaries run side by side (two `cargo test` runs, or the tests of one binary), and one
+/// test's engine may be using a directory another's made: each test holds a shared flock on
+/// [`HOST_DIRS_LOCK`] while its engine runs, and removes only when it can take the lock
+/// exclusively, that is when no other test holds it. What tests made is kept in
+/// [`HOST_DIRS_MADE`] (a path there existed before no test), so a test that finds a directory
+/// another test made does not take it for the host's own.
+pub struct HostDirs {
+    _shared: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+/// The lock every [`HostDirs`] holder shares; /run/lock is the host's, and so is the lock.
+pub const HOST_DIRS_LOCK: &str = "/run/lock/vramgate-tests-host-dirs.lock";
+/// The host paths tests made, one a line, changed only under [`HOST_DIRS_LOCK`] held exclusively.
+pub const HOST_DIRS_MADE: &str = "/run/lock/vramgate-tests-host-dirs.made";
+
+fn host_dirs_lock(arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(HOST_DIRS_LOCK)
+        .unwrap_or_else(|e| panic!("{HOST_DIRS_LOCK}: {e}"));
+    nix::fcntl::Flock::lock(file, arg).map_err(|(_, errno)| errno)
+}
+
+fn host_dirs_made() -> Vec<PathBuf> {
+    std::fs::read_to_string(HOST_DIRS_MADE)
+        .unwrap_or_default()
+        .lines()
+        .map(PathBuf::from)
+        .collect()
+}
 
 impl HostDirs {
     pub fn note(paths: &[&str]) -> HostDirs {
-        HostDirs(
-            paths
-                .iter()
-                .map(|p| (PathBuf::from(p), Path::new(p).exists()))
-                .collect(),
-        )
+        let exclusive = host_dirs_lock(nix::fcntl::FlockArg::LockExclusive).unwrap();
+        let mut made = host_dirs_made();
+        for path in paths.iter().map(PathBuf::from) {
+            if !path.exists() && !made.contains(&path) {
+                made.push(path);
+            }
+        }
+        let listed: String = made.iter().map(|p| format!("{}\n", p.display())).collect();
+        std::fs::write(HOST_DIRS_MADE, listed).unwrap_or_else(|e| panic!("{HOST_DIRS_MADE}: {e}"));
+        // Held shared from here on: the same open file turned shared, so no other test's
+        // cleanup finds the lock free in between (flock(2) converts a lock in place).
+        exclusive.relock(nix::fcntl::FlockArg::LockShared).unwrap();
+        HostDirs {
+            _shared: Some(exclusive),
+        }
     }
 }
 
 impl Drop for HostDirs {
     fn drop(&mut self) {
-        for (path, existed) in &self.0 {
-            if !existed {
-                if path.is_dir() {
-                    let _ = std::fs::remove_dir(path); // only when empty
-                } else {
-                    let _ = std::fs::remove_file(path);
-                }
+        drop(self._shared.take());
+        // Another test still holds it: the last one out removes.
+        let Ok(_exclusive) = host_dirs_lock(nix::fcntl::FlockArg::LockExclusiveNonblock) else {
+            return;
+        };
+        let mut made = host_dirs_made();
+        made.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for path in &made {
+            if path.is_dir() {
+                let _ = std::fs::remove_dir(path); // only when empty
+            } else {
+                let _ = std::fs::remove_file(path);
             }
         }
+        let _ = std::fs::remove_file(HOST_DIRS_MADE);
     }
+}
+
+/// An exclusive flock on `/run/lock/vramgate-tests-<name>.lock`, held until dropped: for tests
+/// of different binaries that must not overlap on a host-wide path none of them can make
+/// private (dpkg installs into /usr and /etc; `scripts/package` writes target/debian). Blocks
+/// until the holder is done; a holder that died let go with its process.
+pub fn host_lock(name: &str) -> nix::fcntl::Flock<std::fs::File> {
+    let path = format!("/run/lock/vramgate-tests-{name}.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {path}: {e}"))
 }
 
 /// A private containerd (its own root, state, socket and opt dir under `dir`, no CRI plugin,
@@ -665,8 +729,10 @@ pub fn stdout(out: &Output) -> String {
 /// driver memory limit's calls (a driver R615+ would have them), or without (`with_limits:
 /// false`, a 580 driver). Returns the library and the log it appends every call to; the file
 /// of what each cgroup "uses" (for `nvmlDeviceGetMemoryLimits_v1`) is the log's path plus
-/// `.usage`. A missing compiler fails the test: skipping would pass without checking anything.
-pub fn nvml_stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
+/// `.usage`. The stub's "host" has the GPUs `devices` (their UUIDs, written to the log's path plus
+/// `.devices`): as the real library, it refuses a handle for any other UUID. A missing compiler
+/// fails the test: skipping would pass without checking anything.
+pub fn nvml_stub(dir: &Path, with_limits: bool, devices: &[&str]) -> (PathBuf, PathBuf) {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
     let lib = dir.join(if with_limits {
         "libnvml-limits.so"
@@ -690,6 +756,9 @@ pub fn nvml_stub(dir: &Path, with_limits: bool) -> (PathBuf, PathBuf) {
         "cc failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let mut listed = devices.join("\n");
+    listed.push('\n');
+    std::fs::write(format!("{}.devices", log.display()), listed).unwrap();
     (lib, log)
 }
 
@@ -723,4 +792,90 @@ pub fn in_cgroup_v2(program: &Path, args: &[&std::ffi::OsStr]) -> Command {
         .arg(program)
         .args(args);
     cmd
+}
+
+/// The binaries this test run built, by name: `cargo test` sets `CARGO_BIN_EXE_<name>` for each
+/// (under `CARGO_TARGET_DIR`, wherever that is). A binary added to src/bin/ must be added here.
+pub fn built_binary(name: &str) -> PathBuf {
+    PathBuf::from(match name {
+        "vramgate" => env!("CARGO_BIN_EXE_vramgate"),
+        "vramgate-hook" => env!("CARGO_BIN_EXE_vramgate-hook"),
+        "vramgate-runtime" => env!("CARGO_BIN_EXE_vramgate-runtime"),
+        "vramgate-device-plugin" => env!("CARGO_BIN_EXE_vramgate-device-plugin"),
+        "vramgate-dra" => env!("CARGO_BIN_EXE_vramgate-dra"),
+        other => panic!("src/bin/{other}.rs: add it to tests/support/mod.rs's built_binary"),
+    })
+}
+
+/// The GNU build id of the ELF file `path` (its `.note.gnu.build-id`, as `readelf -n` shows
+/// it): a hash the linker writes over the linked output, which `strip` keeps. A packaged,
+/// stripped binary carries the id of the binary it was stripped from.
+pub fn build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run readelf (binutils): {e}"));
+    assert!(out.status.success(), "readelf -n {}: {}", path.display(), stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{} has no GNU build id: {text}", path.display()))
+        .to_string()
+}
+
+/// Asserts that each binary in `dir` (the package's /usr/bin, unpacked or installed) is the one
+/// this test run built, by build id: packaging whatever target/release held (a build of
+/// another commit, or of another target directory) fails here.
+pub fn assert_built_here(dir: &Path, names: &[String]) {
+    for name in names {
+        let packaged = dir.join(name);
+        let built = built_binary(name);
+        assert_eq!(
+            build_id(&packaged),
+            build_id(&built),
+            "{} is not the {name} this test run built ({}): the package took another build",
+            packaged.display(),
+            built.display()
+        );
+    }
+}
+
+/// Asserts that the container `id` is shown as `name` (`None`: by its id) wherever a container
+/// is shown: `vramgate status --json` and its table, the metrics' `name` label and its admission
+/// in the event log (issue 47).
+pub fn assert_shown_as(config: &Path, state_dir: &Path, id: &str, name: Option<&str>) {
+    let json = status(config);
+    let entry = array_field(&json, "gpus")
+        .iter()
+        .flat_map(|g| array_field(g, "reservations"))
+        .find(|r| field(r, "container_id") == id)
+        .unwrap_or_else(|| panic!("{id} holds no reservation: {json}"));
+    assert_eq!(field(entry, "name").as_str(), name, "{entry}");
+    let table = status_output(config, &[]);
+    let column = name.map_or_else(|| id.chars().take(24).collect::<String>(), str::to_string);
+    assert!(
+        table.lines().any(|l| l.trim_start().starts_with(&column)),
+        "{column} is not in the CONTAINER column:\n{table}"
+    );
+    let metrics = Command::new(VRAMGATE)
+        .arg("metrics")
+        .env("VRAMGATE_CONFIG", config)
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let series = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("vramgate_container_reserved_bytes{{container_id=\"{id}\"")))
+        .unwrap_or_else(|| panic!("no series of {id}:\n{metrics}"));
+    match name {
+        Some(name) => assert!(series.contains(&format!(",name=\"{name}\"}}")), "{series}"),
+        None => assert!(!series.contains("name="), "{series}"),
+    }
+    let events = events_in(state_dir);
+    let admitted = events
+        .iter()
+        .find(|e| e["container"] == id && e["event"].as_str().is_some_and(|k| k.starts_with("admit")))
+        .unwrap_or_else(|| panic!("no admission of {id} in {events:?}"));
+    assert_eq!(admitted.get("name").and_then(Value::as_str), name, "{admitted}");
 }

@@ -68,7 +68,8 @@ fn no_library_is_unavailable_not_an_error() {
     assert!(a.to_string().contains("/nonexistent/libnvidia-ml.so.1"), "{a}");
 }
 
-/// tests/fixtures/nvml_limit_stub.c compiled into `dir`: (library, call log).
+/// tests/fixtures/nvml_limit_stub.c compiled into `dir`, its host's GPUs GPU-a and GPU-b:
+/// (library, call log).
 fn stub(dir: &Path) -> (PathBuf, PathBuf) {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
     let lib = dir.join("libnvml-stub.so");
@@ -81,7 +82,31 @@ fn stub(dir: &Path) -> (PathBuf, PathBuf) {
         .output()
         .expect("cc (gcc) builds the NVML stub: scripts/install-deps installs it");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(format!("{}.devices", log.display()), "GPU-a\nGPU-b\n").unwrap();
     (lib, log)
+}
+
+/// A cgroup v2 directory of the test's own (the stub, as the driver, takes no other directory
+/// for a cgroup), removed on drop. Needs root, as [`require_root`] says.
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn new(name: &str) -> Cgroup {
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("cgroup.controllers").exists())
+            .expect("this host mounts no cgroup v2 (neither /sys/fs/cgroup nor /sys/fs/cgroup/unified)");
+        let dir = root.join(format!("vramgate-unit-{}-{name}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create the cgroup {}: {e}", dir.display()));
+        Cgroup(dir)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 fn calls(log: &Path) -> Vec<String> {
@@ -117,8 +142,8 @@ fn a_failed_second_gpu_clears_the_first_before_the_error_returns() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, log) = stub(tmp.path());
-    let cgroup = tmp.path().join("cgroup");
-    std::fs::create_dir(&cgroup).unwrap();
+    let held = Cgroup::new("half");
+    let cgroup = held.0.clone();
     std::fs::write(format!("{}.fail-set", log.display()), "GPU-b").unwrap();
     let err = apply_driver_limit_to(&lib, &cgroup, &[whole("GPU-a", 2), whole("GPU-b", 2)]).unwrap_err();
     assert!(matches!(err, EnforceError::Nvml { code: 3, .. }), "{err:?}");
@@ -144,8 +169,8 @@ fn a_clear_sends_nvmls_clearing_values_and_a_gone_cgroup_has_nothing_left() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, log) = stub(tmp.path());
-    let cgroup = tmp.path().join("cgroup");
-    std::fs::create_dir(&cgroup).unwrap();
+    let held = Cgroup::new("clear");
+    let cgroup = held.0.clone();
     let gpus = ["GPU-a".to_string(), "GPU-b".to_string()];
     apply_driver_limit_to(&lib, &cgroup, &[whole("GPU-a", 1), whole("GPU-b", 1)]).unwrap();
     let cleared = clear_driver_limit(&lib, &cgroup, &gpus).unwrap();

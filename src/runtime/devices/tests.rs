@@ -317,29 +317,18 @@ fn a_rule_over_every_character_device_is_refused_and_the_spec_left_alone() {
 /// one rule per node kept.
 #[test]
 fn drm_nodes_of_gpus_not_chosen_go_with_their_rules() {
-    let root = tempfile::tempdir().unwrap();
-    let host = HostPaths {
-        sys: root.path().join("sys"),
-        proc: root.path().join("proc"),
-    };
-    for (minor, address, vendor, gpu_minor) in [
-        (0, "0000:00:02.0", "0x8086", None),
-        (1, "0000:3b:00.0", "0x10de", Some(0)),
-        (2, "0000:5e:00.0", "0x10de", Some(1)),
-        (129, "0000:5e:00.0", "0x10de", Some(1)),
+    let scratch = crate::device_rules::ScratchHost::new();
+    let host = &scratch.paths;
+    for (minor, address, vendor) in [
+        (0, "0000:00:02.0", "0x8086"),
+        (1, "0000:3b:00.0", "0x10de"),
+        (2, "0000:5e:00.0", "0x10de"),
+        (129, "0000:5e:00.0", "0x10de"),
     ] {
-        let pci = root.path().join("sys/devices/pci0000:00").join(address);
-        std::fs::create_dir_all(&pci).unwrap();
-        std::fs::write(pci.join("vendor"), vendor).unwrap();
-        let char_dir = root.path().join(format!("sys/dev/char/226:{minor}"));
-        std::fs::create_dir_all(&char_dir).unwrap();
-        std::os::unix::fs::symlink(&pci, char_dir.join("device")).unwrap();
-        if let Some(gpu_minor) = gpu_minor {
-            let info = root.path().join("proc/driver/nvidia/gpus").join(address);
-            std::fs::create_dir_all(&info).unwrap();
-            std::fs::write(info.join("information"), format!("Device Minor: \t {gpu_minor}\n")).unwrap();
-        }
+        scratch.drm_node(minor, address, vendor);
     }
+    scratch.nvidia_gpu("0000:3b:00.0", 0);
+    scratch.nvidia_gpu("0000:5e:00.0", 1);
     let drm =
         |name: &str, minor: u64| json!({"path": format!("/dev/dri/{name}"), "type": "c", "major": 226, "minor": minor});
     let mut spec = json!({
@@ -358,7 +347,7 @@ fn drm_nodes_of_gpus_not_chosen_go_with_their_rules() {
         &[gpu(1, None, "GPU-b")],
         WhenNoneGiven::Leave,
         &MigMinors::default(),
-        &host,
+        host,
     )
     .unwrap();
     let paths = node_paths(&spec);

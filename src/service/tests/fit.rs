@@ -107,6 +107,7 @@ fn before_refusing_for_lack_of_room_every_reservation_is_checked() {
         &req,
         &mut Progress::default(),
         &mut Vec::new(),
+        None,
     );
     assert!(admitted(&s));
     assert_eq!(reclaimed.reservations[0].container_id, "dead");

@@ -217,22 +217,28 @@ fn a_lock_timeout_after_queueing_leaves_no_ticket_or_says_it_stands() {
 }
 
 /// An inventory that must be opened before it reads, and records whether the ledger's lock
-/// was free when it opened (a slow nvmlInit must not hold every other start back).
+/// was free when it opened and each time it read (a slow nvmlInit, or a driver slow to answer
+/// under load, must not hold every other start back).
 struct RecordsOpen<'w> {
     inner: &'w FakeInventory,
     state: StateDir,
     opened: Cell<bool>,
     lock_free_at_open: RefCell<Vec<bool>>,
+    lock_free_at_read: RefCell<Vec<bool>>,
+}
+
+impl RecordsOpen<'_> {
+    fn lock_free(&self) -> bool {
+        self.state
+            .begin_reclaiming(&FakeLiveness::default(), Duration::from_millis(20))
+            .is_ok()
+    }
 }
 
 impl Inventory for RecordsOpen<'_> {
     fn open(&self) -> std::result::Result<(), InventoryError> {
         if !self.opened.get() {
-            let free = self
-                .state
-                .begin_reclaiming(&FakeLiveness::default(), Duration::from_millis(20))
-                .is_ok();
-            self.lock_free_at_open.borrow_mut().push(free);
+            self.lock_free_at_open.borrow_mut().push(self.lock_free());
             self.opened.set(true);
         }
         Ok(())
@@ -245,6 +251,7 @@ impl Inventory for RecordsOpen<'_> {
     fn snapshot(&self) -> std::result::Result<Snapshot, InventoryError> {
         // Like inventory::OpenOnUse: whoever reads first opens.
         self.open()?;
+        self.lock_free_at_read.borrow_mut().push(self.lock_free());
         self.inner.snapshot()
     }
 
@@ -259,7 +266,32 @@ fn records_open<'w>(w: &'w World) -> RecordsOpen<'w> {
         state: w.state.clone(),
         opened: Cell::new(false),
         lock_free_at_open: RefCell::new(Vec::new()),
+        lock_free_at_read: RefCell::new(Vec::new()),
     }
+}
+
+/// The GPUs' memory and processes are read before the lock, on every attempt of a waiter too:
+/// on a 4-GPU H200 host with 160 waiters (bench/gpu-placement.sh, backfill), reading them
+/// inside held the lock so long that starts failed on the lock's timeout.
+#[test]
+fn every_attempt_reads_the_gpus_before_it_takes_the_lock() {
+    let w = World::new(1, 10 * GI);
+    let inventory = records_open(&w);
+    let big = request(8 * GI, "0");
+    let req = admit_req("waiter", 2, &big, Policy::Wait);
+    let (service, mut progress) = queued_through_the_file(&w, &inventory, &req);
+    assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
+    w.service().release("holder", None, "test").unwrap();
+    let admitted = service.attempt(&req, &mut progress).unwrap();
+    assert!(
+        matches!(admitted, Step::Done(Admission::Admitted { .. })),
+        "{admitted:?}"
+    );
+    assert_eq!(
+        *inventory.lock_free_at_read.borrow(),
+        [true, true, true],
+        "each of the three attempts read the GPUs with the lock free"
+    );
 }
 
 #[test]
@@ -274,6 +306,11 @@ fn the_inventory_opens_before_the_lock_and_a_confirmation_never_opens_it() {
         *wrapper_inventory.lock_free_at_open.borrow(),
         [true],
         "opened once, outside the lock"
+    );
+    assert_eq!(
+        *wrapper_inventory.lock_free_at_read.borrow(),
+        [true],
+        "read outside the lock"
     );
 
     let hook_inventory = records_open(&w);

@@ -159,6 +159,7 @@ fn request(bytes: u64, gpus: &str) -> Request {
         claim_devices: vec![],
         pod_sandbox: None,
         pod_container: None,
+        name: None,
     }
 }
 
@@ -192,7 +193,7 @@ fn step(
 ) -> (Result<Step>, Vec<Event>) {
     let mut reclaimed = Reclaimed::default();
     let mut log = Vec::new();
-    let step = service.decide_on(ledger, true, &mut reclaimed, req, progress, &mut log);
+    let step = service.decide_on(ledger, true, &mut reclaimed, req, progress, &mut log, None);
     (step, log)
 }
 

@@ -1,0 +1,611 @@
+//! vramgate's Helm chart (charts/vramgate), driven with the Helm that scripts/fetch-helm builds:
+//! `helm lint --strict`; every object of every combination of the main values valid for
+//! Kubernetes 1.36 as the API server's strict field validation checks it
+//! (tests/support/check_manifests.py); the values schema refusing a misspelt key or a bad
+//! config value by name; the chart refusing the DRA driver beside the device plugin; the
+//! config.toml the chart renders read by the built `vramgate`; k8s/*.yaml equal to the chart's
+//! rendering; the packed chart carrying the package's version. Installing, upgrading and
+//! uninstalling it on a real cluster is left to the one-node cluster's tests
+//! (tests/support/helm.rs has the calls).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+#[path = "support/helm.rs"]
+mod helm;
+
+use helm::{chart, objects, root, Helm, Release};
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The values of one combination: which driver, the exporter, the watch, the config's source
+/// and the RuntimeClass.
+fn combination(driver: &str, exporter: bool, watch: bool, from_chart: bool, runtime_class: bool) -> Value {
+    let mut values = json!({
+        "dra": {"enabled": driver == "dra"},
+        "devicePlugin": {"enabled": driver == "device-plugin"},
+        "exporter": {"enabled": exporter},
+        "watch": {"enabled": watch},
+        "runtimeClass": {"create": runtime_class},
+        "config": {"fromChart": from_chart},
+    });
+    if from_chart {
+        values["config"]["settings"] = every_setting();
+    }
+    values
+}
+
+/// A value for every key of config.settings, none at its default.
+fn every_setting() -> Value {
+    json!({
+        "headroom": "2Gi",
+        "policy": "wait",
+        "wait_timeout": "90s",
+        "max_wait_timeout": "10m",
+        "on_state_error": "fail-open",
+        "queue": {
+            "backfill": true,
+            "backfill_bound": "45s",
+            "backfill_order": "largest",
+            "poll_interval": "250ms",
+            "limit_overcommit": "20%"
+        },
+        "placement": {"strategy": "spread"},
+        "runtime": {"runtimes": ["runc"], "hook_path": "/usr/local/bin/vramgate-hook"},
+        "inventory": {
+            "backend": "static",
+            "nvml_library": "libnvidia-ml.so.1",
+            "gpus": [
+                {"index": 0, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "total": "80Gi", "used_outside": "1Gi", "minor": 0},
+                {"index": 1, "uuid": "GPU-66666666-7777-8888-9999-000000000000", "total": "40Gi"}
+            ]
+        },
+        "enforce": {
+            "limit": "mps",
+            "mps_pipe_directory": "/run/mps",
+            "mps_log_directory": "/var/log/mps",
+            "mps_shm_directory": "/dev/shm",
+            "mps_device_key": "ordinal",
+            "cdi_spec_dirs": ["/etc/cdi"],
+            "tensorflow_allow_growth": false,
+            "jax_disable_preallocation": false,
+            "jax_memory_fraction": false,
+            "over_use": "kill",
+            "over_use_margin": "5%",
+            "over_use_interval": "2s"
+        }
+    })
+}
+
+/// check_manifests.py (Kubernetes 1.36's strict schemas) on `files`.
+fn check_manifests(files: &[PathBuf]) -> Output {
+    let python = if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    };
+    Command::new(python)
+        .arg(root().join("tests/support/check_manifests.py"))
+        .args(files)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_chart_passes_helm_lint_strict() {
+    let helm = Helm::new();
+    for values in [
+        json!({}),
+        combination("device-plugin", true, true, true, false),
+        combination("none", false, true, false, true),
+        helm::test_node_values(combination("dra", true, true, true, true)),
+    ] {
+        let out = helm.lint(&Release::new(values.clone()));
+        let said = text(&out);
+        assert!(out.status.success(), "{values}: {said}");
+        assert!(
+            said.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{values}: {said}"
+        );
+    }
+}
+
+#[test]
+fn every_combination_of_the_main_values_renders_objects_valid_for_kubernetes_1_36() {
+    let helm = Helm::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for driver in ["dra", "device-plugin", "none"] {
+        for exporter in [false, true] {
+            for watch in [false, true] {
+                for from_chart in [false, true] {
+                    for runtime_class in [false, true] {
+                        let values = combination(driver, exporter, watch, from_chart, runtime_class);
+                        let out = helm.template(&Release::new(values.clone()), &[]);
+                        assert!(out.status.success(), "{values}: {}", text(&out));
+                        let rendered = String::from_utf8(out.stdout).unwrap();
+                        let mut want: Vec<&str> = Vec::new();
+                        if driver == "dra" {
+                            want.extend([
+                                "DeviceClass gpu-memory.vramgate.dev",
+                                "ServiceAccount vramgate-dra",
+                                "ClusterRole vramgate-dra",
+                                "ClusterRoleBinding vramgate-dra",
+                                "ValidatingAdmissionPolicy vramgate-dra-slices",
+                                "ValidatingAdmissionPolicyBinding vramgate-dra-slices",
+                                "ValidatingAdmissionPolicy vramgate-dra-claim-status",
+                                "ValidatingAdmissionPolicyBinding vramgate-dra-claim-status",
+                                "DaemonSet vramgate-dra",
+                            ]);
+                        }
+                        if driver == "device-plugin" {
+                            want.push("DaemonSet vramgate-device-plugin");
+                        }
+                        if exporter {
+                            want.push("DaemonSet vramgate-exporter");
+                        }
+                        if watch {
+                            want.push("DaemonSet vramgate-watch");
+                        }
+                        if from_chart {
+                            want.push("ConfigMap vramgate-config");
+                        }
+                        if runtime_class {
+                            want.push("RuntimeClass vramgate");
+                        }
+                        let mut made = helm::names(&objects(&rendered));
+                        made.sort();
+                        want.sort();
+                        assert_eq!(made, want, "{values}");
+                        // With the config from the chart every pod reads the ConfigMap, and rolls
+                        // when it changes; without, every pod reads the host's /etc/vramgate.
+                        for ds in objects(&rendered).iter().filter(|o| o["kind"] == "DaemonSet") {
+                            let pod = &ds["spec"]["template"];
+                            let config = pod["spec"]["volumes"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .find(|v| v["name"] == "config")
+                                .unwrap();
+                            if from_chart {
+                                assert_eq!(config["configMap"]["name"], "vramgate-config", "{values}");
+                                assert!(
+                                    pod["metadata"]["annotations"]["vramgate.dev/config-sha256"].is_string(),
+                                    "{values}: {ds}"
+                                );
+                            } else {
+                                assert_eq!(config["hostPath"]["path"], "/etc/vramgate", "{values}");
+                            }
+                        }
+                        let file = dir.path().join(format!(
+                            "{driver}-exporter_{exporter}-watch_{watch}-config_{from_chart}-rc_{runtime_class}.yaml"
+                        ));
+                        std::fs::write(&file, &rendered).unwrap();
+                        files.push(file.clone());
+                        expected.push((file, want));
+                    }
+                }
+            }
+        }
+    }
+    // None of the 48 renders is empty (driver "none" without the rest makes nothing; skip
+    // such a file, as check_manifests.py refuses a file of no objects).
+    let (checked, empty): (Vec<_>, Vec<_>) = expected.iter().partition(|(_, want)| !want.is_empty());
+    assert_eq!(
+        empty.len(),
+        1,
+        "only driver none, no exporter, watch, config or RuntimeClass makes nothing"
+    );
+    let out = check_manifests(&checked.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out));
+    for (file, want) in checked {
+        for object in want {
+            let line = format!("{}: {object} ok", file.display());
+            assert!(stdout.lines().any(|l| l == line), "{line:?} not in: {stdout}");
+        }
+    }
+    assert_eq!(files.len(), 48);
+}
+
+#[test]
+fn a_misspelt_value_is_refused_by_the_schema_naming_it() {
+    let helm = Helm::new();
+    for (values, names) in [
+        (json!({"exporterr": {"enabled": true}}), "exporterr"),
+        (json!({"dra": {"stepp": "1Gi"}}), "stepp"),
+        (json!({"image": {"pullPolicy": "Sometimes"}}), "pullPolicy"),
+        (
+            json!({"config": {"fromChart": true, "settings": {"polcy": "wait"}}}),
+            "polcy",
+        ),
+        (
+            json!({"config": {"fromChart": true, "settings": {"queue": {"backfil": true}}}}),
+            "backfil",
+        ),
+    ] {
+        let out = helm.template(&Release::new(values.clone()), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{values}: rendered: {}", text(&out));
+        assert!(
+            stderr.contains("values don't meet the specifications of the schema"),
+            "{values}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("additional properties '{names}' not allowed"))
+                || stderr.contains(&format!("/{names}': value must be one of")),
+            "{values}: {stderr} should name {names}"
+        );
+        assert!(out.stdout.is_empty(), "{values}: {}", text(&out));
+    }
+}
+
+#[test]
+fn a_bad_config_value_is_refused_by_the_schema_naming_the_key() {
+    let helm = Helm::new();
+    for (settings, at, says) in [
+        (
+            json!({"policy": "queue"}),
+            "/config/settings/policy",
+            "value must be one of 'reject', 'wait'",
+        ),
+        (
+            json!({"enforce": {"over_use": "stop"}}),
+            "/config/settings/enforce/over_use",
+            "value must be one of 'report', 'kill'",
+        ),
+        (
+            json!({"placement": {"strategy": "worst-fit"}}),
+            "/config/settings/placement/strategy",
+            "value must be one of 'best-fit', 'spread'",
+        ),
+        (
+            json!({"headroom": 2}),
+            "/config/settings/headroom",
+            "got number, want string",
+        ),
+    ] {
+        let values = json!({"config": {"fromChart": true, "settings": settings}});
+        let out = helm.template(&Release::new(values.clone()), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{values}: rendered: {}", text(&out));
+        let line = format!("- at '{at}': {says}");
+        assert!(
+            stderr.lines().any(|l| l == line),
+            "{values}: {stderr} should say {line:?}"
+        );
+    }
+}
+
+#[test]
+fn the_dra_driver_beside_the_device_plugin_is_refused_with_the_charts_message() {
+    let helm = Helm::new();
+    let values = json!({"dra": {"enabled": true}, "devicePlugin": {"enabled": true}});
+    let out = helm.template(&Release::new(values), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        stderr.contains(
+            "vramgate: dra.enabled and devicePlugin.enabled are both true: the DRA driver and the device \
+             plugin would hand out the same GPU memory"
+        ),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+}
+
+/// `vramgate doctor --json --config FILE`: its checks by area.
+fn doctor(config: &Path) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramgate"))
+        .arg("--config")
+        .arg(config)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    report["checks"].as_array().unwrap().clone()
+}
+
+#[test]
+fn the_config_toml_rendered_from_values_is_read_by_the_built_vramgate() {
+    let helm = Helm::new();
+    let dir = tempfile::tempdir().unwrap();
+    let values = json!({"config": {"fromChart": true, "settings": every_setting()}});
+    let out = helm.template(&Release::new(values), &["--show-only", "templates/config.yaml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let map = objects(&rendered).pop().unwrap();
+    let toml = map["data"]["config.toml"].as_str().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, toml).unwrap();
+    let checks = doctor(&file);
+    let config = checks.iter().find(|c| c["area"] == "config").unwrap();
+    assert_eq!(config["level"], "ok", "{toml}\n{checks:?}");
+    assert_eq!(config["message"], format!("{} parses", file.display()), "{checks:?}");
+    // The values took: doctor reads the two static GPUs, the MPS tier with the pipe directory
+    // of the values, and the watch's kill.
+    let message = |area: &str| {
+        checks
+            .iter()
+            .find(|c| c["area"] == area)
+            .unwrap_or_else(|| panic!("no {area} check: {checks:?}"))["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        message("inventory"),
+        "backend static: static (2 GPUs from the config file)",
+        "{toml}"
+    );
+    assert!(
+        message("enforce").starts_with("limit = \"mps\", but no MPS control daemon serves /run/mps"),
+        "{toml}\n{checks:?}"
+    );
+    assert!(
+        message("watch").starts_with("[enforce] over_use = \"kill\""),
+        "{toml}\n{checks:?}"
+    );
+
+    // The empty settings render a config of defaults, which it reads too.
+    let out = helm.template(
+        &Release::new(json!({"config": {"fromChart": true}})),
+        &["--show-only", "templates/config.yaml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let map = objects(&String::from_utf8(out.stdout).unwrap()).pop().unwrap();
+    std::fs::write(&file, map["data"]["config.toml"].as_str().unwrap()).unwrap();
+    let checks = doctor(&file);
+    let config = checks.iter().find(|c| c["area"] == "config").unwrap();
+    assert_eq!(config["level"], "ok", "{checks:?}");
+}
+
+#[test]
+fn the_k8s_manifests_are_the_charts_rendering() {
+    let helm = Helm::new();
+    let out = Command::new(root().join("scripts/render-k8s"))
+        .arg("--check")
+        .env("VRAMGATE_HELM_BIN", &helm.binary)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // And the check sees a difference: a hand edit of a rendered file is caught.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("repo");
+    std::fs::create_dir_all(&copy).unwrap();
+    let status = Command::new("cp")
+        .args(["-a", "scripts", "charts", "k8s", "tools"])
+        .arg(&copy)
+        .current_dir(root())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let dra = copy.join("k8s/dra.yaml");
+    let edited = std::fs::read_to_string(&dra)
+        .unwrap()
+        .replace("--step\", \"256Mi\"", "--step\", \"512Mi\"");
+    std::fs::write(&dra, edited).unwrap();
+    let out = Command::new(copy.join("scripts/render-k8s"))
+        .arg("--check")
+        .env("VRAMGATE_HELM_BIN", &helm.binary)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("k8s/dra.yaml differ from the chart's rendering"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn the_charts_versions_are_the_packages_and_the_packed_chart_says_so() {
+    let chart_yaml: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap()).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart_yaml["version"], version, "charts/vramgate/Chart.yaml: version");
+    assert_eq!(
+        chart_yaml["appVersion"], version,
+        "charts/vramgate/Chart.yaml: appVersion"
+    );
+
+    // scripts/package-chart, which scripts/package runs: the archive and its Chart.yaml.
+    let helm = Helm::new();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(root().join("scripts/package-chart"))
+        .arg(dir.path())
+        .env("VRAMGATE_HELM_BIN", &helm.binary)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let archive = dir.path().join(format!("vramgate-{version}.tgz"));
+    assert!(archive.exists(), "{}: {}", archive.display(), text(&out));
+    let out = helm.command().args(["show", "chart"]).arg(&archive).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let packed: Value = serde_saphyr::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(packed["appVersion"], version);
+    assert_eq!(packed["version"], version);
+    // The packed chart renders as the directory does.
+    let out = helm
+        .command()
+        .args(["template", "vramgate"])
+        .arg(&archive)
+        .args(["--namespace", "kube-system", "--kube-version", helm::KUBE_VERSION])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        rendered.contains(&format!("image: registry.example/vramgate:{version}")),
+        "{rendered}"
+    );
+}
+
+#[test]
+fn the_admission_policies_hold_the_releases_own_driver() {
+    // Installed as release gpu in namespace vramgate-system, the driver runs as
+    // gpu-vramgate-dra there: the policies must name that user, or its writes go unchecked.
+    let helm = Helm::new();
+    let release = Release {
+        name: "gpu".into(),
+        namespace: "vramgate-system".into(),
+        values: json!({}),
+    };
+    let out = helm.template(&release, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let objects = objects(&String::from_utf8(out.stdout).unwrap());
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in {:?}", helm::names(&objects)))
+    };
+    let account = find("ServiceAccount", "gpu-vramgate-dra");
+    assert_eq!(account["metadata"]["namespace"], "vramgate-system");
+    let daemonset = find("DaemonSet", "gpu-vramgate-dra");
+    assert_eq!(daemonset["metadata"]["namespace"], "vramgate-system");
+    assert_eq!(
+        daemonset["spec"]["template"]["spec"]["serviceAccountName"],
+        "gpu-vramgate-dra"
+    );
+    let binding = find("ClusterRoleBinding", "gpu-vramgate-dra");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "gpu-vramgate-dra", "namespace": "vramgate-system"}])
+    );
+    assert_eq!(binding["roleRef"]["name"], "gpu-vramgate-dra");
+    let user = "request.userInfo.username == 'system:serviceaccount:vramgate-system:gpu-vramgate-dra'";
+    for policy in ["gpu-vramgate-dra-slices", "gpu-vramgate-dra-claim-status"] {
+        let p = find("ValidatingAdmissionPolicy", policy);
+        assert_eq!(p["spec"]["matchConditions"][0]["expression"], user, "{policy}");
+        let b = find("ValidatingAdmissionPolicyBinding", policy);
+        assert_eq!(b["spec"]["policyName"], policy);
+        assert_eq!(b["spec"]["validationActions"], json!(["Deny"]));
+    }
+    // No object keeps the default release's user or namespace.
+    let rendered = serde_json::to_string(&objects).unwrap();
+    assert!(!rendered.contains("kube-system"), "{rendered}");
+}
+
+#[test]
+fn a_change_of_the_settings_changes_every_pods_template_so_an_upgrade_rolls_them() {
+    // Kubernetes restarts a DaemonSet's pods only when their template changes; the ConfigMap
+    // changing alone would leave the pods on the old settings (the device plugin and the
+    // driver reread the file, the exporter and the watch read it once).
+    let helm = Helm::new();
+    let pods = |policy: &str| -> Vec<(String, Value)> {
+        let values = json!({
+            "dra": {"enabled": false},
+            "devicePlugin": {"enabled": true},
+            "exporter": {"enabled": true},
+            "watch": {"enabled": true},
+            "config": {"fromChart": true, "settings": {"policy": policy}},
+        });
+        let out = helm.template(&Release::new(values), &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        objects(&String::from_utf8(out.stdout).unwrap())
+            .into_iter()
+            .filter(|o| o["kind"] == "DaemonSet")
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o["spec"]["template"].clone(),
+                )
+            })
+            .collect()
+    };
+    let before = pods("reject");
+    let after = pods("wait");
+    assert_eq!(before.len(), 3, "{before:?}");
+    for ((name, old), (_, new)) in before.iter().zip(&after) {
+        let key = "vramgate.dev/config-sha256";
+        assert_ne!(
+            old["metadata"]["annotations"][key], new["metadata"]["annotations"][key],
+            "{name}"
+        );
+        assert_eq!(old["spec"], new["spec"], "{name}: only the annotation differs");
+    }
+}
+
+/// The chart's NOTES.txt as `helm install` would print it for `values`: Helm renders it only on
+/// install, so the test renders a copy of the chart whose NOTES.txt is a named template, shown
+/// by a probe template as one YAML string.
+fn notes(helm: &Helm, values: Value) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("vramgate");
+    let status = Command::new("cp").arg("-a").arg(chart()).arg(&copy).status().unwrap();
+    assert!(status.success());
+    let templates = copy.join("templates");
+    let source = std::fs::read_to_string(templates.join("NOTES.txt")).unwrap();
+    std::fs::remove_file(templates.join("NOTES.txt")).unwrap();
+    std::fs::write(
+        templates.join("_notes.tpl"),
+        format!("{{{{- define \"vramgate.test.notes\" -}}}}\n{source}{{{{- end -}}}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("notes-probe.yaml"),
+        "notes: {{ include \"vramgate.test.notes\" . | toJson }}\n",
+    )
+    .unwrap();
+    let values_file = dir.path().join("values.json");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let out = helm
+        .command()
+        .args(["template", "vramgate"])
+        .arg(&copy)
+        .args([
+            "--namespace",
+            "kube-system",
+            "--show-only",
+            "templates/notes-probe.yaml",
+            "-f",
+        ])
+        .arg(&values_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let probe: Value = serde_saphyr::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    probe["notes"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_notes_say_what_to_do_next() {
+    let helm = Helm::new();
+    let dra = notes(&helm, json!({}));
+    for line in [
+        "  2. the label: kubectl label node <node> vramgate.dev/ready=true",
+        "  kubectl get runtimeclass vramgate",
+        "  kubectl -n kube-system get daemonset vramgate-dra",
+        "  kubectl get resourceslices --field-selector spec.driver=gpu-memory.vramgate.dev",
+        "  a ResourceClaim of DeviceClass gpu-memory.vramgate.dev with capacity.requests.memory",
+    ] {
+        assert!(dra.lines().any(|l| l == line), "{line:?} not in:\n{dra}");
+    }
+    assert!(!dra.contains("configmap"), "{dra}");
+
+    let plugin = notes(
+        &helm,
+        json!({"dra": {"enabled": false}, "devicePlugin": {"enabled": true}, "exporter": {"enabled": true}, "config": {"fromChart": true}}),
+    );
+    for line in [
+        "  kubectl -n kube-system get daemonset vramgate-device-plugin",
+        "  kubectl -n kube-system get pods -l app.kubernetes.io/name=vramgate-exporter -o wide",
+        "    (metrics at http://<pod IP>:9835/metrics)",
+        // The host's hook reads the host's file: the notes say how to put the chart's there.
+        "     kubectl -n kube-system get configmap vramgate-config -o jsonpath='{.data.config\\.toml}' > /etc/vramgate/config.toml",
+    ] {
+        assert!(plugin.lines().any(|l| l == line), "{line:?} not in:\n{plugin}");
+    }
+    assert!(!plugin.contains("ResourceClaim"), "{plugin}");
+}
