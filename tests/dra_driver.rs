@@ -13,6 +13,8 @@
 mod dra_support;
 #[path = "support/kubelet.rs"]
 mod kubelet;
+#[path = "support/registration_client.rs"]
+mod registration_client;
 mod support;
 
 use std::time::{Duration, Instant};
@@ -46,6 +48,47 @@ fn wait_capacities(rt: &tokio::runtime::Runtime, api: &ApiServer, want: &[(&str,
 /// publishing both GPUs whole; `cdi` is the runtime's CDI directory, made before the driver
 /// starts, and the last item kubelet's endpoint of the driver. Bound in this order, they are
 /// dropped driver first, the testbed's directory last.
+/// kubelet 1.36.3's plugin watcher dials the registration socket by its bare path with no
+/// `grpc.WithAuthority`, so grpc-go sends the path as HTTP/2 `:authority`; h2 under tonic
+/// refuses it (PROTOCOL_ERROR) unless the socket's front rewrites it. The real grpc-go client
+/// (tools/kube/registration-client) gets the driver's name, versions and DRA endpoint.
+#[test]
+fn kubelets_own_grpc_client_gets_the_registration_info() {
+    let (_dir, tb) = runc_testbed("vramgate-dra-authority", GPUS);
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let mut driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let socket = driver.registration_socket();
+    assert!(
+        !vramgate::kubelet::authority::valid_authority(socket.as_os_str().as_encoded_bytes()),
+        "the path is what h2 refuses"
+    );
+    // Twice on one process: the second connection is served as the first.
+    for _ in 0..2 {
+        let out = registration_client::get_info(&socket);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            driver.log_text()
+        );
+        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(info["type"], "DRAPlugin", "{info}");
+        assert_eq!(info["name"], DRIVER, "{info}");
+        assert_eq!(
+            info["endpoint"],
+            driver.plugin_dir.join("dra.sock").to_str().unwrap(),
+            "{info}"
+        );
+        assert!(
+            info["supported_versions"].as_array().is_some_and(|v| !v.is_empty()),
+            "{info}"
+        );
+    }
+    assert!(driver.stop().success(), "{}", driver.log_text());
+}
+
 fn registered_driver(
     name: &str,
 ) -> (

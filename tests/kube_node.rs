@@ -505,13 +505,11 @@ fn node_is_ready_and_runs_kubernetes_1_36_3(c: &Cluster) {
 /// node, as the DaemonSet's projected token is, so that the shipped admission policies judge
 /// its writes; it publishes the node's slice (one device, the GPU's 8 GiB); a pod whose claim
 /// comes from a ResourceClaimTemplate asking 6 GiB has its claim allocated by kube-scheduler
-/// on that device, consuming 6Gi; deleting the pod deletes the claim and nothing is reserved.
-///
-/// Not yet: kubelet preparing the claim. kubelet 1.36.3 cannot register the driver: its
-/// GetInfo call on the registration socket is reset with PROTOCOL_ERROR (kubelet's plugin
-/// watcher sends the socket's path as HTTP/2 `:authority`, which the h2 crate under tonic
-/// refuses; the stand-in kubelet of tests/dra_driver.rs sends a valid one), so the pod never
-/// starts. When that is fixed, this scenario goes on to the pod running with its CDI edits.
+/// on that device, consuming 6Gi; kubelet registers the driver (its plugin watcher sends the
+/// socket's path as HTTP/2 `:authority`, which the registration socket's front turns into
+/// `localhost`: src/kubelet/authority.rs) and has it prepare the claim; the pod runs, its
+/// container sees the claim's CDI edits (its 6Gi and its GPU), the ledger holds 6Gi for it;
+/// deleting the pod deletes the claim and nothing is reserved.
 fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims(c: &Cluster) {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
@@ -583,6 +581,29 @@ fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates
     assert_eq!(result["device"], devices[0]["name"], "{claim}");
     assert_eq!(result["consumedCapacity"]["memory"], "6Gi", "{claim}");
     assert_eq!(claim["status"]["reservedFor"][0]["name"], "dra-a", "{claim}");
+    // kubelet registered the driver and had it prepare the claim: else the pod waits with
+    // "DRA driver gpu-memory.vramgate.dev is not registered".
+    let running = c.wait("the DRA pod runs", POD_LIMIT, "kubelet", || {
+        let p = self::pod(c, "dra-a");
+        let running = p.as_ref().is_some_and(|p| {
+            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+        });
+        (running, p.unwrap_or_else(|| Value::String(driver.log_text())))
+    });
+    let env = c.kubectl_ok(&["exec", "dra-a", "--", "env"]);
+    let gpu = devices[0]["attributes"]["uuid"]["string"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 6 * GIB)),
+        "{env}"
+    );
+    assert!(
+        !gpu.is_empty() && env.lines().any(|l| l == format!("VRAMGATE_GPUS={gpu}")),
+        "{gpu:?} {env}\n{slice}"
+    );
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(container_id(&running), 6)]);
     delete_pod(c, "dra-a");
     c.wait(
         "the pod's claim is deleted",

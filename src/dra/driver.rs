@@ -460,7 +460,10 @@ async fn serve(options: &Options, preparer: Arc<Preparer>, registered: Arc<Notif
             endpoint: dra_path.clone(),
             registered: registered.clone(),
         };
-        let reg_server = socket::serve(
+        // kubelet's plugin watcher dials this socket with its path as :authority, which h2
+        // refuses (kubelet's DRA client dials dra.sock as `unix:`, so grpc-go sends
+        // `localhost` there): the front rewrites it.
+        let reg_server = socket::serve_fronted(
             tonic::transport::Server::builder().add_service(RegistrationServer::new(registrar)),
             reg,
         );

@@ -8,8 +8,12 @@
 //! - [`watchdog`]: a view that stops being recomputed offers nothing, and the first view has
 //!   a bounded wait;
 //! - [`socket`]: the plugin's unix sockets (replacing a stale one, noticing a removed one,
-//!   dialing kubelet's), a gRPC server on each, and the signals that end it.
+//!   dialing kubelet's), a gRPC server on each, and the signals that end it;
+//! - [`authority`]: the HTTP/2 front of the DRA driver's registration socket, which turns the
+//!   socket path kubelet's plugin watcher sends as `:authority` into one h2 takes.
 
+#[cfg(feature = "dra")]
+pub mod authority;
 pub mod socket;
 pub mod views;
 pub mod watch;

@@ -57,6 +57,48 @@ pub fn serve(router: tonic::transport::server::Router, listener: UnixListener) -
     ))
 }
 
+/// Serves `router`'s services on `listener` behind [`super::authority::front`]: each accepted
+/// connection is passed through it to the server over an in-process pipe, so a client that
+/// sends a socket path as `:authority` (kubelet's plugin watcher) is served, and nothing but
+/// the front reaches the server (there is no second socket).
+#[cfg(feature = "dra")]
+pub fn serve_fronted(router: tonic::transport::server::Router, listener: UnixListener) -> Served {
+    use tokio_stream::wrappers::ReceiverStream;
+    // A connection's pipe buffer: gRPC messages of the registration API are a few hundred
+    // bytes; a bigger one only waits for the server to read.
+    const PIPE: usize = 64 * 1024;
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<tokio::io::DuplexStream>>(16);
+    let accept = async move {
+        loop {
+            let client = match listener.accept().await {
+                Ok((client, _)) => client,
+                Err(e) => {
+                    // Out of descriptors, say: the next accept may succeed; a pause keeps it
+                    // from spinning.
+                    eprintln!("vramgate: accepting a connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (outer, inner) = tokio::io::duplex(PIPE);
+            if tx.send(Ok(inner)).await.is_err() {
+                return;
+            }
+            tokio::spawn(async move {
+                if let Err(e) = super::authority::front(client, outer).await {
+                    eprintln!("vramgate: a connection closed at a malformed frame: {e}");
+                }
+            });
+        }
+    };
+    Served(tokio::spawn(async move {
+        tokio::select! {
+            served = router.serve_with_incoming(ReceiverStream::new(rx)) => served,
+            () = accept => Ok(()),
+        }
+    }))
+}
+
 impl Served {
     /// Stops serving (connections in flight end with it) and waits until the task is gone.
     pub async fn stop(self) {
