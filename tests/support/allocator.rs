@@ -38,26 +38,7 @@ pub fn binary() -> PathBuf {
          tests); run scripts/fetch-dra-allocator (scripts/install-deps runs it)",
         binary.display()
     );
-    let version = Command::new(&binary).arg("version").output().expect("the helper runs");
-    let version = String::from_utf8_lossy(&version.stdout);
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kube");
-    for (file, name) in [
-        ("dra-allocator/main.go", "main.go"),
-        ("go.mod", "go.mod"),
-        ("go.sum", "go.sum"),
-    ] {
-        let source = module.join(file);
-        let sum = Command::new("sha256sum").arg(&source).output().expect("sha256sum runs");
-        let sum = String::from_utf8_lossy(&sum.stdout);
-        let sum = sum.split_whitespace().next().unwrap_or_default();
-        assert!(
-            version.lines().any(|l| l == format!("source {sum} {name}")),
-            "{}: built from another {} (it says {version:?}, the file's sha256 is {sum}); run \
-             scripts/fetch-dra-allocator to build it again",
-            binary.display(),
-            source.display()
-        );
-    }
+    let version = assert_built_from(&binary, "dra-allocator/main.go", "scripts/fetch-dra-allocator");
     assert!(
         version.lines().next() == Some(&format!("k8s.io/dynamic-resource-allocation v{STAGING_VERSION}")),
         "{}: not the allocator of v{STAGING_VERSION}: {version:?}; run scripts/fetch-dra-allocator",
@@ -136,4 +117,27 @@ pub fn devices(allocation: &Value) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// Asserts that the Go helper `binary` (its `version` lists `source <sha256> <name>` for its
+/// sources) was built from this checkout's tools/kube `main_go`, go.mod and go.sum; else fails
+/// naming `fetch_script`, which builds it again. Returns what `version` printed.
+pub fn assert_built_from(binary: &Path, main_go: &str, fetch_script: &str) -> String {
+    let version = Command::new(binary).arg("version").output().expect("the helper runs");
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kube");
+    for (file, name) in [(main_go, "main.go"), ("go.mod", "go.mod"), ("go.sum", "go.sum")] {
+        let source = module.join(file);
+        let sum = Command::new("sha256sum").arg(&source).output().expect("sha256sum runs");
+        let sum = String::from_utf8_lossy(&sum.stdout);
+        let sum = sum.split_whitespace().next().unwrap_or_default();
+        assert!(
+            version.lines().any(|l| l == format!("source {sum} {name}")),
+            "{}: built from another {} (it says {version:?}, the file's sha256 is {sum}); run \
+             {fetch_script} to build it again",
+            binary.display(),
+            source.display()
+        );
+    }
+    version
 }

@@ -17,25 +17,11 @@ pub fn binary() -> PathBuf {
         "{}: no registration client; run scripts/fetch-registration-client (scripts/install-deps runs it)",
         binary.display()
     );
-    let version = Command::new(&binary).arg("version").output().expect("the client runs");
-    let version = String::from_utf8_lossy(&version.stdout);
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kube");
-    for (file, name) in [
-        ("registration-client/main.go", "main.go"),
-        ("go.mod", "go.mod"),
-        ("go.sum", "go.sum"),
-    ] {
-        let source = module.join(file);
-        let sum = Command::new("sha256sum").arg(&source).output().expect("sha256sum runs");
-        let sum = String::from_utf8_lossy(&sum.stdout);
-        let sum = sum.split_whitespace().next().unwrap_or_default();
-        assert!(
-            version.lines().any(|l| l == format!("source {sum} {name}")),
-            "{}: built from another {} (it says {version:?}); run scripts/fetch-registration-client",
-            binary.display(),
-            source.display()
-        );
-    }
+    crate::dra_support::allocator::assert_built_from(
+        &binary,
+        "registration-client/main.go",
+        "scripts/fetch-registration-client",
+    );
     binary
 }
 
