@@ -55,6 +55,8 @@ pub const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 pub const CGROUP_ROOT: &str = "vramgate-kube";
 /// The CNI bridge the pods that are not on the host's network are attached to.
 pub const BRIDGE: &str = "vgkube0";
+/// A wait that takes longer than this is printed with its time.
+pub const SLOW_WAIT: Duration = Duration::from_secs(5);
 /// Loopback ports: fixed (the host lock makes them this binary's), away from the defaults of
 /// a cluster that may run on a developer's machine.
 const ETCD_CLIENT: u16 = 23790;
@@ -643,7 +645,7 @@ evictionHard: {{}}
     }
 
     /// Polls `check` every 200 ms for at most `limit`; fails with `what`, the last state and
-    /// the tail of `component`'s log.
+    /// the tail of `component`'s log. A wait longer than [`SLOW_WAIT`] prints its time.
     pub fn wait<T: std::fmt::Debug>(
         &self,
         what: &str,
@@ -655,6 +657,11 @@ evictionHard: {{}}
         loop {
             let (done, state) = check();
             if done {
+                // A slow step is named in the output, so that a run's time can be read back
+                // to the wait that spent it (the limits are sized for a loaded machine).
+                if start.elapsed() > SLOW_WAIT {
+                    eprintln!("waited {:?} until {what}", start.elapsed());
+                }
                 return state;
             }
             if start.elapsed() > limit {
