@@ -46,6 +46,9 @@ _vramgate() {
             vramgate,setup)
                 cmd="vramgate__subcmd__setup"
                 ;;
+            vramgate,setup-node)
+                cmd="vramgate__subcmd__setup__subcmd__node"
+                ;;
             vramgate,status)
                 cmd="vramgate__subcmd__status"
                 ;;
@@ -81,6 +84,9 @@ _vramgate() {
                 ;;
             vramgate__subcmd__help,setup)
                 cmd="vramgate__subcmd__help__subcmd__setup"
+                ;;
+            vramgate__subcmd__help,setup-node)
+                cmd="vramgate__subcmd__help__subcmd__setup__subcmd__node"
                 ;;
             vramgate__subcmd__help,status)
                 cmd="vramgate__subcmd__help__subcmd__status"
@@ -119,7 +125,7 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc metrics exporter watch ledger demo setup replay help"
+            opts="-h -V --config --help --version status doctor release gc metrics exporter watch ledger demo setup setup-node replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -237,7 +243,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc metrics exporter watch ledger demo setup replay help"
+            opts="status doctor release gc metrics exporter watch ledger demo setup setup-node replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -405,6 +411,20 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help__subcmd__setup)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__help__subcmd__setup__subcmd__node)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -686,6 +706,56 @@ _vramgate() {
                     return 0
                     ;;
                 --hook-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        vramgate__subcmd__setup__subcmd__node)
+            opts="-h -V --host-root --engine --engine-config --engine-socket --restart --install-dir --engine-root --set-as-default --wait --config --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --host-root)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --engine)
+                    COMPREPLY=($(compgen -W "containerd" -- "${cur}"))
+                    return 0
+                    ;;
+                --engine-config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --engine-socket)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --restart)
+                    COMPREPLY=($(compgen -W "signal none" -- "${cur}"))
+                    return 0
+                    ;;
+                --install-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --engine-root)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wait)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -134,6 +134,13 @@ pub enum Command {
     Demo(DemoArgs),
     /// Wire vramgate into an engine: docker, containerd, podman or crio
     Setup(SetupArgs),
+    /// Set up the node this runs on from a privileged container with the host's root mounted
+    /// (the Helm chart's node set-up DaemonSet): copy vramgate-hook and vramgate-runtime into
+    /// the host's /usr/local/lib/vramgate, run `setup containerd` on the host's config, restart
+    /// containerd once; then wait, and on SIGTERM or SIGINT put every file back byte-for-byte,
+    /// remove the binaries and restart containerd again. A run that finds what a killed one
+    /// left undoes it first
+    SetupNode(SetupNodeArgs),
     /// Replay a workload (a host's events.jsonl, or a job file) on vramgate's own decision
     /// code, on simulated GPUs and a virtual clock: what other GPUs, a strategy, backfill, a
     /// policy, headroom or exclusive GPUs (one job per GPU) would have done. Settings not given
@@ -225,6 +232,45 @@ pub struct SetupArgs {
     /// The vramgate-hook binary hooks.d points at (default: next to this binary, else /usr/bin)
     #[arg(long, value_name = "PATH")]
     pub hook_path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetupNodeArgs {
+    /// Where the host's root file system is mounted
+    #[arg(long, value_name = "PATH", default_value = "/host")]
+    pub host_root: PathBuf,
+    /// The engine to set up (containerd only, for now)
+    #[arg(long, value_enum, default_value = "containerd")]
+    pub engine: NodeEngine,
+    /// The engine's main config, as a path on the host
+    #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_CONFIG)]
+    pub engine_config: PathBuf,
+    /// The engine's socket, as a path on the host: its server is the process signalled
+    #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_SOCKET)]
+    pub engine_socket: PathBuf,
+    /// How the engine is restarted: signal (SIGHUP to the process serving its socket, which
+    /// ends containerd, and its service manager starts it again; needs the host's PID
+    /// namespace) or none (the admin restarts it)
+    #[arg(long, value_enum, default_value = "signal")]
+    pub restart: crate::setup::RestartMode,
+    /// The host directory the binaries are copied to (vramgate's own: it is removed on undo)
+    #[arg(long, value_name = "PATH", default_value = crate::setup::NODE_INSTALL_DIR)]
+    pub install_dir: PathBuf,
+    /// Where the engine sees the host's root (/ unless the engine itself runs in a chroot,
+    /// as a test's may)
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    pub engine_root: PathBuf,
+    /// Make vramgate containerd's default runtime
+    #[arg(long)]
+    pub set_as_default: bool,
+    /// Seconds to wait for another run's lock, and for the engine to come back
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub wait: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeEngine {
+    Containerd,
 }
 
 #[derive(Debug, Subcommand)]

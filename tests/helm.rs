@@ -609,3 +609,100 @@ fn the_notes_say_what_to_do_next() {
     }
     assert!(!plugin.contains("ResourceClaim"), "{plugin}");
 }
+
+/// The node set-up DaemonSet (`nodeSetup.enabled`), off by default: on, beside each driver,
+/// every object valid for Kubernetes 1.36; the pod runs `vramgate setup-node` on the host's
+/// root mounted at /host, with the host's PID namespace only for the signal restart, a grace
+/// period for the undo, and the tolerations and node selection of the chart's other pods.
+#[test]
+fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
+    let helm = Helm::new();
+    let dir = tempfile::tempdir().unwrap();
+    let off = helm.template(&Release::new(json!({})), &[]);
+    assert!(off.status.success(), "{}", text(&off));
+    assert!(
+        !helm::names(&objects(&String::from_utf8(off.stdout).unwrap()))
+            .iter()
+            .any(|n| n.contains("node-setup")),
+        "the node set-up renders by default"
+    );
+    let mut files = Vec::new();
+    for (driver, restart) in [("dra", "signal"), ("device-plugin", "none"), ("none", "signal")] {
+        let mut values = combination(driver, false, false, false, true);
+        values["nodeSetup"] = json!({"enabled": true, "restart": restart});
+        let out = helm.template(&Release::new(values.clone()), &[]);
+        assert!(out.status.success(), "{values}: {}", text(&out));
+        let rendered = String::from_utf8(out.stdout).unwrap();
+        let objects = objects(&rendered);
+        let ds = objects
+            .iter()
+            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-node-setup")
+            .unwrap_or_else(|| panic!("{values}: no node set-up DaemonSet in {rendered}"));
+        let pod = &ds["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        assert_eq!(container["command"], json!(["/usr/bin/vramgate"]));
+        assert_eq!(
+            container["args"],
+            json!([
+                "setup-node",
+                "--host-root",
+                "/host",
+                "--engine-config",
+                "/etc/containerd/config.toml",
+                "--engine-socket",
+                "/run/containerd/containerd.sock",
+                "--restart",
+                restart
+            ]),
+            "{values}"
+        );
+        assert_eq!(container["securityContext"]["privileged"], true);
+        assert_eq!(
+            container["volumeMounts"],
+            json!([{"name": "host", "mountPath": "/host"}])
+        );
+        assert_eq!(
+            pod["volumes"],
+            json!([{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}])
+        );
+        assert_eq!(
+            pod["hostPID"].as_bool() == Some(true),
+            restart == "signal",
+            "{values}: {pod}"
+        );
+        assert_eq!(pod["terminationGracePeriodSeconds"], 120);
+        assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+        assert_eq!(pod["nodeSelector"], json!({"vramgate.dev/ready": "true"}));
+        for other in objects.iter().filter(|o| o["kind"] == "DaemonSet" && o != &ds) {
+            assert_eq!(other["spec"]["template"]["spec"]["tolerations"], pod["tolerations"]);
+        }
+        let file = dir.path().join(format!("node-setup-{driver}.yaml"));
+        std::fs::write(&file, &rendered).unwrap();
+        files.push(file);
+    }
+    let out = check_manifests(&files);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for file in &files {
+        let line = format!("{}: DaemonSet vramgate-node-setup ok", file.display());
+        assert!(stdout.lines().any(|l| l == line), "{line:?} not in: {stdout}");
+    }
+    // The notes say what it changes on the host and how it restarts containerd.
+    let said = notes(&helm, json!({"nodeSetup": {"enabled": true}}));
+    for line in [
+        "  1. nothing installed by hand: DaemonSet vramgate-node-setup (vramgate setup-node, privileged,",
+        "     restarts containerd once: SIGHUP to the process serving /run/containerd/containerd.sock, which ends it,",
+        "     Deleting its pod (helm uninstall) undoes exactly that and restarts containerd once more;",
+    ] {
+        assert!(said.lines().any(|l| l == line), "{line:?} not in:\n{said}");
+    }
+    assert!(!said.contains("dpkg -i"), "{said}");
+    let lint = helm.lint(&Release::new(json!({"nodeSetup": {"enabled": true}})));
+    assert!(lint.status.success(), "{}", text(&lint));
+    let misspelt = helm.template(
+        &Release::new(json!({"nodeSetup": {"enabled": true, "restart": "systemd"}})),
+        &[],
+    );
+    assert!(!misspelt.status.success());
+    assert!(text(&misspelt).contains("/nodeSetup/restart"), "{}", text(&misspelt));
+}

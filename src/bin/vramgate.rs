@@ -114,6 +114,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Setup(args) => setup(config_path, &args),
+        Command::SetupNode(args) => setup_node(config_path, &args),
         Command::Replay(args) => replay(config_path, &args),
         Command::Demo(args) => {
             let summaries = vramgate::demo::run(&args)?;
@@ -368,6 +369,7 @@ fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode
             set_as_default: args.set_as_default,
             config_path: args.config_path.as_deref().map(absolute),
             containerd_config: Some(absolute(&args.containerd_config)),
+            containerd_import: None,
             crio_drop_in: Some(absolute(&args.crio_drop_in)),
             runtime_path: args
                 .runtime_path
@@ -384,6 +386,46 @@ fn setup(config_path: &Path, args: &vramgate::cli::SetupArgs) -> Result<ExitCode
         setup::apply(&plan)?;
     }
     print!("{}", setup::describe(&plan, args.dry_run));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn setup_node(config_path: &Path, args: &vramgate::cli::SetupNodeArgs) -> Result<ExitCode> {
+    use nix::sys::signal::{SigSet, Signal};
+    use vramgate::setup::{self, NodeOptions, NodeSetup};
+    // Blocked before anything changes, so a SIGTERM that comes during the set-up waits for
+    // it to finish and is then answered with the undo, never by dying halfway.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block()?;
+    let config = Config::load_from(config_path)?;
+    let vramgate::cli::NodeEngine::Containerd = args.engine;
+    let binaries = setup::NODE_BINARIES
+        .iter()
+        .map(|name| setup::sibling_or(name, &format!("/usr/bin/{name}")))
+        .collect();
+    let options = NodeOptions {
+        host_root: args.host_root.clone(),
+        engine_root: args.engine_root.clone(),
+        engine_config: args.engine_config.clone(),
+        engine_socket: args.engine_socket.clone(),
+        install_dir: args.install_dir.clone(),
+        restart: args.restart,
+        binaries,
+        set_as_default: args.set_as_default,
+        hook_timeout_secs: vramgate::runtime::hook_timeout_secs(&config),
+        wait: std::time::Duration::from_secs(args.wait),
+    };
+    let node = NodeSetup::install(options)?;
+    for line in &node.report {
+        println!("{line}");
+    }
+    println!("node set up; waiting for SIGTERM to undo it");
+    let signal = signals.wait()?;
+    println!("{signal}: undoing the node set-up");
+    for line in node.undo()? {
+        println!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -166,7 +166,8 @@ pub(super) fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
         .containerd_config
         .clone()
         .unwrap_or_else(|| PathBuf::from(CONTAINERD_CONFIG));
-    let drop_in_str = drop_in.to_string_lossy().into_owned();
+    let import = options.containerd_import.clone().unwrap_or_else(|| drop_in.clone());
+    let drop_in_str = import.to_string_lossy().into_owned();
     let mut plan = Plan::default();
     let main_current = read_optional(&main)?;
     let main_text = match &main_current {
@@ -203,7 +204,7 @@ pub(super) fn plan_containerd(options: &SetupOptions) -> Result<Plan> {
         } else {
             main_current.clone()
         }
-    } else if imports.iter().any(|i| import_covers(i, &drop_in)) {
+    } else if imports.iter().any(|i| import_covers(i, &import)) {
         main_current.clone()
     } else {
         Some(with_import(&main_text, &drop_in_str, &main)?.into_bytes())

@@ -30,11 +30,13 @@ mod crio;
 mod docker;
 mod imports;
 mod merged;
+mod node;
 pub use containerd::*;
 pub use crio::*;
 use docker::*;
 use imports::*;
 pub use merged::*;
+pub use node::*;
 
 pub const DOCKER_DAEMON_JSON: &str = "/etc/docker/daemon.json";
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
@@ -98,6 +100,9 @@ pub struct SetupOptions {
     pub config_path: Option<PathBuf>,
     /// containerd's main config, which must import the drop-in.
     pub containerd_config: Option<PathBuf>,
+    /// The drop-in's path as containerd sees it, for the import line: `config_path` unless
+    /// setup edits the host's files through a mount (`vramgate setup-node`).
+    pub containerd_import: Option<PathBuf>,
     /// CRI-O's drop-in with the `vramgate` runtime handler.
     pub crio_drop_in: Option<PathBuf>,
     pub runtime_path: PathBuf,

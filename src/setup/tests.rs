@@ -11,6 +11,7 @@ fn options(engine: Engine, dir: &Path) -> SetupOptions {
             _ => "hooks.d",
         })),
         containerd_config: Some(dir.join("config.toml")),
+        containerd_import: None,
         crio_drop_in: Some(dir.join("crio.conf.d/10-vramgate.conf")),
         runtime_path: PathBuf::from("/usr/bin/vramgate-runtime"),
         hook_path: PathBuf::from("/usr/bin/vramgate-hook"),

@@ -415,10 +415,19 @@ impl Cri {
                 .arg("--containerd-config")
                 .arg(&main),
         );
+        let mut cri = Cri::start(tb, containerd, &dir, &main);
+        cri.check_handler();
+        cri.import_images();
+        cri
+    }
+
+    /// Starts containerd with the main config `main`, its state, socket and log in `dir`, as
+    /// it is (nothing set up), and waits for its CRI plugin.
+    pub fn start(tb: Testbed, containerd: Containerd, dir: &Path, main: &Path) -> Cri {
         // From here on the Cri's drop undoes what containerd leaves on the host.
         host_dirs_enter();
         let path = containerd.path();
-        let (child, address, state) = spawn_containerd_on(&dir, &main, &tb.config_path, &path);
+        let (child, address, state) = spawn_containerd_on(dir, main, &tb.config_path, &path);
         let (rt, channel) = cri_channel(address.clone());
         let mut cri = Cri {
             runtime: RuntimeClient::new(channel.clone()),
@@ -434,9 +443,40 @@ impl Cri {
             dir: None,
         };
         cri.wait_ready();
-        cri.check_handler();
-        cri.import_images();
         cri
+    }
+
+    /// Plays the engine's service manager: waits (at most `timeout`) for containerd to exit,
+    /// starts it again with the same config, and returns how the old one ended.
+    pub fn restart_after_exit(&mut self, dir: &Path, main: &Path, timeout: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("containerd runs");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "containerd did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (child, _, _) = spawn_containerd_on(dir, main, &self.tb.config_path, &self.path);
+        self.child = Some(child);
+        self.wait_ready();
+        status
+    }
+
+    /// The CRI plugin's runtimes as it loaded them (what `crictl info` shows).
+    pub fn runtimes(&self) -> Value {
+        let mut client = self.runtime.clone();
+        let info = self
+            .block_on(async move { client.status(req(cri::StatusRequest { verbose: true })).await })
+            .unwrap()
+            .into_inner()
+            .info;
+        let config: Value = serde_json::from_str(&info["config"]).unwrap();
+        config["containerd"]["runtimes"].clone()
     }
 
     /// The runtime handler as the CRI plugin read it from the drop-in (what `crictl info`
