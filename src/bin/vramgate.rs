@@ -410,6 +410,7 @@ fn setup_node(config_path: &Path, args: &vramgate::cli::SetupNodeArgs) -> Result
         engine_config: args.engine_config.clone(),
         engine_socket: args.engine_socket.clone(),
         install_dir: args.install_dir.clone(),
+        state_dir: config.state_dir.clone(),
         restart: args.restart,
         binaries,
         set_as_default: args.set_as_default,

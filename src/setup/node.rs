@@ -60,6 +60,8 @@ pub enum NodeError {
     State { path: PathBuf, message: String },
     #[error("cannot find the engine's process through {path}: {message}")]
     Engine { path: PathBuf, message: String },
+    #[error(transparent)]
+    StateDir(#[from] crate::ledger::LedgerError),
 }
 
 pub type NodeResult<T> = std::result::Result<T, NodeError>;
@@ -90,6 +92,11 @@ pub struct NodeOptions {
     /// The engine's API socket, as a host path (for `signal`).
     pub engine_socket: PathBuf,
     pub install_dir: PathBuf,
+    /// The ledger's directory (config.toml's `state_dir`), as a host path: made when missing,
+    /// as the package's tmpfiles entry makes it at boot, since the chart's pods mount it and a
+    /// node set up from the chart has no package. Kept on undo: it holds the reservations of
+    /// containers still running.
+    pub state_dir: PathBuf,
     pub restart: RestartMode,
     /// The binaries to copy (vramgate-runtime and vramgate-hook), from this container.
     pub binaries: Vec<PathBuf>,
@@ -407,6 +414,14 @@ impl NodeSetup {
         for (target, bytes) in &sources {
             write_host(&o.host(target)?, bytes, 0o755)?;
             self.report.push(format!("installed {}", target.display()));
+        }
+        let state_dir = o.host(&o.state_dir)?;
+        if std::fs::symlink_metadata(&state_dir).is_err() {
+            crate::ledger::StateDir::open_or_create(&state_dir)?;
+            self.report.push(format!(
+                "made {} (the ledger's directory; kept on undo)",
+                o.state_dir.display()
+            ));
         }
         super::apply(&plan)?;
         self.report.extend(
