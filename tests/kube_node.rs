@@ -57,6 +57,22 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims",
         dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims,
     ),
+    (
+        "dra_claim_shared_by_two_containers_of_a_pod_runs_in_both",
+        dra_claim_shared_by_two_containers_of_a_pod_runs_in_both,
+    ),
+    (
+        "dra_driver_and_kubelet_restarted_mid_way_lose_nothing",
+        dra_driver_and_kubelet_restarted_mid_way_lose_nothing,
+    ),
+    (
+        "dra_slice_follows_memory_used_outside_kubernetes_and_a_claim_spans_two_gpus",
+        dra_slice_follows_memory_used_outside_kubernetes_and_a_claim_spans_two_gpus,
+    ),
+    (
+        "runtime_class_pod_waiting_past_kubelets_deadline",
+        runtime_class_pod_waiting_past_kubelets_deadline,
+    ),
 ];
 
 /// The device plugin's resource.
@@ -499,18 +515,11 @@ fn node_is_ready_and_runs_kubernetes_1_36_3(c: &Cluster) {
     delete_pod(c, "plain");
 }
 
-/// The DRA driver against the real API server and kube-scheduler: k8s/dra.yaml (DeviceClass,
-/// RBAC, admission policies) applied server-side; the built `vramgate-dra` as a process on the
-/// host (not yet as a pod of the node image) with its ServiceAccount's token bound to this
-/// node, as the DaemonSet's projected token is, so that the shipped admission policies judge
-/// its writes; it publishes the node's slice (one device, the GPU's 8 GiB); a pod whose claim
-/// comes from a ResourceClaimTemplate asking 6 GiB has its claim allocated by kube-scheduler
-/// on that device, consuming 6Gi; kubelet registers the driver (its plugin watcher sends the
-/// socket's path as HTTP/2 `:authority`, which the registration socket's front turns into
-/// `localhost`: src/kubelet/authority.rs) and has it prepare the claim; the pod runs, its
-/// container sees the claim's CDI edits (its 6Gi and its GPU), the ledger holds 6Gi for it;
-/// deleting the pod deletes the claim and nothing is reserved.
-fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims(c: &Cluster) {
+/// The built `vramgate-dra` as a process on the host (not yet as a pod of the node image),
+/// after k8s/dra.yaml (DeviceClass, RBAC, admission policies) is applied server-side, with its
+/// ServiceAccount's token bound to this node, as the DaemonSet's projected token is, so that
+/// the shipped admission policies and the API server's associated-node check judge its writes.
+fn start_driver(c: &Cluster) -> dra_support::Driver {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
     let token = c.kubectl_ok(&[
@@ -528,53 +537,222 @@ fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates
     ]);
     let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
     let cdi_dir = c.tb().dir.join("containerd/cdi");
-    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[]);
-    let slice = c.wait("the driver's slice is published", POD_LIMIT, "kube-apiserver", || {
-        let slices = c
-            .get_json(&["resourceslices"])
-            .map(|s| s["items"].clone())
-            .unwrap_or_default();
-        let ours = slices
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["spec"]["driver"] == dra_support::DRIVER && s["spec"]["nodeName"] == c.node.as_str())
-            .cloned();
-        (ours.is_some(), ours.unwrap_or_else(|| Value::String(driver.log_text())))
-    });
-    let devices = slice["spec"]["devices"].as_array().expect("devices");
-    assert_eq!(devices.len(), 1, "{slice}");
-    assert_eq!(devices[0]["capacity"]["memory"]["value"], "8Gi", "{slice}");
-    let template = r#"{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "gpu-6gi", "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu-memory.vramgate.dev", "count": 1,
-            "capacity": {"requests": {"memory": "6Gi"}}}}]}}}}"#;
-    c.apply(template);
+    dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[])
+}
+
+/// The driver's slice for this node, if published.
+fn our_slice(c: &Cluster) -> Option<Value> {
+    let slices = c
+        .get_json(&["resourceslices"])
+        .map(|s| s["items"].clone())
+        .unwrap_or_default();
+    slices
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["spec"]["driver"] == dra_support::DRIVER && s["spec"]["nodeName"] == c.node.as_str())
+        .cloned()
+}
+
+/// Waits until the slice offers `capacities` (each device's memory, in the slice's order)
+/// and `accept` takes it; returns it.
+fn wait_slice(
+    c: &Cluster,
+    driver: &dra_support::Driver,
+    what: &str,
+    capacities: &[&str],
+    accept: impl Fn(&Value) -> bool,
+) -> Value {
+    c.wait(what, POD_LIMIT, "vramgate-dra", || {
+        let slice = our_slice(c);
+        let offered: Vec<String> = slice
+            .as_ref()
+            .and_then(|s| s["spec"]["devices"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|d| {
+                d["capacity"]["memory"]["value"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let ok = offered == capacities && slice.as_ref().is_some_and(&accept);
+        (ok, (offered, slice, tail_text(&driver.log_text(), 5)))
+    })
+    .1
+    .unwrap_or_default()
+}
+
+fn tail_text(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A ResourceClaimTemplate `name` asking `count` devices of vramgate's class with `memory` each.
+fn claim_template(c: &Cluster, name: &str, count: u64, memory: &str) {
+    c.apply(
+        &serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu-memory.vramgate.dev", "count": count,
+                "capacity": {"requests": {"memory": memory}}}}]}}}})
+        .to_string(),
+    );
+}
+
+/// A pod of the vramgate RuntimeClass whose containers `containers` all use one claim made
+/// from `template`.
+fn dra_pod(c: &Cluster, name: &str, template: &str, containers: &[&str]) {
     let mut pod: Value = serde_json::from_str(&pod_yaml(
-        "dra-a",
+        name,
         &PodSpec {
             vramgate: true,
             ..PodSpec::default()
         },
     ))
     .unwrap();
-    pod["spec"]["resourceClaims"] = serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": "gpu-6gi"}]);
-    pod["spec"]["containers"][0]["resources"] = serde_json::json!({"claims": [{"name": "gpu"}]});
+    let first = pod["spec"]["containers"][0].clone();
+    pod["spec"]["containers"] = containers
+        .iter()
+        .map(|n| {
+            let mut one = first.clone();
+            one["name"] = (*n).into();
+            one["resources"] = serde_json::json!({"claims": [{"name": "gpu"}]});
+            one
+        })
+        .collect();
+    pod["spec"]["resourceClaims"] = serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
     c.apply(&pod.to_string());
-    let claim = c.wait(
-        "kube-scheduler allocates the pod's claim",
+}
+
+/// Prints how long a step took when it took more than 5 s (where a scenario's time goes).
+struct Took(String, Instant);
+
+impl Drop for Took {
+    fn drop(&mut self) {
+        if self.1.elapsed() > Duration::from_secs(5) {
+            eprintln!("  {}: {:?}", self.0, self.1.elapsed());
+        }
+    }
+}
+
+/// The claims in the default namespace.
+fn claims(c: &Cluster) -> Vec<Value> {
+    c.get_json(&["resourceclaims"])
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Pod `name`'s claim (made from its template), once kube-scheduler allocated it.
+fn wait_allocated(c: &Cluster, name: &str) -> Value {
+    let _took = Took(format!("pod {name}'s claim is allocated"), Instant::now());
+    c.wait(
+        &format!("kube-scheduler allocates pod {name}'s claim"),
         POD_LIMIT,
         "kube-scheduler",
         || {
-            let items = c
-                .get_json(&["resourceclaims"])
-                .map(|l| l["items"].clone())
+            let claim = claims(c)
+                .into_iter()
+                .find(|cl| {
+                    cl["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
+                        && cl["metadata"]["ownerReferences"][0]["name"] == name
+                })
                 .unwrap_or_default();
-            let claim = items.as_array().and_then(|a| a.first()).cloned().unwrap_or_default();
             (claim["status"]["allocation"].is_object(), claim)
         },
+    )
+}
+
+/// Waits until pod `name` runs with every container running; returns it.
+fn wait_dra_running(c: &Cluster, driver: &dra_support::Driver, name: &str) -> Value {
+    let _took = Took(format!("pod {name} runs"), Instant::now());
+    c.wait(&format!("DRA pod {name} runs"), POD_LIMIT, "kubelet", || {
+        let p = pod(c, name);
+        let running = p.as_ref().is_some_and(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(|s| s["state"]["running"].is_object()))
+        });
+        (running, (p, tail_text(&driver.log_text(), 5)))
+    })
+    .0
+    .unwrap_or_default()
+}
+
+/// The containerd id of container `container` of `pod`.
+fn container_id_of(pod: &Value, container: &str) -> String {
+    let status = pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == container)
+        .cloned()
+        .unwrap_or_default();
+    let mut one = pod.clone();
+    one["status"]["containerStatuses"] = serde_json::json!([status]);
+    container_id(&one)
+}
+
+/// Deletes pod `name` and waits until its claim is gone (kube-controller-manager deletes a
+/// claim made from a template with its pod).
+fn delete_dra_pod(c: &Cluster, name: &str) {
+    let _took = Took(format!("pod {name} and its claim are deleted"), Instant::now());
+    delete_pod(c, name);
+    c.wait(
+        &format!("pod {name}'s claim is deleted"),
+        POD_LIMIT,
+        "kube-controller-manager",
+        || {
+            let left: Vec<Value> = claims(c)
+                .into_iter()
+                .filter(|cl| cl["metadata"]["ownerReferences"][0]["name"] == name)
+                .collect();
+            (left.is_empty(), left)
+        },
     );
+}
+
+/// The claim's `status.devices` once the driver wrote it after preparing.
+fn wait_claim_status(c: &Cluster, driver: &dra_support::Driver, claim: &str) -> Value {
+    c.wait(
+        &format!("the driver writes claim {claim}'s status"),
+        POD_LIMIT,
+        "vramgate-dra",
+        || {
+            let got = c.get_json(&["resourceclaim", claim]).unwrap_or_default();
+            let devices = got["status"]["devices"].clone();
+            (
+                devices.as_array().is_some_and(|d| !d.is_empty()),
+                (devices, tail_text(&driver.log_text(), 8)),
+            )
+        },
+    )
+    .0
+}
+
+/// The DRA driver against the real API server and kube-scheduler ([`start_driver`]): it
+/// publishes the node's slice (one device, the GPU's 8 GiB); a pod whose claim comes from a
+/// ResourceClaimTemplate asking 6 GiB has its claim allocated by kube-scheduler on that
+/// device, consuming 6Gi; kubelet registers the driver (its plugin watcher sends the socket's
+/// path as HTTP/2 `:authority`, which the registration socket's front turns into `localhost`:
+/// src/kubelet/authority.rs) and has it prepare the claim; the pod runs, its container sees
+/// the claim's CDI edits (its 6Gi and its GPU), the ledger holds 6Gi for it; the claim's
+/// status carries the driver's entry for the device with its `data` (kind, request, limit,
+/// tier), written through the API server's associated-node check and the shipped admission
+/// policy; a second such pod stays Pending with kube-scheduler's message, its claim
+/// unallocated and nothing more in the ledger, and runs once the first is deleted, whose
+/// reservation is then released; deleting it deletes its claim and nothing is reserved.
+fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims(c: &Cluster) {
+    let driver = start_driver(c);
+    let slice = wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    let devices = slice["spec"]["devices"].as_array().expect("devices");
+    claim_template(c, "gpu-6gi", 1, "6Gi");
+    dra_pod(c, "dra-a", "gpu-6gi", &["main"]);
+    let claim = wait_allocated(c, "dra-a");
     let result = &claim["status"]["allocation"]["devices"]["results"][0];
     assert_eq!(result["driver"], dra_support::DRIVER, "{claim}");
     assert_eq!(result["pool"], c.node.as_str(), "{claim}");
@@ -583,41 +761,360 @@ fn dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates
     assert_eq!(claim["status"]["reservedFor"][0]["name"], "dra-a", "{claim}");
     // kubelet registered the driver and had it prepare the claim: else the pod waits with
     // "DRA driver gpu-memory.vramgate.dev is not registered".
-    let running = c.wait("the DRA pod runs", POD_LIMIT, "kubelet", || {
-        let p = self::pod(c, "dra-a");
-        let running = p.as_ref().is_some_and(|p| {
-            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
-        });
-        (running, p.unwrap_or_else(|| Value::String(driver.log_text())))
-    });
+    let running = wait_dra_running(c, &driver, "dra-a");
     let env = c.kubectl_ok(&["exec", "dra-a", "--", "env"]);
     let gpu = devices[0]["attributes"]["uuid"]["string"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    assert_eq!(gpu, GPU, "{slice}");
     assert!(
         env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 6 * GIB)),
         "{env}"
     );
-    assert!(
-        !gpu.is_empty() && env.lines().any(|l| l == format!("VRAMGATE_GPUS={gpu}")),
-        "{gpu:?} {env}\n{slice}"
-    );
-    wait_ledger(c, "the claim's 6Gi is reserved", vec![(container_id(&running), 6)]);
-    delete_pod(c, "dra-a");
-    c.wait(
-        "the pod's claim is deleted",
-        POD_LIMIT,
-        "kube-controller-manager",
-        || {
-            let items = c
-                .get_json(&["resourceclaims"])
-                .map(|l| l["items"].clone())
-                .unwrap_or_default();
-            (items.as_array().is_some_and(Vec::is_empty), items)
-        },
-    );
-    assert_eq!(ledger(c), []);
+    assert!(env.lines().any(|l| l == format!("VRAMGATE_GPUS={gpu}")), "{env}");
+    let a = container_id(&running);
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(a.clone(), 6)]);
+
+    // The status the driver writes after preparing: its own entry for the allocated device.
+    let claim_name = claim["metadata"]["name"].as_str().unwrap().to_string();
+    let status = wait_claim_status(c, &driver, &claim_name);
+    let entry = &status[0];
+    assert_eq!(status.as_array().map(Vec::len), Some(1), "{status}");
+    assert_eq!(entry["driver"], dra_support::DRIVER, "{status}");
+    assert_eq!(entry["pool"], c.node.as_str(), "{status}");
+    assert_eq!(entry["device"], devices[0]["name"], "{status}");
+    let data = &entry["data"];
+    assert_eq!(data["apiVersion"], "vramgate.dev/v1", "{status}");
+    assert_eq!(data["kind"], "GpuMemoryStatus", "{status}");
+    assert_eq!(data["request"], 6 * GIB, "{status}");
+    assert_eq!(data["limit"], 6 * GIB, "{status}");
+    assert!(data["tier"].as_str().is_some_and(|t| !t.is_empty()), "{status}");
+
+    // A second 6Gi claim does not fit beside the first: kube-scheduler leaves the pod Pending
+    // and its claim unallocated; the ledger holds only the first.
+    dra_pod(c, "dra-b", "gpu-6gi", &["main"]);
+    let why = wait_unschedulable(c, "dra-b");
+    assert!(why.contains("cannot allocate all claims"), "{why}");
+    let b_claim = claims(c)
+        .into_iter()
+        .find(|cl| cl["metadata"]["ownerReferences"][0]["name"] == "dra-b")
+        .expect("dra-b's claim");
+    assert!(b_claim["status"]["allocation"].is_null(), "{b_claim}");
+    assert_eq!(ledger(c), [(a.clone(), 6)]);
+    delete_dra_pod(c, "dra-a");
+    let b = container_id(&wait_dra_running(c, &driver, "dra-b"));
+    wait_ledger(c, "dra-a's claim is released and dra-b's 6Gi is reserved", vec![(b, 6)]);
+    delete_dra_pod(c, "dra-b");
+    wait_ledger(c, "nothing is reserved", vec![]);
     c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi"]);
     drop(driver);
+}
+
+/// A claim shared by two containers of one pod (both name the pod's claim): kube-scheduler
+/// allocates it once; both containers run and see the claim's CDI edits (its 3Gi and its GPU).
+/// This node does not stop a claim's holders together (`[enforce] over_use` is not `kill`), so
+/// as docs/src/dra.md says each container is counted whole (the claim's 3Gi twice): each
+/// container's own limit is the claim's, and K containers could use K times one hold.
+fn dra_claim_shared_by_two_containers_of_a_pod_runs_in_both(c: &Cluster) {
+    let driver = start_driver(c);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    claim_template(c, "gpu-3gi", 1, "3Gi");
+    dra_pod(c, "dra-shared", "gpu-3gi", &["main", "side"]);
+    let claim = wait_allocated(c, "dra-shared");
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "{claim}");
+    assert_eq!(results[0]["consumedCapacity"]["memory"], "3Gi", "{claim}");
+    let running = wait_dra_running(c, &driver, "dra-shared");
+    let mut want = Vec::new();
+    for container in ["main", "side"] {
+        let env = c.kubectl_ok(&["exec", "dra-shared", "-c", container, "--", "env"]);
+        assert!(
+            env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 3 * GIB)),
+            "{container}: {env}"
+        );
+        assert!(
+            env.lines().any(|l| l == format!("VRAMGATE_GPUS={GPU}")),
+            "{container}: {env}"
+        );
+        want.push((container_id_of(&running, container), 3));
+    }
+    wait_ledger(c, "each container holds the claim's 3Gi", want);
+    delete_dra_pod(c, "dra-shared");
+    wait_ledger(c, "nothing is reserved", vec![]);
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-3gi"]);
+    drop(driver);
+}
+
+/// The driver stopped between the claim's allocation and the pod's start (kubelet reports it
+/// is not registered), started again: the pod runs; the driver restarted while the pod runs:
+/// it republishes, the pod keeps its container and the ledger holds the claim once; kubelet
+/// restarted while the pod runs (it deletes the node's slices at start): the driver registers
+/// and publishes again, nothing is restarted or counted twice; deleting the pod releases it.
+fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
+    let mut driver = start_driver(c);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    claim_template(c, "gpu-5gi", 1, "5Gi");
+    driver.stop();
+    dra_pod(c, "dra-r", "gpu-5gi", &["main"]);
+    // kube-scheduler allocates from the slice still there; kubelet cannot prepare the claim.
+    let claim = wait_allocated(c, "dra-r");
+    let claim_name = claim["metadata"]["name"].as_str().unwrap().to_string();
+    let unregistered = c.wait(
+        "kubelet reports the driver is not registered",
+        POD_LIMIT,
+        "kubelet",
+        || {
+            let events = c
+                .get_json(&["events", "--field-selector", "involvedObject.name=dra-r"])
+                .map(|e| e["items"].clone())
+                .unwrap_or_default();
+            let hit = events
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["message"].as_str())
+                .any(|m| m.contains("not registered"));
+            (hit, events)
+        },
+    );
+    drop(unregistered);
+    assert_eq!(ledger(c), [], "a reservation before the claim was prepared");
+    let driver = start_driver(c);
+    let running = wait_dra_running(c, &driver, "dra-r");
+    let r = container_id(&running);
+    wait_ledger(c, "the claim's 5Gi is reserved", vec![(r.clone(), 5)]);
+    wait_claim_status(c, &driver, &claim_name);
+
+    let still = |c: &Cluster, why: &str| {
+        let p = pod(c, "dra-r").expect("dra-r");
+        assert_eq!(p["status"]["phase"], "Running", "{why}: {}", p["status"]);
+        assert_eq!(container_id(&p), r, "{why} replaced dra-r's container");
+        assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0, "{why}");
+        assert_eq!(ledger(c), [(r.clone(), 5)], "{why}: counted again or lost");
+    };
+    // The driver restarted while the pod runs: a slice with a higher pool generation, still
+    // offering the device's whole 8Gi (kube-scheduler subtracts what claims consumed).
+    let generation = our_slice(c).unwrap()["spec"]["pool"]["generation"].as_i64().unwrap();
+    drop(driver);
+    let driver = start_driver(c);
+    wait_slice(c, &driver, "the restarted driver publishes again", &["8Gi"], |s| {
+        s["spec"]["pool"]["generation"].as_i64() > Some(generation)
+    });
+    still(c, "the driver's restart");
+
+    // kubelet restarted: it deletes the node's slices at start; the driver publishes again.
+    let uid = our_slice(c).unwrap()["metadata"]["uid"].clone();
+    c.stop_kubelet();
+    c.start_kubelet();
+    c.wait_node_ready();
+    wait_slice(
+        c,
+        &driver,
+        "the slice is published again after kubelet's restart",
+        &["8Gi"],
+        |s| s["metadata"]["uid"] != uid,
+    );
+    still(c, "kubelet's restart");
+
+    delete_dra_pod(c, "dra-r");
+    wait_ledger(c, "nothing is reserved", vec![]);
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-5gi"]);
+    drop(driver);
+}
+
+/// Writes its text back to its file when dropped.
+struct RestoreFile(std::path::PathBuf, String);
+
+impl Drop for RestoreFile {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+    }
+}
+
+/// Replaces `from` by `to` in the node's config (re-read by every hook and by the driver).
+fn edit_config(c: &Cluster, from: &str, to: &str) {
+    let path = &c.tb().config_path;
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from:?} not in {text}");
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// The node's memory used outside Kubernetes (the static inventory's `used_outside`, edited
+/// in the config the driver watches) lowers what the slice offers, and gives it back; a
+/// second 8 GiB GPU added to the inventory becomes a second device; a claim of count 2 gets a
+/// device on each GPU, its container sees both, and the ledger holds its memory on both.
+fn dra_slice_follows_memory_used_outside_kubernetes_and_a_claim_spans_two_gpus(c: &Cluster) {
+    let driver = start_driver(c);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    let generation = our_slice(c).unwrap()["spec"]["pool"]["generation"].as_i64().unwrap();
+    let _original = RestoreFile(
+        c.tb().config_path.clone(),
+        std::fs::read_to_string(&c.tb().config_path).unwrap(),
+    );
+    edit_config(c, "used_outside = \"0\"", "used_outside = \"3Gi\"");
+    wait_slice(c, &driver, "3Gi used outside leaves 5Gi", &["5Gi"], |s| {
+        s["spec"]["pool"]["generation"].as_i64() > Some(generation)
+    });
+    edit_config(c, "used_outside = \"3Gi\"", "used_outside = \"0\"");
+    wait_slice(c, &driver, "the 3Gi freed is offered again", &["8Gi"], |_| true);
+
+    const GPU1: &str = "GPU-4b000000-0000-0000-0000-000000000046";
+    let second =
+        format!("[[inventory.gpus]]\nindex = 1\nuuid = \"{GPU1}\"\ntotal = \"{GPU_GIB}Gi\"\nused_outside = \"0\"\n");
+    let path = c.tb().config_path.clone();
+    let before = std::fs::read_to_string(&path).unwrap();
+    // The node's one GPU again, even when an assertion below fails.
+    let _restore = RestoreFile(path.clone(), before.clone());
+    let marker = format!("uuid = \"{GPU}\"\n");
+    let at = before.find(&marker).expect("GPU 0 in the config");
+    // After GPU 0's table (its lines end at the next blank line or table).
+    let rest = &before[at..];
+    let end = at + rest.find("\n[").map(|i| i + 1).unwrap_or(rest.len());
+    std::fs::write(&path, format!("{}{second}{}", &before[..end], &before[end..])).unwrap();
+    let slice = wait_slice(c, &driver, "a device on each GPU", &["8Gi", "8Gi"], |_| true);
+    let uuids: std::collections::BTreeSet<String> = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            d["attributes"]["uuid"]["string"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(uuids, [GPU.to_string(), GPU1.to_string()].into(), "{slice}");
+    claim_template(c, "gpu-2x3gi", 2, "3Gi");
+    dra_pod(c, "dra-two", "gpu-2x3gi", &["main"]);
+    let claim = wait_allocated(c, "dra-two");
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let devices: std::collections::BTreeSet<&str> = results.iter().filter_map(|r| r["device"].as_str()).collect();
+    assert_eq!(devices.len(), 2, "not a device on each GPU: {claim}");
+    let running = wait_dra_running(c, &driver, "dra-two");
+    let env = c.kubectl_ok(&["exec", "dra-two", "--", "env"]);
+    // One share per device (`VRAMGATE_GPUS`, one name for all devices, keeps the last
+    // device's: docs/src/dra.md), each naming its GPU with the claim's 3Gi and limit.
+    let shares: std::collections::BTreeSet<String> = env
+        .lines()
+        .filter(|l| l.starts_with("VRAMGATE_DRA_SHARE_"))
+        .filter_map(|l| l.split_once('=').map(|(_, v)| v.to_string()))
+        .collect();
+    let want: std::collections::BTreeSet<String> = [GPU, GPU1]
+        .iter()
+        .map(|g| format!("{g},{},{}", 3 * GIB, 3 * GIB))
+        .collect();
+    assert_eq!(shares, want, "{env}");
+    let id = container_id(&running);
+    let by_gpu = c.wait("3Gi held on each GPU", POD_LIMIT, "kubelet", || {
+        let mut held: Vec<(String, Vec<(String, u64)>)> = reservations_by_gpu(c.tb())
+            .into_iter()
+            .map(|(g, r)| (g, r.into_iter().map(|(i, b)| (i, b / GIB)).collect()))
+            .collect();
+        held.sort();
+        let want = vec![
+            (GPU.to_string(), vec![(id.clone(), 3)]),
+            (GPU1.to_string(), vec![(id.clone(), 3)]),
+        ];
+        (held == want, held)
+    });
+    drop(by_gpu);
+    delete_dra_pod(c, "dra-two");
+    wait_ledger(c, "nothing is reserved", vec![]);
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-2x3gi"]);
+    drop(_restore);
+    wait_slice(c, &driver, "one device again", &["8Gi"], |_| true);
+    drop(driver);
+}
+
+/// A RuntimeClass pod that waits in vramgate's queue longer than kubelet's
+/// `runtimeRequestTimeout` (20 s on this node), as docs/src/kubernetes.md ("Waiting, and
+/// kubelet's deadline") says: kubelet cancels the queued start at its deadline (the container
+/// ends `StartError`), the queue guard drops the cancelled start's ticket, kubelet's retry
+/// (restartPolicy Always, as a Deployment's pods) queues again, and once memory frees it runs,
+/// holding its 6 GiB once, with no ticket left. Under restartPolicy Never kubelet does not
+/// retry and such a pod fails: keep `vramgate.dev/timeout` under kubelet's deadline.
+fn runtime_class_pod_waiting_past_kubelets_deadline(c: &Cluster) {
+    let reject = PodSpec {
+        vramgate: true,
+        annotations: &[("vramgate.dev/memory", "6Gi"), ("vramgate.dev/policy", "reject")],
+        env: &[("NVIDIA_VISIBLE_DEVICES", "0")],
+        ..PodSpec::default()
+    };
+    c.apply(&pod_yaml("dl-a", &reject));
+    let a = container_id(&wait_running(c, "dl-a"));
+    let wait = PodSpec {
+        annotations: &[
+            ("vramgate.dev/memory", "6Gi"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "90s"),
+        ],
+        ..reject
+    };
+    let mut waits: Value = serde_json::from_str(&pod_yaml("dl-waits", &wait)).unwrap();
+    waits["spec"]["restartPolicy"] = "Always".into();
+    c.apply(&waits.to_string());
+    let queued = c.wait("dl-waits queues in the ledger", POD_LIMIT, "kubelet", || {
+        let q = queued_ids(c.tb());
+        (q.len() == 1, q)
+    });
+    let queued_at = Instant::now();
+    // kubelet's deadline cancels the queued start.
+    let limit = Duration::from_secs(RUNTIME_REQUEST_TIMEOUT_S) + POD_LIMIT;
+    let cancelled = c.wait(
+        "kubelet cancels the queued start at its deadline",
+        limit,
+        "kubelet",
+        || {
+            let p = pod(c, "dl-waits").unwrap_or_default();
+            let s = &p["status"]["containerStatuses"][0];
+            let ended = [&s["state"]["terminated"], &s["lastState"]["terminated"]]
+                .into_iter()
+                .find(|t| t["reason"] == "StartError")
+                .cloned();
+            (ended.is_some(), ended.unwrap_or_else(|| p["status"].clone()))
+        },
+    );
+    let after = queued_at.elapsed();
+    assert!(
+        after + Duration::from_secs(2) >= Duration::from_secs(RUNTIME_REQUEST_TIMEOUT_S),
+        "cancelled after {after:?}, before kubelet's deadline: {cancelled}"
+    );
+    assert!(
+        cancelled["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("context canceled")),
+        "{cancelled}"
+    );
+    // The cancelled start's ticket is gone (the queue guard): whatever is queued now is
+    // kubelet's retry, a new container.
+    c.wait("the cancelled start's ticket is dropped", POD_LIMIT, "kubelet", || {
+        let q = queued_ids(c.tb());
+        (!q.contains(&queued[0]), q)
+    });
+    assert_eq!(ledger(c), [(a.clone(), 6)]);
+    delete_pod(c, "dl-a");
+    let waited = wait_running(c, "dl-waits");
+    let w = container_id(&waited);
+    assert_ne!(w, queued[0], "the cancelled start ran");
+    wait_ledger(c, "dl-waits holds 6 GiB once", vec![(w, 6)]);
+    assert_eq!(
+        queued_ids(c.tb()),
+        Vec::<String>::new(),
+        "a ticket is left in the queue"
+    );
+    delete_pod(c, "dl-waits");
+    wait_ledger(c, "every reservation is released", vec![]);
 }

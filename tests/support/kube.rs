@@ -43,6 +43,8 @@ use crate::cri_support::*;
 use crate::support::*;
 
 /// The version tools/kube pins; the cluster must report it.
+/// kubelet's `runtimeRequestTimeout` on the test node, in seconds (see [`Cluster::kubelet_config`]).
+pub const RUNTIME_REQUEST_TIMEOUT_S: u64 = 20;
 pub const KUBERNETES_VERSION: &str = "v1.36.3";
 /// The host-wide lock: kubelet's device plugin directory is /var/lib/kubelet/device-plugins
 /// whatever `--root-dir` says, and the ports below are fixed, so only one test binary on a
@@ -577,6 +579,9 @@ authorization: {{mode: AlwaysAllow}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {{}}
+# kubelet's deadline on each CRI call (2m by default), short so that a test can wait past it:
+# a start queued in vramgate longer than this is cancelled by kubelet itself.
+runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
 "
         );
         let path = self.dir.join("kubelet.yaml");
