@@ -537,7 +537,17 @@ fn start_driver(c: &Cluster) -> dra_support::Driver {
     ]);
     let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
     let cdi_dir = c.tb().dir.join("containerd/cdi");
-    dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[])
+    let registrations = |log: &str| log.matches("registered with kubelet as").count();
+    let before = registrations(&std::fs::read_to_string(c.dir.join("vramgate-dra.log")).unwrap_or_default());
+    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[]);
+    // Returned once kubelet has registered this process: a pod created before that (its
+    // slice may be the previous driver's, still published) has kubelet dial the previous
+    // process's socket, fail its prepare and retry only after its back-off (60 to 80 s here).
+    c.wait("kubelet registers the driver", POD_LIMIT, "kubelet", || {
+        let log = driver.log_text();
+        (registrations(&log) > before, tail_text(&log, 5))
+    });
+    driver
 }
 
 /// The driver's slice for this node, if published.
