@@ -4,9 +4,8 @@
 //! (tests/support/check_manifests.py); the values schema refusing a misspelt key or a bad
 //! config value by name; the chart refusing the DRA driver beside the device plugin; the
 //! config.toml the chart renders read by the built `vramgate`; k8s/*.yaml equal to the chart's
-//! rendering; the packed chart carrying the package's version. Installing, upgrading and
-//! uninstalling it on a real cluster is left to the one-node cluster's tests
-//! (tests/support/helm.rs has the calls).
+//! rendering; the packed chart carrying the package's version; `hostPaths` moving every mount
+//! and flag. Installing, upgrading and uninstalling it on a real cluster is tests/kube_helm.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -705,4 +704,113 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
     );
     assert!(!misspelt.status.success());
     assert!(text(&misspelt).contains("/nodeSetup/restart"), "{}", text(&misspelt));
+}
+
+/// Host paths none of which is the default, as a k3s node with its own CDI directory and
+/// kubelet root would have them.
+fn moved_host_paths() -> Value {
+    json!({
+        "config": "/opt/vg/etc",
+        "state": "/opt/vg/state",
+        "containerdTasks": "/run/k3s/containerd/io.containerd.runtime.v2.task",
+        "cdi": "/opt/vg/cdi",
+        "cdiStatic": "/opt/vg/cdi-static",
+        "kubeletPluginsRegistry": "/opt/kubelet/plugins_registry",
+        "kubeletPlugins": "/opt/kubelet/plugins",
+        "devicePlugins": "/opt/kubelet/device-plugins",
+        "hook": "/opt/vg/bin/vramgate-hook",
+    })
+}
+
+#[test]
+fn host_paths_move_every_mount_and_tell_the_binaries() {
+    // Every pod mounts each host path at the same path (the ledger and the bundles name host
+    // paths), reads its config at the moved one, and the binaries get the moved directories
+    // as flags: a default left anywhere would have a pod read another ledger or listen where
+    // kubelet never looks.
+    let helm = Helm::new();
+    let moved = moved_host_paths();
+    let allowed: Vec<&str> = moved
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap())
+        // /dev and NVML: not node layout but the GPU driver's, set by privileged and nvmlLibrary.
+        .chain(["/dev", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"])
+        .collect();
+    for driver in ["dra", "device-plugin"] {
+        let mut values = combination(driver, true, true, false, true);
+        values["hostPaths"] = moved.clone();
+        let out = helm.template(&Release::new(values), &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        let daemonsets: Vec<Value> = objects(&String::from_utf8(out.stdout).unwrap())
+            .into_iter()
+            .filter(|o| o["kind"] == "DaemonSet")
+            .collect();
+        assert_eq!(daemonsets.len(), 3, "{driver}: {daemonsets:?}");
+        for ds in &daemonsets {
+            let name = ds["metadata"]["name"].as_str().unwrap();
+            let spec = &ds["spec"]["template"]["spec"];
+            let container = &spec["containers"][0];
+            let mut paths = std::collections::BTreeMap::new();
+            for volume in spec["volumes"].as_array().unwrap() {
+                if let Some(path) = volume["hostPath"]["path"].as_str() {
+                    assert!(allowed.contains(&path), "{name}: {path} is not a moved host path");
+                    paths.insert(volume["name"].as_str().unwrap().to_string(), path.to_string());
+                }
+            }
+            for mount in container["volumeMounts"].as_array().unwrap() {
+                if let Some(path) = paths.get(mount["name"].as_str().unwrap()) {
+                    assert_eq!(mount["mountPath"].as_str(), Some(path.as_str()), "{name}: {mount}");
+                }
+            }
+            assert!(paths.values().any(|p| p == "/opt/vg/state"), "{name}: {paths:?}");
+            assert!(paths.values().any(|p| p == "/opt/vg/etc"), "{name}: {paths:?}");
+            let env = container["env"].as_array().unwrap();
+            assert!(
+                env.iter()
+                    .any(|e| e["name"] == "VRAMGATE_CONFIG" && e["value"] == "/opt/vg/etc/config.toml"),
+                "{name}: {env:?}"
+            );
+            let args: Vec<&str> = container["args"]
+                .as_array()
+                .map(|a| a.iter().map(|a| a.as_str().unwrap()).collect())
+                .unwrap_or_default();
+            let flag = |f: &str| args.iter().position(|a| *a == f).map(|i| args[i + 1]);
+            if name.ends_with("-dra") {
+                assert_eq!(
+                    flag("--registry-dir"),
+                    Some("/opt/kubelet/plugins_registry"),
+                    "{args:?}"
+                );
+                assert_eq!(
+                    flag("--plugin-dir"),
+                    Some("/opt/kubelet/plugins/gpu-memory.vramgate.dev"),
+                    "{args:?}"
+                );
+                assert_eq!(flag("--cdi-dir"), Some("/opt/vg/cdi"), "{args:?}");
+                assert_eq!(flag("--hook"), Some("/opt/vg/bin/vramgate-hook"), "{args:?}");
+            }
+            if name.ends_with("-device-plugin") {
+                assert_eq!(flag("--plugin-dir"), Some("/opt/kubelet/device-plugins"), "{args:?}");
+            }
+        }
+    }
+    // The chart's config.toml names the moved ledger (settings cannot: state_dir is not one).
+    let mut values = combination("dra", false, false, true, true);
+    values["hostPaths"] = moved.clone();
+    let out = helm.template(&Release::new(values), &["--show-only", "templates/config.yaml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let config = objects(&String::from_utf8(out.stdout).unwrap())[0]["data"]["config.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(config.contains("\nstate_dir = \"/opt/vg/state\"\n"), "{config}");
+    // A relative path is refused by the schema, naming the key.
+    let mut values = combination("dra", false, false, false, true);
+    values["hostPaths"] = moved;
+    values["hostPaths"]["state"] = json!("run/vramgate");
+    let out = helm.template(&Release::new(values), &[]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("/hostPaths/state"), "{}", text(&out));
 }

@@ -11,10 +11,11 @@ mod cri_support;
 mod dra_support;
 #[path = "support/kubelet.rs"]
 mod kubelet;
+#[path = "support/node_image.rs"]
+mod node_image;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -26,8 +27,6 @@ use support::*;
 const NODE: &str = "node-a";
 const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
     [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n";
-/// The image name the manifest runs, under which the test imports the built image.
-const IMAGE_REPOSITORY: &str = "registry.example/vramgate";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -70,52 +69,11 @@ fn the_dra_driver_runs_from_the_node_image_as_a_pod() {
         "k8s/dra.yaml's mounts changed: change this test with it"
     );
 
-    // 1. The package and the image. scripts/package rewrites target/debian and target/package,
-    // as tests/packaging.rs's tests do: the host-wide flock keeps the two binaries apart.
-    let _turn = host_lock("packages");
-    run_ok(
-        Command::new(root().join("scripts/package"))
-            .arg("--no-build")
-            .current_dir(root()),
-    );
-    let version = env!("CARGO_PKG_VERSION");
-    let deb = std::fs::read_dir(root().join("target/debian"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            name.starts_with(&format!("vramgate_{version}-")) && name.ends_with(".deb")
-        })
-        .max_by_key(|p| p.metadata().unwrap().modified().unwrap())
-        .expect("scripts/package built a .deb");
-    // The image's binaries are the .deb's: those this test run built, by build id.
-    let unpacked = tempfile::tempdir().unwrap();
-    run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(unpacked.path()));
-    let binaries: Vec<String> = [
-        "vramgate",
-        "vramgate-hook",
-        "vramgate-runtime",
-        "vramgate-device-plugin",
-        "vramgate-dra",
-    ]
-    .map(String::from)
-    .into();
-    assert_built_here(&unpacked.path().join("usr/bin"), &binaries);
-    let built = run_ok(
-        Command::new(root().join("scripts/build-image"))
-            .arg(&deb)
-            .current_dir(root()),
-    );
-    let tar = root().join(format!("target/image/vramgate-{}.oci.tar", env!("CARGO_PKG_VERSION")));
-    assert!(tar.is_file(), "{built}");
-
+    // 1. The package and the image, built from this run's binaries (tests/support/node_image.rs).
     // 2. Imported into containerd, as a node pulls it.
     let cri = cri_host_on(Containerd::Two, "vramgate-node-image", GPUS);
-    run_ok(
-        cri.ctr(&["images", "import", "--base-name", IMAGE_REPOSITORY])
-            .arg(&tar),
-    );
-    let image = format!("{IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"));
+    let tar = node_image::build(&cri.tb.dir.join("image"));
+    let image = node_image::import(&cri, &tar);
 
     // 3. The DaemonSet's pod.
     let api = ApiServer::start(&cri.tb.dir, &[NODE]);

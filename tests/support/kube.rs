@@ -880,3 +880,25 @@ fn take_host_lock() -> nix::fcntl::Flock<std::fs::File> {
         }
     }
 }
+
+/// The API server's port on 127.0.0.1, for a pod on the node's network that cannot reach it
+/// through the kubernetes Service (this cluster runs no kube-proxy).
+pub const API_SERVER_PORT: u16 = APISERVER;
+
+impl Cluster {
+    /// containerd's task directory (its `--state`'s io.containerd.runtime.v2.task): each
+    /// container's bundle, which the ledger names.
+    pub fn containerd_tasks(&self) -> PathBuf {
+        self.cri().state.join("io.containerd.runtime.v2.task")
+    }
+
+    /// The CDI directory containerd reads (its `cdi_spec_dirs`).
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.tb().dir.join("containerd/cdi")
+    }
+
+    /// kubelet's `--root-dir`, where its plugin watcher's and DRA drivers' directories are.
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.dir.join("kubelet")
+    }
+}

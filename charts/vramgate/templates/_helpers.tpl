@@ -38,6 +38,34 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 hostPID: true
+{{- if .Values.hostNetwork }}
+# On the node's network: the API server is reached at apiServer.host, not through a Service.
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end -}}
+
+{{/*
+The DRA driver's flags for the host paths that are not its defaults (the defaults are
+hostPaths' own, so that k8s/dra.yaml carries none), each a ", "-led list item.
+*/}}
+{{- define "vramgate.draPathArgs" -}}
+{{- $p := .Values.hostPaths -}}
+{{- if ne $p.kubeletPluginsRegistry "/var/lib/kubelet/plugins_registry" }}, "--registry-dir", {{ $p.kubeletPluginsRegistry | quote }}{{ end -}}
+{{- if ne $p.kubeletPlugins "/var/lib/kubelet/plugins" }}, "--plugin-dir", {{ printf "%s/gpu-memory.vramgate.dev" $p.kubeletPlugins | quote }}{{ end -}}
+{{- if ne $p.cdi "/var/run/cdi" }}, "--cdi-dir", {{ $p.cdi | quote }}{{ end -}}
+{{- if ne $p.hook "/usr/bin/vramgate-hook" }}, "--hook", {{ $p.hook | quote }}{{ end -}}
+{{- end -}}
+
+{{/*
+The API server's address for a pod that cannot reach it through the kubernetes Service
+(a cluster without kube-proxy): what kube clients read in a pod, set over kubelet's.
+*/}}
+{{- define "vramgate.apiServerEnv" -}}
+{{- with .Values.apiServer.host }}
+- {name: KUBERNETES_SERVICE_HOST, value: {{ . | quote }}}
+- {name: KUBERNETES_SERVICE_PORT, value: {{ $.Values.apiServer.port | quote }}}
+{{- end }}
 {{- end -}}
 
 {{/* The container's image, security context and resources. */}}
@@ -56,13 +84,13 @@ resources:
 
 {{/* The config's mount and volume: the host's /etc/vramgate, or the chart's ConfigMap. */}}
 {{- define "vramgate.configMount" -}}
-- {name: config, mountPath: /etc/vramgate, readOnly: true}
+- {name: config, mountPath: {{ .Values.hostPaths.config }}, readOnly: true}
 {{- end -}}
 {{- define "vramgate.configVolume" -}}
 {{- if .Values.config.fromChart }}
 - {name: config, configMap: {name: {{ include "vramgate.fullname" . }}-config}}
 {{- else }}
-- {name: config, hostPath: {path: /etc/vramgate, type: Directory}}
+- {name: config, hostPath: {path: {{ .Values.hostPaths.config }}, type: Directory}}
 {{- end }}
 {{- end -}}
 
@@ -70,11 +98,11 @@ resources:
 {{- define "vramgate.stateVolume" -}}
 # Directory, not DirectoryOrCreate: the package makes it at boot (tmpfiles), and one
 # made here would hold an empty ledger, every GPU free.
-- {name: state, hostPath: {path: /run/vramgate, type: Directory}}
+- {name: state, hostPath: {path: {{ .Values.hostPaths.state }}, type: Directory}}
 {{- end -}}
 
 {{- define "vramgate.tasksVolume" -}}
-- {name: containerd-tasks, hostPath: {path: /run/containerd/io.containerd.runtime.v2.task, type: DirectoryOrCreate}}
+- {name: containerd-tasks, hostPath: {path: {{ .Values.hostPaths.containerdTasks }}, type: DirectoryOrCreate}}
 {{- end -}}
 
 {{- define "vramgate.nvmlMount" -}}
@@ -109,6 +137,10 @@ arrays). values.schema.json holds the keys to config.toml's.
 {{- define "vramgate.configToml" -}}
 # /etc/vramgate/config.toml, rendered by the vramgate chart from its values (config.settings).
 {{- $s := .Values.config.settings }}
+{{- /* The ledger where the pods mount it: hostPaths.state, which settings cannot name. */}}
+{{- if ne .Values.hostPaths.state "/run/vramgate" }}
+state_dir = {{ toJson .Values.hostPaths.state }}
+{{- end }}
 {{- range $k, $v := $s }}
 {{- if not (kindIs "map" $v) }}
 {{ $k }} = {{ toJson $v }}

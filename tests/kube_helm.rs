@@ -1,0 +1,673 @@
+//! vramgate's chart (charts/vramgate) installed with the real Helm (scripts/fetch-helm) on a real
+//! one-node Kubernetes 1.36.3 (tests/support/kube.rs), its pods running the node image built
+//! from this run's binaries (tests/support/node_image.rs), imported into the node's containerd
+//! and never pulled: `helm install` in DRA mode, a claim's pod reserved and released; `helm
+//! upgrade` with other values rolling the driver without losing a running claim's reservation;
+//! `helm uninstall` leaving no object behind; the same in device-plugin mode.
+//!
+//! The node keeps vramgate's config and ledger, containerd's state, its CDI directory and
+//! kubelet's root in the test's private directories (other tests run beside it on this host):
+//! the chart's `hostPaths` values point the pods there, as a user on k3s or with another CDI
+//! directory points them. kubelet's device plugin directory is the real
+//! /var/lib/kubelet/device-plugins (kubelet fixes it), which the cluster's host lock keeps to
+//! one binary. The cluster runs no kube-proxy: the driver's pod is on the node's network and
+//! told the API server's address (`hostNetwork`, `apiServer`).
+//!
+//! A plain program (`harness = false`) on libtest-mimic, as tests/kube_node.rs: `main` starts
+//! the cluster, builds and imports the image once, runs each scenario as a named trial (one at
+//! a time, in order: each leaves the release as the next expects, and makes it so when run
+//! alone), then tears the cluster down and fails when anything it made is left on the host.
+
+#[path = "support/cri.rs"]
+mod cri_support;
+#[path = "support/dra.rs"]
+mod dra_support;
+#[path = "support/helm.rs"]
+mod helm_support;
+#[path = "support/kube.rs"]
+mod kube_support;
+#[path = "support/node_image.rs"]
+mod node_image;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::{json, Value};
+
+use helm_support::{Helm, Release};
+use kube_support::*;
+use support::*;
+
+/// The node's one simulated GPU: 8 GiB, nothing used outside vramgate.
+const GPU: &str = "GPU-4b000000-0000-0000-0000-000000000046";
+const GPU_GIB: u64 = 8;
+
+fn node_config() -> String {
+    format!(
+        "[inventory]\nbackend = \"static\"\n\
+         [[inventory.gpus]]\nindex = 0\nuuid = \"{GPU}\"\ntotal = \"{GPU_GIB}Gi\"\nused_outside = \"0\"\n"
+    )
+}
+
+/// The device plugin's resource.
+const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";
+/// How long a pod may take to be placed, started or deleted on the loaded machine.
+const POD_LIMIT: Duration = Duration::from_secs(120);
+/// What `helm install`/`upgrade`/`uninstall` may wait for the release's pods.
+const HELM_TIMEOUT: &str = "180s";
+const RUN_UNTIL_STOPPED: &str = "trap 'exit 0' TERM; sleep 600 & wait";
+const TEMPLATE: &str = "gpu-6gi";
+
+/// The test's state beside the cluster: Helm and the release's base values.
+struct Setup {
+    cluster: Cluster,
+    helm: Helm,
+    base: Value,
+}
+
+type Scenario = fn(&Setup);
+
+const SCENARIOS: &[(&str, Scenario)] = &[
+    (
+        "helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_reserved_and_released",
+        helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_reserved_and_released,
+    ),
+    (
+        "helm_upgrade_rolls_the_driver_onto_new_values_and_keeps_a_running_claims_reservation",
+        helm_upgrade_rolls_the_driver_onto_new_values_and_keeps_a_running_claims_reservation,
+    ),
+    (
+        "helm_uninstall_leaves_no_object_of_the_release",
+        helm_uninstall_leaves_no_object_of_the_release,
+    ),
+    (
+        "helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_it",
+        helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_it,
+    ),
+];
+
+impl Setup {
+    fn c(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    fn release(&self, extra: Value) -> Release {
+        let mut values = self.base.clone();
+        helm_support::merge(&mut values, extra);
+        Release::new(values)
+    }
+
+    /// `helm upgrade --install`, which must succeed (its pods ready).
+    fn install(&self, release: &Release) {
+        let out = self.helm.install(&self.c().admin, release, HELM_TIMEOUT);
+        assert!(
+            out.status.success(),
+            "helm install: {}{}\n{}",
+            stdout(&out),
+            stderr(&out),
+            self.pods_state()
+        );
+    }
+
+    fn uninstall(&self, release: &Release) {
+        let out = self.helm.uninstall(&self.c().admin, release, HELM_TIMEOUT);
+        assert!(out.status.success(), "helm uninstall: {}{}", stdout(&out), stderr(&out));
+    }
+
+    fn installed(&self, release: &Release) -> bool {
+        self.helm.manifest(&self.c().admin, release).status.success()
+    }
+
+    /// The release's DaemonSet pods and their last events, for a failure message.
+    fn pods_state(&self) -> String {
+        let pods = self
+            .c()
+            .kubectl(&["get", "pods", "-n", "kube-system", "-o", "wide"])
+            .output()
+            .map(|o| stdout(&o) + &stderr(&o))
+            .unwrap_or_default();
+        let events = self
+            .c()
+            .kubectl(&["get", "events", "-n", "kube-system"])
+            .output()
+            .map(|o| stdout(&o))
+            .unwrap_or_default();
+        format!("{pods}\n{events}\n{}", tail(&self.c().log("kubelet"), 20))
+    }
+}
+
+/// The pod of DaemonSet `name` in kube-system (app.kubernetes.io/name=`name`) that runs,
+/// once there is exactly one and it is Ready.
+fn daemon_pod(c: &Cluster, name: &str) -> Value {
+    c.wait(&format!("{name}'s one pod is ready"), POD_LIMIT, "kubelet", || {
+        let pods = c
+            .get_json(&[
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                &format!("app.kubernetes.io/name={name}"),
+            ])
+            .map(|l| l["items"].clone())
+            .unwrap_or_default();
+        let items = pods.as_array().cloned().unwrap_or_default();
+        let live: Vec<&Value> = items
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .collect();
+        let ready = items.len() == 1
+            && live.len() == 1
+            && live[0]["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        (ready, if ready { live[0].clone() } else { pods })
+    })
+}
+
+/// The driver's ResourceSlice for this node, once there is one.
+fn slice(c: &Cluster, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+    c.wait(what, POD_LIMIT, "kube-apiserver", || {
+        let slices = c
+            .get_json(&["resourceslices"])
+            .map(|s| s["items"].clone())
+            .unwrap_or_default();
+        let ours = slices
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["spec"]["driver"] == dra_support::DRIVER && s["spec"]["nodeName"] == c.node.as_str())
+            .cloned();
+        (ours.as_ref().is_some_and(&want), ours.unwrap_or(slices))
+    })
+}
+
+fn slices_of_driver(c: &Cluster) -> Vec<Value> {
+    c.get_json(&["resourceslices"])
+        .and_then(|s| s["items"].as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s["spec"]["driver"] == dra_support::DRIVER)
+        .collect()
+}
+
+fn test_pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 5,
+            "automountServiceAccountToken": false,
+            "runtimeClassName": "vramgate",
+            "containers": [{
+                "name": "main",
+                "image": cri_support::APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", RUN_UNTIL_STOPPED],
+            }],
+        },
+    })
+}
+
+/// A pod whose claim comes from the ResourceClaimTemplate asking 6 GiB.
+fn claim_pod(name: &str) -> String {
+    let mut pod = test_pod(name);
+    pod["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]);
+    pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    pod.to_string()
+}
+
+fn apply_template(c: &Cluster) {
+    c.apply(&format!(
+        r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {{"name": "{TEMPLATE}", "namespace": "default"}},
+        "spec": {{"spec": {{"devices": {{"requests": [{{"name": "gpu", "exactly": {{
+            "deviceClassName": "gpu-memory.vramgate.dev", "count": 1,
+            "capacity": {{"requests": {{"memory": "6Gi"}}}}}}}}]}}}}}}}}"#
+    ));
+}
+
+fn wait_running(c: &Cluster, name: &str) -> Value {
+    c.wait(&format!("pod {name} runs"), POD_LIMIT, "kubelet", || {
+        let p = c.get_json(&["pod", name]);
+        let running = p.as_ref().is_some_and(|p| {
+            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+        });
+        (running, p)
+    })
+    .expect("a running pod")
+}
+
+fn container_id(pod: &Value) -> String {
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap_or_default();
+    id.strip_prefix("containerd://")
+        .unwrap_or_else(|| panic!("no containerd id in {}", pod["status"]))
+        .to_string()
+}
+
+fn delete_pod(c: &Cluster, name: &str) {
+    c.kubectl_ok(&["delete", "pod", name, "--wait=true", "--timeout=90s"]);
+    assert!(c.get_json(&["pod", name]).is_none(), "pod {name} is still there");
+}
+
+/// The ledger's reservations, as (container id, GiB), sorted.
+fn ledger(c: &Cluster) -> Vec<(String, u64)> {
+    let mut held: Vec<(String, u64)> = reservations(c.tb()).into_iter().map(|(id, b)| (id, b / GIB)).collect();
+    held.sort();
+    held
+}
+
+fn wait_ledger(c: &Cluster, what: &str, mut want: Vec<(String, u64)>) {
+    want.sort();
+    c.wait(what, POD_LIMIT, "kubelet", || {
+        let held = ledger(c);
+        (held == want, held)
+    });
+}
+
+fn claims(c: &Cluster) -> Vec<Value> {
+    c.get_json(&["resourceclaims"])
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The host's pid of a pod's container, from the node's containerd.
+fn container_pid(c: &Cluster, container: &str) -> u32 {
+    let tasks = run_ok(&mut c.cri().ctr(&["tasks", "list"]));
+    tasks
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(container))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no task {container} in containerd: {tasks}"))
+}
+
+/// A pod (app.kubernetes.io/name=`name`) of the DaemonSet, its image the imported one, never
+/// pulled: kubelet's status names the image and its containerd id.
+fn assert_runs_the_node_image(pod: &Value) {
+    let status = &pod["status"]["containerStatuses"][0];
+    assert_eq!(status["image"], node_image::image(), "{status}");
+    assert_eq!(
+        pod["spec"]["containers"][0]["imagePullPolicy"], "Never",
+        "{}",
+        pod["spec"]
+    );
+}
+
+/// 1. `helm install` (DRA mode, the chart's default) with the test node's values: the
+/// driver's DaemonSet pod of the node image runs, registers with the real kubelet and
+/// publishes the node's slice (one device, the GPU's 8 GiB); a pod whose claim asks 6 GiB runs
+/// under runtimeClassName vramgate, sees its claim's CDI edits, and the ledger holds 6 GiB for
+/// its container; deleting it deletes the claim and frees the memory.
+fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_reserved_and_released(s: &Setup) {
+    let c = s.c();
+    s.install(&s.release(json!({})));
+    let driver = daemon_pod(c, "vramgate-dra");
+    assert_runs_the_node_image(&driver);
+    let slice = slice(c, "the driver's pod publishes the node's slice", |_| true);
+    let devices = slice["spec"]["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 1, "{slice}");
+    assert_eq!(devices[0]["capacity"]["memory"]["value"], "8Gi", "{slice}");
+    assert_eq!(
+        devices[0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"], "256Mi",
+        "{slice}"
+    );
+    // The slice's owner is the node: the driver, not a stand-in, published it.
+    apply_template(c);
+    c.apply(&claim_pod("helm-a"));
+    // kubelet registered the pod's driver and had it prepare the claim: else the pod waits
+    // with "DRA driver gpu-memory.vramgate.dev is not registered".
+    let running = wait_running(c, "helm-a");
+    let env = c.kubectl_ok(&["exec", "helm-a", "--", "env"]);
+    assert!(
+        env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 6 * GIB)),
+        "{env}"
+    );
+    assert!(env.lines().any(|l| l == format!("VRAMGATE_GPUS={GPU}")), "{env}");
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(container_id(&running), 6)]);
+    delete_pod(c, "helm-a");
+    c.wait(
+        "the pod's claim is deleted",
+        POD_LIMIT,
+        "kube-controller-manager",
+        || {
+            let all = claims(c);
+            (all.is_empty(), all)
+        },
+    );
+    wait_ledger(c, "the claim's memory is released", vec![]);
+}
+
+/// 2. `helm upgrade` with other values (the config from the chart, a ConfigMap with the
+/// node's settings; the driver's step 512Mi) while a claim's pod runs: the DaemonSet rolls (a
+/// new pod, reading the chart's config.toml, publishing the new step), the running pod is
+/// untouched, and its 6 GiB stay reserved throughout.
+fn helm_upgrade_rolls_the_driver_onto_new_values_and_keeps_a_running_claims_reservation(s: &Setup) {
+    let c = s.c();
+    let base = s.release(json!({}));
+    s.install(&base);
+    let before = daemon_pod(c, "vramgate-dra");
+    slice(c, "the slice offers steps of 256Mi", |s| {
+        s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "256Mi"
+    });
+    apply_template(c);
+    c.apply(&claim_pod("helm-b"));
+    let running = wait_running(c, "helm-b");
+    let id = container_id(&running);
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+
+    // The node's config as the chart's values: what the host's file says, as JSON.
+    let text = std::fs::read_to_string(&c.tb().config_path).unwrap();
+    let mut settings: Value = serde_json::to_value(text.parse::<toml::Table>().unwrap()).unwrap();
+    // The chart writes state_dir itself, from hostPaths.state.
+    settings.as_object_mut().unwrap().remove("state_dir");
+    let upgraded = s.release(json!({
+        "dra": {"step": "512Mi"},
+        "config": {"fromChart": true, "settings": settings},
+    }));
+    s.install(&upgraded);
+    let after = c.wait("the DaemonSet rolled onto a new pod", POD_LIMIT, "kubelet", || {
+        let p = daemon_pod(c, "vramgate-dra");
+        (p["metadata"]["uid"] != before["metadata"]["uid"], p)
+    });
+    assert!(
+        after["metadata"]["annotations"]["vramgate.dev/config-sha256"].is_string(),
+        "{}",
+        after["metadata"]
+    );
+    // The new pod reads the chart's config.toml (the ConfigMap at the host's config path).
+    let pid = container_pid(c, &container_id(&after));
+    let config_dir = s.base["hostPaths"]["config"].as_str().unwrap();
+    let seen = std::fs::read_to_string(format!("/proc/{pid}/root{config_dir}/config.toml"))
+        .unwrap_or_else(|e| panic!("the new driver's config.toml: {e}"));
+    assert!(seen.contains("rendered by the vramgate chart"), "{seen}");
+    assert!(seen.contains(GPU), "{seen}");
+    // The ledger the host's hook writes, not the default one: the chart names hostPaths.state.
+    let state = s.base["hostPaths"]["state"].as_str().unwrap();
+    assert!(seen.contains(&format!("state_dir = {state:?}")), "{seen}");
+    slice(c, "the new pod publishes steps of 512Mi", |s| {
+        s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "512Mi"
+    });
+    let still = c.get_json(&["pod", "helm-b"]).expect("helm-b is still there");
+    assert_eq!(container_id(&still), id, "the upgrade replaced the claim's container");
+    assert_eq!(still["status"]["containerStatuses"][0]["restartCount"], 0);
+    assert_eq!(ledger(c), [(id, 6)], "the upgrade lost the claim's reservation");
+    delete_pod(c, "helm-b");
+    wait_ledger(c, "the claim's memory is released", vec![]);
+    // Back to the base values, as the next scenario expects.
+    s.install(&base);
+}
+
+/// (kind, namespace or "", name) of each object of a release's manifest.
+fn manifest_objects(s: &Setup, release: &Release) -> Vec<(String, String, String)> {
+    let out = s.helm.manifest(&s.c().admin, release);
+    assert!(out.status.success(), "helm get manifest: {}", stderr(&out));
+    helm_support::objects(&stdout(&out))
+        .iter()
+        .map(|o| {
+            let namespaced = !o["metadata"]["namespace"].is_null() || kind_is_namespaced(o["kind"].as_str().unwrap());
+            (
+                o["kind"].as_str().unwrap().to_string(),
+                if namespaced {
+                    release.namespace.clone()
+                } else {
+                    String::new()
+                },
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn kind_is_namespaced(kind: &str) -> bool {
+    matches!(kind, "ConfigMap" | "ServiceAccount" | "DaemonSet" | "Service")
+}
+
+/// Which of `objects` the API server still has.
+fn still_there(c: &Cluster, objects: &[(String, String, String)]) -> Vec<String> {
+    objects
+        .iter()
+        .filter_map(|(kind, ns, name)| {
+            let mut args = vec!["get", kind.as_str(), name.as_str(), "-o", "name", "--ignore-not-found"];
+            if !ns.is_empty() {
+                args.extend(["-n", ns.as_str()]);
+            }
+            let out = c.kubectl_ok(&args);
+            (!out.trim().is_empty()).then(|| format!("{kind} {ns}/{name}"))
+        })
+        .collect()
+}
+
+/// 3. `helm uninstall` (installed with the config from the chart, so that the ConfigMap is
+/// among the objects): every object the release made, namespaced and cluster-scoped, is gone
+/// from the API server, the driver's pods and its ResourceSlice with them.
+fn helm_uninstall_leaves_no_object_of_the_release(s: &Setup) {
+    let c = s.c();
+    let text = std::fs::read_to_string(&c.tb().config_path).unwrap();
+    let mut settings: Value = serde_json::to_value(text.parse::<toml::Table>().unwrap()).unwrap();
+    // The chart writes state_dir itself, from hostPaths.state.
+    settings.as_object_mut().unwrap().remove("state_dir");
+    let release = s.release(json!({"config": {"fromChart": true, "settings": settings}}));
+    s.install(&release);
+    daemon_pod(c, "vramgate-dra");
+    slice(c, "the driver's slice is published", |_| true);
+    let objects = manifest_objects(s, &release);
+    let mut kinds: Vec<&str> = objects.iter().map(|(k, _, _)| k.as_str()).collect();
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "DeviceClass",
+            "RuntimeClass",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ],
+        "{objects:?}"
+    );
+    assert_eq!(still_there(c, &objects).len(), objects.len(), "{objects:?}");
+    s.uninstall(&release);
+    assert_eq!(still_there(c, &objects), Vec::<String>::new(), "left by helm uninstall");
+    // The DaemonSet's pods go after it, by the garbage collector, each within its grace
+    // period (the driver deregisters on SIGTERM).
+    c.wait("the release's pods are gone", POD_LIMIT, "kubelet", || {
+        let pods = c
+            .get_json(&["pods", "-n", "kube-system"])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default();
+        let names: Vec<String> = pods
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        (names.is_empty(), names)
+    });
+    assert!(!s.installed(&release), "helm still lists the release");
+    // The driver withdraws its node's slice when it stops (SIGTERM from the pod's deletion):
+    // a slice left behind would have kube-scheduler allocate claims on a node without driver.
+    c.wait("the driver's slice is withdrawn", POD_LIMIT, "kube-apiserver", || {
+        let left = slices_of_driver(c);
+        (left.is_empty(), left)
+    });
+}
+
+/// 4. `helm install` in device-plugin mode: the plugin's pod of the node image registers with
+/// the real kubelet, the node offers the GPU's 8 units of vramgate.dev/gpu-memory-gib, a pod
+/// asking 5 runs under runtimeClassName vramgate and the ledger holds 5 GiB for it; deleting it
+/// frees them; `helm uninstall` removes every object of the release.
+fn helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_it(s: &Setup) {
+    let c = s.c();
+    let dra = s.release(json!({}));
+    if s.installed(&dra) {
+        s.uninstall(&dra);
+    }
+    let release = s.release(json!({"dra": {"enabled": false}, "devicePlugin": {"enabled": true}}));
+    s.install(&release);
+    let plugin = daemon_pod(c, "vramgate-device-plugin");
+    assert_runs_the_node_image(&plugin);
+    c.wait("the node offers the GPU's 8 GiB", POD_LIMIT, "kubelet", || {
+        let a = c
+            .get_json(&["node", &c.node])
+            .and_then(|n| n["status"]["allocatable"][RESOURCE].as_str().map(str::to_string));
+        (a.as_deref() == Some("8"), a)
+    });
+    let mut pod = test_pod("helm-dp");
+    pod["spec"]["containers"][0]["resources"] = json!({"limits": {(RESOURCE): "5"}});
+    c.apply(&pod.to_string());
+    let running = wait_running(c, "helm-dp");
+    wait_ledger(c, "the plugin's 5 GiB are reserved", vec![(container_id(&running), 5)]);
+    delete_pod(c, "helm-dp");
+    wait_ledger(c, "the pod's memory is released", vec![]);
+    let objects = manifest_objects(s, &release);
+    assert!(
+        objects
+            .iter()
+            .any(|(k, _, n)| k == "DaemonSet" && n == "vramgate-device-plugin"),
+        "{objects:?}"
+    );
+    s.uninstall(&release);
+    assert_eq!(still_there(c, &objects), Vec::<String>::new(), "left by helm uninstall");
+    // The node offers nothing once the plugin's pod is gone (kubelet zeroes the resource of a
+    // plugin that went away).
+    c.wait("the node offers none of the resource", POD_LIMIT, "kubelet", || {
+        let a = c
+            .get_json(&["node", &c.node])
+            .and_then(|n| n["status"]["allocatable"][RESOURCE].as_str().map(str::to_string));
+        (a.as_deref().map_or(true, |a| a == "0"), a)
+    });
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // One at a time: see the file's comment.
+    args.test_threads = Some(1);
+    if args.list {
+        let trials = SCENARIOS
+            .iter()
+            .map(|(name, _)| Trial::test(*name, || Ok(())))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let whole = Instant::now();
+    let cluster = Cluster::start(&node_config());
+    let image_start = Instant::now();
+    let tar = node_image::build(&cluster.dir.join("image"));
+    let built_in = image_start.elapsed();
+    let import_start = Instant::now();
+    node_image::import(cluster.cri(), &tar);
+    let imported_in = import_start.elapsed();
+    eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
+    let setup = std::sync::Arc::new(prepare(cluster));
+    let trials = SCENARIOS
+        .iter()
+        .map(|(name, scenario)| {
+            let (setup, scenario) = (setup.clone(), *scenario);
+            Trial::test(*name, move || {
+                let start = Instant::now();
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&setup)));
+                eprintln!("{name}: {:?}", start.elapsed());
+                if result.is_err() {
+                    // What a failed scenario left (its pods) must not fail the next one.
+                    for pod in ["helm-a", "helm-b", "helm-dp"] {
+                        let _ = setup
+                            .c()
+                            .kubectl(&[
+                                "delete",
+                                "pod",
+                                pod,
+                                "--ignore-not-found",
+                                "--wait=true",
+                                "--timeout=90s",
+                            ])
+                            .output();
+                    }
+                }
+                result.map_err(|e| Failed::from(panic_message(&e)))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    let setup = std::sync::Arc::try_unwrap(setup).unwrap_or_else(|_| panic!("a trial still holds the cluster"));
+    // Whatever release a failed scenario left goes before the cluster does.
+    for release in [setup.release(json!({}))] {
+        if setup.installed(&release) {
+            let _ = setup.helm.uninstall(&setup.c().admin, &release, HELM_TIMEOUT);
+        }
+    }
+    let Setup { cluster, .. } = setup;
+    let started_in = cluster.started_in;
+    let left = cluster.teardown();
+    eprintln!(
+        "cluster start {started_in:?}; node image built {built_in:?}, imported {imported_in:?}; \
+         whole binary {:?} (start, image, scenarios and teardown)",
+        whole.elapsed()
+    );
+    if !left.is_empty() {
+        eprintln!("the cluster left on the host:\n  {}", left.join("\n  "));
+        std::process::exit(101);
+    }
+    conclusion.exit();
+}
+
+/// The node as the chart's pods find it, and the values that point them at it: the node
+/// labelled vramgate.dev/ready=true; the RuntimeClass the cluster applied from
+/// k8s/runtimeclass.yaml removed (the release makes its own, and Helm adopts nothing); the
+/// ledger's directory made, as the package's tmpfiles entry makes it; containerd's CDI
+/// directory listed in the config's [enforce] cdi_spec_dirs, as `--cdi-dir` needs.
+fn prepare(cluster: Cluster) -> Setup {
+    let c = &cluster;
+    c.kubectl_ok(&["label", "node", &c.node, "vramgate.dev/ready=true", "--overwrite"]);
+    c.kubectl_ok(&["delete", "runtimeclass", "vramgate", "--wait=true"]);
+    vramgate::ledger::StateDir::open_or_create(&c.tb().state_dir).unwrap();
+    let cdi = c.cdi_dir();
+    dra_support::lists_cdi_dir(&c.tb().config_path, &cdi);
+    // The node's config directory: the testbed's config.toml (what the host's hook and runtime
+    // read) hard-linked into a directory of its own, which the pods mount; the testbed's own
+    // directory holds the whole cluster (kubelet's root among it), which no pod should see.
+    let config_dir = c.tb().dir.join("etc-vramgate");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    std::fs::hard_link(&c.tb().config_path, config_dir.join("config.toml")).unwrap();
+    let static_cdi = c.tb().dir.join("etc-cdi");
+    std::fs::create_dir_all(&static_cdi).unwrap();
+    let kubelet = c.kubelet_root();
+    let p = |path: &std::path::Path| path.display().to_string();
+    let base = helm_support::test_node_values(json!({
+        "image": {"tag": node_image::image_tag()},
+        "hostNetwork": true,
+        "apiServer": {"host": "127.0.0.1", "port": API_SERVER_PORT},
+        "hostPaths": {
+            "config": p(&config_dir),
+            "state": p(&c.tb().state_dir),
+            "containerdTasks": p(&c.containerd_tasks()),
+            "cdi": p(&cdi),
+            "cdiStatic": p(&static_cdi),
+            "kubeletPluginsRegistry": p(&kubelet.join("plugins_registry")),
+            "kubeletPlugins": p(&kubelet.join("plugins")),
+            "devicePlugins": DEVICE_PLUGINS,
+            "hook": HOOK,
+        },
+    }));
+    Setup {
+        cluster,
+        helm: Helm::new(),
+        base,
+    }
+}
+
+fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
+}
