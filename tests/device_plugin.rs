@@ -4,6 +4,12 @@
 //! socket), on a static inventory of two GPUs. What the plugin grants is then started through
 //! containerd's CRI plugin (tests/support/cri.rs) and reserved by the node's runtime wrapper.
 //!
+//! Why this test plays kubelet, when tests/kube_node.rs registers the plugin with the real
+//! kubelet 1.36.3: it calls GetPreferredAllocation with the must-include ids and sizes kubelet
+//! sends only in some states, watches each ListAndWatch update as it comes, and starts the
+//! plugin before its first view of the node exists; the real kubelet does none of that on
+//! demand.
+//!
 //! Timings printed here are for the reader; the targets (a ledger change in ListAndWatch
 //! within 1 s, Allocate within 5 ms) are measured by bench/device-plugin.sh. The bounds
 //! asserted are looser, for a loaded test machine.

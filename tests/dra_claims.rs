@@ -13,6 +13,12 @@
 //! the driver wrote, merged as a CDI runtime merges them (by name, the last device winning).
 //! The scheduler's allocation is Kubernetes' own allocator's ([`allocate`]: the 1.36 allocator
 //! built by scripts/fetch-dra-allocator), from the slice the driver published.
+//!
+//! Why stand-ins here: each claim shape (`allocationMode: All`, two requests on one GPU,
+//! different amounts on different GPUs, a forged CDI device) is made and prepared in well under
+//! a second, dozens per run, and some are shapes kube-scheduler would not produce for a real
+//! pod. Claims through the real kubelet 1.36.3 and kube-scheduler (one on two GPUs, one shared
+//! by two containers) run in tests/kube_node.rs.
 
 #[path = "support/dra.rs"]
 mod dra_support;

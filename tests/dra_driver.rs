@@ -8,6 +8,13 @@
 //! runc containers with the vramgate hook.
 //!
 //! The path through containerd's CRI plugin (CDI) is in tests/dra_node.rs.
+//!
+//! Why stand-ins here, when tests/kube_node.rs runs the real kubelet and API server: these
+//! tests need what the real ones do not do on demand: an API server that answers a write with
+//! a Conflict or an InternalError when the test says so and records every write it refused,
+//! a kubelet that speaks the v1beta1 DRA API of kubelets before 1.34 beside v1, and claims
+//! that kube-scheduler would never allocate (malformed, forged, another node's), which the
+//! driver must refuse. Each is a check of the driver's own edges, at test speed.
 
 #[path = "support/dra.rs"]
 mod dra_support;

@@ -7,6 +7,11 @@
 //! exactly the claim's consumed memory on exactly that GPU. A claim that no longer fits when
 //! its pod starts is refused with the reason in the CRI error kubelet records on the pod.
 //! After the pod is gone, unprepare leaves nothing.
+//!
+//! Why stand-ins here: the test times each step itself (memory taken by a container started by
+//! hand between the claim's allocation and its pod's start), which the real kubelet and
+//! scheduler would not hold still for. The same path with the real kubelet 1.36.3,
+//! kube-scheduler and API server runs in tests/kube_node.rs.
 
 #[path = "support/cri.rs"]
 mod cri_support;

@@ -4,6 +4,10 @@
 //! k8s/dra.yaml: host PID namespace and network, the manifest's host mounts at the same paths.
 //! From inside the pod it registers with the stand-in kubelet, publishes the node's slice to
 //! the stand-in API server and prepares a claim into the runtime's CDI directory.
+//!
+//! The same pod under the real kubelet 1.36.3, from the Helm chart, runs in tests/kube_helm.rs;
+//! this one stays as the check of the manifest's mounts against the image's binaries, without
+//! a cluster.
 
 #[path = "support/cri.rs"]
 mod cri_support;
