@@ -30,7 +30,7 @@ mod kube_support;
 mod node_image;
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{json, Value};
@@ -50,13 +50,8 @@ fn node_config() -> String {
     )
 }
 
-/// The device plugin's resource.
-const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";
-/// How long a pod may take to be placed, started or deleted on the loaded machine.
-const POD_LIMIT: Duration = Duration::from_secs(120);
 /// What `helm install`/`upgrade`/`uninstall` may wait for the release's pods.
 const HELM_TIMEOUT: &str = "180s";
-const RUN_UNTIL_STOPPED: &str = "trap 'exit 0' TERM; sleep 600 & wait";
 const TEMPLATE: &str = "gpu-6gi";
 
 /// The test's state beside the cluster: Helm and the release's base values.
@@ -230,46 +225,6 @@ fn apply_template(c: &Cluster) {
             "deviceClassName": "gpu-memory.vramgate.dev", "count": 1,
             "capacity": {{"requests": {{"memory": "6Gi"}}}}}}}}]}}}}}}}}"#
     ));
-}
-
-fn wait_running(c: &Cluster, name: &str) -> Value {
-    c.wait(&format!("pod {name} runs"), POD_LIMIT, "kubelet", || {
-        let p = c.get_json(&["pod", name]);
-        let running = p.as_ref().is_some_and(|p| {
-            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
-        });
-        (running, p)
-    })
-    .expect("a running pod")
-}
-
-fn container_id(pod: &Value) -> String {
-    let id = pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap_or_default();
-    id.strip_prefix("containerd://")
-        .unwrap_or_else(|| panic!("no containerd id in {}", pod["status"]))
-        .to_string()
-}
-
-fn delete_pod(c: &Cluster, name: &str) {
-    c.kubectl_ok(&["delete", "pod", name, "--wait=true", "--timeout=90s"]);
-    assert!(c.get_json(&["pod", name]).is_none(), "pod {name} is still there");
-}
-
-/// The ledger's reservations, as (container id, GiB), sorted.
-fn ledger(c: &Cluster) -> Vec<(String, u64)> {
-    let mut held: Vec<(String, u64)> = reservations(c.tb()).into_iter().map(|(id, b)| (id, b / GIB)).collect();
-    held.sort();
-    held
-}
-
-fn wait_ledger(c: &Cluster, what: &str, mut want: Vec<(String, u64)>) {
-    want.sort();
-    c.wait(what, POD_LIMIT, "kubelet", || {
-        let held = ledger(c);
-        (held == want, held)
-    });
 }
 
 fn claims(c: &Cluster) -> Vec<Value> {
@@ -663,11 +618,4 @@ fn prepare(cluster: Cluster) -> Setup {
         helm: Helm::new(),
         base,
     }
-}
-
-fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panicked".into())
 }

@@ -75,13 +75,6 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
 ];
 
-/// The device plugin's resource.
-const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";
-/// How long a pod may take to be placed, started or deleted on the loaded machine.
-const POD_LIMIT: Duration = Duration::from_secs(90);
-/// An app container that runs until stopped, ending at once on SIGTERM.
-const RUN_UNTIL_STOPPED: &str = "trap 'exit 0' TERM; sleep 600 & wait";
-
 /// What a test pod is: every one runs the imported busybox image until stopped.
 #[derive(Default, Clone, Copy)]
 struct PodSpec<'a> {
@@ -134,32 +127,6 @@ fn pod_yaml(name: &str, spec: &PodSpec) -> String {
     pod.to_string()
 }
 
-fn pod(c: &Cluster, name: &str) -> Option<Value> {
-    c.get_json(&["pod", name])
-}
-
-/// Waits until pod `name` runs; returns it.
-fn wait_running(c: &Cluster, name: &str) -> Value {
-    c.wait(&format!("pod {name} runs"), POD_LIMIT, "kubelet", || {
-        let p = pod(c, name);
-        let running = p.as_ref().is_some_and(|p| {
-            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
-        });
-        (running, p)
-    })
-    .expect("a running pod")
-}
-
-/// The containerd id of pod `name`'s container (what the ledger names).
-fn container_id(pod: &Value) -> String {
-    let id = pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap_or_default();
-    id.strip_prefix("containerd://")
-        .unwrap_or_else(|| panic!("no containerd id in {}", pod["status"]))
-        .to_string()
-}
-
 /// Waits until kube-scheduler says pod `name` does not fit; returns its message.
 fn wait_unschedulable(c: &Cluster, name: &str) -> String {
     c.wait(
@@ -184,32 +151,10 @@ fn wait_unschedulable(c: &Cluster, name: &str) -> String {
     .unwrap_or_default()
 }
 
-/// Deletes pod `name` and returns once the API server no longer has it (kubelet stopped its
-/// containers and confirmed).
-fn delete_pod(c: &Cluster, name: &str) {
-    c.kubectl_ok(&["delete", "pod", name, "--wait=true", "--timeout=90s"]);
-    assert!(pod(c, name).is_none(), "pod {name} is still there");
-}
-
 /// The node's allocatable units of the device plugin's resource.
 fn allocatable(c: &Cluster) -> Option<String> {
     c.get_json(&["node", &c.node])
         .and_then(|n| n["status"]["allocatable"][RESOURCE].as_str().map(str::to_string))
-}
-
-/// The ledger's reservations (`vramgate status --json`), as (container id, GiB), sorted.
-fn ledger(c: &Cluster) -> Vec<(String, u64)> {
-    let mut held: Vec<(String, u64)> = reservations(c.tb()).into_iter().map(|(id, b)| (id, b / GIB)).collect();
-    held.sort();
-    held
-}
-
-fn wait_ledger(c: &Cluster, what: &str, mut want: Vec<(String, u64)>) {
-    want.sort();
-    c.wait(what, POD_LIMIT, "kubelet", || {
-        let held = ledger(c);
-        (held == want, held)
-    });
 }
 
 /// The built `vramgate-device-plugin` as k8s/device-plugin.yaml runs it (the same arguments,
@@ -460,13 +405,6 @@ fn main() {
         std::process::exit(101);
     }
     conclusion.exit();
-}
-
-fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panicked".into())
 }
 
 /// The harness's sanity check: kubectl, the API server and the node's kubelet all report the

@@ -902,3 +902,70 @@ impl Cluster {
         self.dir.join("kubelet")
     }
 }
+
+// What both real-node binaries (tests/kube_node.rs, tests/kube_helm.rs) do with pods and the
+// node's ledger.
+
+/// The device plugin's resource.
+pub const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";
+/// How long a pod may take to be placed, started or deleted on the loaded machine.
+pub const POD_LIMIT: Duration = Duration::from_secs(120);
+/// An app container that runs until stopped, ending at once on SIGTERM.
+pub const RUN_UNTIL_STOPPED: &str = "trap 'exit 0' TERM; sleep 600 & wait";
+
+pub fn pod(c: &Cluster, name: &str) -> Option<Value> {
+    c.get_json(&["pod", name])
+}
+
+/// Waits until pod `name` runs; returns it.
+pub fn wait_running(c: &Cluster, name: &str) -> Value {
+    c.wait(&format!("pod {name} runs"), POD_LIMIT, "kubelet", || {
+        let p = pod(c, name);
+        let running = p.as_ref().is_some_and(|p| {
+            p["status"]["phase"] == "Running" && p["status"]["containerStatuses"][0]["state"]["running"].is_object()
+        });
+        (running, p)
+    })
+    .expect("a running pod")
+}
+
+/// The containerd id of the pod's (first) container: what the ledger names.
+pub fn container_id(pod: &Value) -> String {
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap_or_default();
+    id.strip_prefix("containerd://")
+        .unwrap_or_else(|| panic!("no containerd id in {}", pod["status"]))
+        .to_string()
+}
+
+/// Deletes pod `name` and returns once the API server no longer has it (kubelet stopped its
+/// containers and confirmed).
+pub fn delete_pod(c: &Cluster, name: &str) {
+    c.kubectl_ok(&["delete", "pod", name, "--wait=true", "--timeout=90s"]);
+    assert!(pod(c, name).is_none(), "pod {name} is still there");
+}
+
+/// The ledger's reservations (`vramgate status --json`), as (container id, GiB), sorted.
+pub fn ledger(c: &Cluster) -> Vec<(String, u64)> {
+    let mut held: Vec<(String, u64)> = reservations(c.tb()).into_iter().map(|(id, b)| (id, b / GIB)).collect();
+    held.sort();
+    held
+}
+
+/// Waits until the ledger holds exactly `want` (any order).
+pub fn wait_ledger(c: &Cluster, what: &str, mut want: Vec<(String, u64)>) {
+    want.sort();
+    c.wait(what, POD_LIMIT, "kubelet", || {
+        let held = ledger(c);
+        (held == want, held)
+    });
+}
+
+/// A scenario's panic as the trial's failure message.
+pub fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panicked".into())
+}
