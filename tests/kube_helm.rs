@@ -274,6 +274,17 @@ fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_rese
         devices[0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"], "256Mi",
         "{slice}"
     );
+    // The claim's pod only once kubelet has registered the pod's driver: a pod it cannot
+    // prepare yet is retried after kubelet's back-off (85 s here), not when the driver comes.
+    let name = driver["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    c.wait("kubelet registers the driver's pod", POD_LIMIT, "kubelet", || {
+        let log = c
+            .kubectl(&["logs", "-n", "kube-system", &name])
+            .output()
+            .map(|o| stdout(&o))
+            .unwrap_or_default();
+        (log.contains("registered with kubelet as"), log)
+    });
     // The slice's owner is the node: the driver, not a stand-in, published it.
     apply_template(c);
     c.apply(&claim_pod("helm-a"));
