@@ -614,8 +614,17 @@ fn wait_allocated(c: &Cluster, name: &str) -> Value {
 
 /// Waits until pod `name` runs with every container running; returns it.
 fn wait_dra_running(c: &Cluster, driver: &dra_support::Driver, name: &str) -> Value {
+    wait_dra_running_within(c, driver, name, POD_LIMIT)
+}
+
+/// How long a pod whose claim kubelet failed to prepare (its driver was down) may take to run
+/// once the driver is back: kubelet retries the pod only after its back-off, which doubles
+/// from 10 s to a 5-minute cap (85 s was seen on this machine).
+const AFTER_KUBELETS_BACKOFF: Duration = Duration::from_secs(330);
+
+fn wait_dra_running_within(c: &Cluster, driver: &dra_support::Driver, name: &str, limit: Duration) -> Value {
     let _took = Took(format!("pod {name} runs"), Instant::now());
-    c.wait(&format!("DRA pod {name} runs"), POD_LIMIT, "kubelet", || {
+    c.wait(&format!("DRA pod {name} runs"), limit, "kubelet", || {
         let p = pod(c, name);
         let running = p.as_ref().is_some_and(|p| {
             p["status"]["phase"] == "Running"
@@ -817,7 +826,8 @@ fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
     let claim_name = claim["metadata"]["name"].as_str().unwrap().to_string();
     let unregistered = c.wait(
         "kubelet reports the driver is not registered",
-        POD_LIMIT,
+        // Reported at a retry of the pod, after kubelet's back-off (61 to 79 s seen here).
+        AFTER_KUBELETS_BACKOFF,
         "kubelet",
         || {
             let events = c
@@ -836,7 +846,7 @@ fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
     drop(unregistered);
     assert_eq!(ledger(c), [], "a reservation before the claim was prepared");
     let driver = start_driver(c);
-    let running = wait_dra_running(c, &driver, "dra-r");
+    let running = wait_dra_running_within(c, &driver, "dra-r", AFTER_KUBELETS_BACKOFF);
     let r = container_id(&running);
     wait_ledger(c, "the claim's 5Gi is reserved", vec![(r.clone(), 5)]);
     wait_claim_status(c, &driver, &claim_name);
