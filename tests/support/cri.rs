@@ -482,14 +482,7 @@ impl Cri {
     /// The runtime handler as the CRI plugin read it from the drop-in (what `crictl info`
     /// shows): a runc-v2 runtime running the built wrapper, passing vramgate's annotations.
     pub fn check_handler(&self) {
-        let mut client = self.runtime.clone();
-        let info = self
-            .block_on(async move { client.status(req(cri::StatusRequest { verbose: true })).await })
-            .unwrap()
-            .into_inner()
-            .info;
-        let config: Value = serde_json::from_str(&info["config"]).unwrap();
-        let runtimes = &config["containerd"]["runtimes"];
+        let runtimes = &self.runtimes();
         let handler = &runtimes[HANDLER];
         assert_eq!(handler["runtimeType"], "io.containerd.runc.v2", "{runtimes}");
         assert_eq!(handler["options"]["BinaryName"], RUNTIME, "{handler}");
