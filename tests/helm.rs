@@ -7,7 +7,7 @@
 //! rendering; the packed chart carrying the package's version; `hostPaths` moving every mount
 //! and flag. Installing, upgrading and uninstalling it on a real cluster is tests/kube_helm.rs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 #[path = "support/helm.rs"]
 mod helm;
 
-use helm::{chart, objects, root, Helm, Release};
+use helm::{chart, check_manifests, objects, root, Helm, Release};
 
 fn text(out: &Output) -> String {
     format!(
@@ -83,20 +83,6 @@ fn every_setting() -> Value {
             "over_use_interval": "2s"
         }
     })
-}
-
-/// check_manifests.py (Kubernetes 1.36's strict schemas) on `files`.
-fn check_manifests(files: &[PathBuf]) -> Output {
-    let python = if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    };
-    Command::new(python)
-        .arg(root().join("tests/support/check_manifests.py"))
-        .args(files)
-        .output()
-        .unwrap()
 }
 
 #[test]

@@ -5,27 +5,12 @@
 //! the DRA driver's admission policies in tests/dra_driver.rs, the driver's pod and mounts in
 //! tests/node_image.rs.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+#[path = "support/helm.rs"]
+mod helm_support;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use std::path::PathBuf;
 
-/// tests/support/check_manifests.py on `files`, with Debian's python3 (python3-jsonschema and
-/// python3-yaml, scripts/install-deps); the schemas from $VRAMGATE_K8S_SCHEMAS or their cache.
-fn check(files: &[PathBuf]) -> Output {
-    let python = if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    };
-    Command::new(python)
-        .arg(root().join("tests/support/check_manifests.py"))
-        .args(files)
-        .output()
-        .unwrap()
-}
+use helm_support::{check_manifests, root};
 
 fn manifests() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("k8s"))
@@ -40,7 +25,7 @@ fn manifests() -> Vec<PathBuf> {
 #[test]
 fn every_object_in_k8s_is_valid_for_kubernetes_1_36() {
     let files = manifests();
-    let out = check(&files);
+    let out = check_manifests(&files);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -97,7 +82,7 @@ fn the_manifest_check_refuses_what_the_api_server_refuses() {
         assert!(dra.contains(from), "k8s/dra.yaml changed: {from:?}");
         let broken = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&broken, dra.replacen(from, to, 1)).unwrap();
-        let out = check(&[broken]);
+        let out = check_manifests(&[broken]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
         assert!(stderr.contains(says), "{name}: {stderr:?} should say {says:?}");

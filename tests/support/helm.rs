@@ -14,6 +14,22 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// tests/support/check_manifests.py (Kubernetes 1.36's strict schemas) on `files`, with
+/// Debian's python3 (python3-jsonschema and python3-yaml, scripts/install-deps); the schemas
+/// from $VRAMGATE_K8S_SCHEMAS or their cache. For tests/manifests.rs and tests/helm.rs.
+pub fn check_manifests(files: &[PathBuf]) -> Output {
+    let python = if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    };
+    Command::new(python)
+        .arg(root().join("tests/support/check_manifests.py"))
+        .args(files)
+        .output()
+        .unwrap()
+}
+
 /// The chart's directory.
 pub fn chart() -> PathBuf {
     root().join("charts/vramgate")
