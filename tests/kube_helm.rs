@@ -32,7 +32,6 @@ mod support;
 
 use std::time::Instant;
 
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{json, Value};
 
 use helm_support::{Helm, Release};
@@ -515,16 +514,7 @@ fn helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // One at a time: see the file's comment.
-    args.test_threads = Some(1);
-    if args.list {
-        let trials = SCENARIOS
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
+    let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
     let cluster = Cluster::start(&node_config());
     let image_start = Instant::now();
@@ -534,37 +524,21 @@ fn main() {
     node_image::import(cluster.cri(), &tar);
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
-    let setup = std::sync::Arc::new(prepare(cluster));
-    let trials = SCENARIOS
-        .iter()
-        .map(|(name, scenario)| {
-            let (setup, scenario) = (setup.clone(), *scenario);
-            Trial::test(*name, move || {
-                let start = Instant::now();
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&setup)));
-                eprintln!("{name}: {:?}", start.elapsed());
-                if result.is_err() {
-                    // What a failed scenario left (its pods) must not fail the next one.
-                    for pod in ["helm-a", "helm-b", "helm-dp"] {
-                        let _ = setup
-                            .c()
-                            .kubectl(&[
-                                "delete",
-                                "pod",
-                                pod,
-                                "--ignore-not-found",
-                                "--wait=true",
-                                "--timeout=90s",
-                            ])
-                            .output();
-                    }
-                }
-                result.map_err(|e| Failed::from(panic_message(&e)))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    let setup = std::sync::Arc::try_unwrap(setup).unwrap_or_else(|_| panic!("a trial still holds the cluster"));
+    let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
+        for pod in ["helm-a", "helm-b", "helm-dp"] {
+            let _ = setup
+                .c()
+                .kubectl(&[
+                    "delete",
+                    "pod",
+                    pod,
+                    "--ignore-not-found",
+                    "--wait=true",
+                    "--timeout=90s",
+                ])
+                .output();
+        }
+    });
     // Whatever release a failed scenario left goes before the cluster does.
     for release in [setup.release(json!({}))] {
         if setup.installed(&release) {

@@ -20,7 +20,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
 use kube_support::*;
@@ -364,36 +363,11 @@ fn every_manifest_applies_server_side(c: &Cluster) {
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // One at a time: see the file's comment.
-    args.test_threads = Some(1);
-    if args.list {
-        let trials = SCENARIOS
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
+    let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
-    let cluster = std::sync::Arc::new(Cluster::start(&node_config()));
-    let trials = SCENARIOS
-        .iter()
-        .map(|(name, scenario)| {
-            let (cluster, scenario) = (cluster.clone(), *scenario);
-            Trial::test(*name, move || {
-                let start = Instant::now();
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&cluster)));
-                eprintln!("{name}: {:?}", start.elapsed());
-                if result.is_err() {
-                    // What a failed scenario left (its pods) must not fail the next one.
-                    cluster.delete_all_pods();
-                }
-                result.map_err(|e| Failed::from(panic_message(&e)))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    let cluster = std::sync::Arc::try_unwrap(cluster).unwrap_or_else(|_| panic!("a trial still holds the cluster"));
+    let (cluster, conclusion) = run_scenarios(&args, SCENARIOS, Cluster::start(&node_config()), |cluster| {
+        cluster.delete_all_pods()
+    });
     let started_in = cluster.started_in;
     let left = cluster.teardown();
     eprintln!(

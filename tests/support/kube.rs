@@ -962,6 +962,52 @@ pub fn wait_ledger(c: &Cluster, what: &str, mut want: Vec<(String, u64)>) {
     });
 }
 
+/// The real-node binaries' arguments (libtest-mimic's, so `cargo test --test kube_node --
+/// <filter>` and `--list` work), with one thread: their scenarios share the node, its GPU and
+/// its ledger. With `--list`, lists the scenarios and exits before any cluster starts.
+pub fn scenario_args<S>(scenarios: &[(&'static str, fn(&S))]) -> libtest_mimic::Arguments {
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads = Some(1);
+    if args.list {
+        let trials = scenarios
+            .iter()
+            .map(|(name, _)| libtest_mimic::Trial::test(*name, || Ok(())))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    args
+}
+
+/// Runs each scenario as a named trial on `state`, printing its time; after a failed one,
+/// `after_failure` removes what it left (its pods), so that it does not fail the next. Gives
+/// `state` back for the binary's teardown.
+pub fn run_scenarios<S: Send + Sync + 'static>(
+    args: &libtest_mimic::Arguments,
+    scenarios: &[(&'static str, fn(&S))],
+    state: S,
+    after_failure: fn(&S),
+) -> (S, libtest_mimic::Conclusion) {
+    let state = std::sync::Arc::new(state);
+    let trials = scenarios
+        .iter()
+        .map(|&(name, scenario)| {
+            let state = state.clone();
+            libtest_mimic::Trial::test(name, move || {
+                let start = Instant::now();
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&state)));
+                eprintln!("{name}: {:?}", start.elapsed());
+                if result.is_err() {
+                    after_failure(&state);
+                }
+                result.map_err(|e| libtest_mimic::Failed::from(panic_message(&e)))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(args, trials);
+    let state = std::sync::Arc::try_unwrap(state).unwrap_or_else(|_| panic!("a trial still holds the cluster"));
+    (state, conclusion)
+}
+
 /// A scenario's panic as the trial's failure message.
 pub fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
     e.downcast_ref::<String>()
