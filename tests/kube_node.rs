@@ -69,6 +69,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         dra_slice_follows_memory_used_outside_kubernetes_and_a_claim_spans_two_gpus,
     ),
     (
+        "a_claims_pod_cannot_lower_its_claim_by_env_or_annotation",
+        a_claims_pod_cannot_lower_its_claim_by_env_or_annotation,
+    ),
+    (
         "runtime_class_pod_waiting_past_kubelets_deadline",
         runtime_class_pod_waiting_past_kubelets_deadline,
     ),
@@ -1049,4 +1053,76 @@ fn runtime_class_pod_waiting_past_kubelets_deadline(c: &Cluster) {
     );
     delete_pod(c, "dl-waits");
     wait_ledger(c, "every reservation is released", vec![]);
+}
+
+/// A pod author against the claim, through the real kubelet and containerd's CDI: a claim's
+/// container that sets its own `VRAMGATE_MEMORY` and `VRAMGATE_MEMORY_LIMIT` (1Gi) still holds
+/// the claim's 6 GiB (the claim's CDI edits come after the container's env and win); a pod
+/// that adds the annotation `vramgate.dev/memory: 1Gi` (which the engine copies into every
+/// container's spec) beside its claim is refused at start, the reason in kubelet's events,
+/// and holds nothing.
+fn a_claims_pod_cannot_lower_its_claim_by_env_or_annotation(c: &Cluster) {
+    let driver = start_driver(c);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    claim_template(c, "gpu-6gi-low", 1, "6Gi");
+    let claim_pod = |name: &str, spec: &PodSpec| {
+        let mut pod: Value = serde_json::from_str(&pod_yaml(name, spec)).unwrap();
+        pod["spec"]["resourceClaims"] =
+            serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": "gpu-6gi-low"}]);
+        pod["spec"]["containers"][0]["resources"] = serde_json::json!({"claims": [{"name": "gpu"}]});
+        c.apply(&pod.to_string());
+    };
+    claim_pod(
+        "low-env",
+        &PodSpec {
+            vramgate: true,
+            env: &[("VRAMGATE_MEMORY", "1Gi"), ("VRAMGATE_MEMORY_LIMIT", "1Gi")],
+            ..PodSpec::default()
+        },
+    );
+    let running = wait_dra_running(c, &driver, "low-env");
+    let env = c.kubectl_ok(&["exec", "low-env", "--", "env"]);
+    wait_ledger(
+        c,
+        "the claim's 6Gi, not the env's 1Gi",
+        vec![(container_id(&running), 6)],
+    );
+    assert!(
+        env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 6 * GIB)),
+        "the container's own VRAMGATE_MEMORY won: {env}"
+    );
+    delete_dra_pod(c, "low-env");
+    wait_ledger(c, "nothing is reserved", vec![]);
+
+    claim_pod(
+        "low-annotation",
+        &PodSpec {
+            vramgate: true,
+            annotations: &[("vramgate.dev/memory", "1Gi")],
+            ..PodSpec::default()
+        },
+    );
+    let refusal = c.wait("kubelet's events show vramgate's refusal", POD_LIMIT, "kubelet", || {
+        let events = c
+            .get_json(&["events", "--field-selector", "involvedObject.name=low-annotation"])
+            .map(|e| e["items"].clone())
+            .unwrap_or_default();
+        let line = events
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["message"].as_str())
+            .find(|m| m.contains("vramgate") && m.contains("vramgate.dev/memory"))
+            .map(str::to_string);
+        (line.is_some(), line.unwrap_or_else(|| events.to_string()))
+    });
+    eprintln!("refused: {refusal}");
+    let p = pod(c, "low-annotation").expect("low-annotation");
+    assert_ne!(p["status"]["phase"], "Running", "{}", p["status"]);
+    assert_eq!(ledger(c), [], "the annotated pod holds something");
+    delete_dra_pod(c, "low-annotation");
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-low"]);
+    drop(driver);
 }
