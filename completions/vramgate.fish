@@ -116,6 +116,8 @@ complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l restart
 none\t'Nothing: the admin restarts the engine'"
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l install-dir -d 'The host directory the binaries are copied to (vramgate\'s own: it is removed on undo)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l engine-root -d 'Where the engine sees the host\'s root (/ unless the engine itself runs in a chroot, as a test\'s may)' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l install-config -d 'A config.toml in this container (the chart\'s ConfigMap) to install on the host at --host-config, given back as it was on undo; this set-up then reads it too' -r -F
+complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l host-config -d 'Where the host\'s hook and runtime read config.toml, as a path on the host' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l wait -d 'Seconds to wait for another run\'s lock, and for the engine to come back' -r
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l config -d 'Config file to use instead of /etc/vramgate/config.toml (also: VRAMGATE_CONFIG)' -r -F
 complete -c vramgate -n "__fish_vramgate_using_subcommand setup-node" -l set-as-default -d 'Make vramgate containerd\'s default runtime'

@@ -263,6 +263,13 @@ pub struct SetupNodeArgs {
     /// Make vramgate containerd's default runtime
     #[arg(long)]
     pub set_as_default: bool,
+    /// A config.toml in this container (the chart's ConfigMap) to install on the host at
+    /// --host-config, given back as it was on undo; this set-up then reads it too
+    #[arg(long, value_name = "PATH")]
+    pub install_config: Option<PathBuf>,
+    /// Where the host's hook and runtime read config.toml, as a path on the host
+    #[arg(long, value_name = "PATH", default_value = crate::config::DEFAULT_CONFIG_PATH)]
+    pub host_config: PathBuf,
     /// Seconds to wait for another run's lock, and for the engine to come back
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub wait: u64,

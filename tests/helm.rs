@@ -637,10 +637,29 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
                 "--engine-socket",
                 "/run/containerd/containerd.sock",
                 "--restart",
-                restart
+                restart,
+                "--install-dir",
+                "/usr/local/lib/vramgate"
             ]),
             "{values}"
         );
+        // It reads the host's config.toml through the host root, as the host's hook reads it.
+        assert_eq!(
+            container["env"],
+            json!([{"name": "VRAMGATE_CONFIG", "value": "/host/etc/vramgate/config.toml"}])
+        );
+        // The claims' CDI specs name the hook where the set-up copies it, not the package's.
+        if driver == "dra" {
+            let dra = objects
+                .iter()
+                .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-dra")
+                .expect("the DRA driver");
+            let args = &dra["spec"]["template"]["spec"]["containers"][0]["args"];
+            let hook = args
+                .as_array()
+                .and_then(|a| a.iter().position(|a| a == "--hook").map(|i| a[i + 1].clone()));
+            assert_eq!(hook, Some(json!("/usr/local/lib/vramgate/vramgate-hook")), "{args}");
+        }
         assert_eq!(container["securityContext"]["privileged"], true);
         assert_eq!(
             container["volumeMounts"],
@@ -665,6 +684,56 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
         std::fs::write(&file, &rendered).unwrap();
         files.push(file);
     }
+    // With the config from the chart, the set-up installs the ConfigMap's config.toml where the
+    // host's hook reads it (and reads that one itself), and rolls when the settings change.
+    let mut values = combination("dra", false, false, true, true);
+    values["nodeSetup"] = json!({"enabled": true, "installDir": "/opt/vramgate"});
+    let out = helm.template(&Release::new(values.clone()), &[]);
+    assert!(out.status.success(), "{values}: {}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let objects = objects(&rendered);
+    let ds = objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-node-setup")
+        .unwrap_or_else(|| panic!("{values}: no node set-up DaemonSet in {rendered}"));
+    let template = &ds["spec"]["template"];
+    let container = &template["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let config_dir = values["hostPaths"]["config"]
+        .as_str()
+        .unwrap_or("/etc/vramgate")
+        .to_string();
+    for pair in [
+        ["--install-dir", "/opt/vramgate"],
+        ["--install-config", "/etc/vramgate-chart/config.toml"],
+        ["--host-config", &format!("{config_dir}/config.toml")],
+    ] {
+        assert!(args.windows(2).any(|w| w == pair), "{pair:?} not in {args:?}");
+    }
+    assert_eq!(
+        container["env"],
+        json!([{"name": "VRAMGATE_CONFIG", "value": "/etc/vramgate-chart/config.toml"}])
+    );
+    assert_eq!(
+        container["volumeMounts"][1],
+        json!({"name": "config", "mountPath": "/etc/vramgate-chart", "readOnly": true})
+    );
+    assert_eq!(
+        template["spec"]["volumes"][1],
+        json!({"name": "config", "configMap": {"name": "vramgate-config"}})
+    );
+    assert!(
+        template["metadata"]["annotations"]["vramgate.dev/config-sha256"].is_string(),
+        "{template}"
+    );
+    let file = dir.path().join("node-setup-from-chart.yaml");
+    std::fs::write(&file, &rendered).unwrap();
+    files.push(file);
     let out = check_manifests(&files);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -676,7 +745,7 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
     let said = notes(&helm, json!({"nodeSetup": {"enabled": true}}));
     for line in [
         "  1. nothing installed by hand: DaemonSet vramgate-node-setup (vramgate setup-node, privileged,",
-        "     restarts containerd once: SIGHUP to the process serving /run/containerd/containerd.sock, which ends it,",
+        "     then restarts containerd once: SIGHUP to the process serving /run/containerd/containerd.sock, which ends it,",
         "     Deleting its pod (helm uninstall) undoes exactly that and restarts containerd once more;",
     ] {
         assert!(said.lines().any(|l| l == line), "{line:?} not in:\n{said}");

@@ -79,6 +79,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_it",
         helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_it,
     ),
+    (
+        "node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte",
+        node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte,
+    ),
 ];
 
 impl Setup {
@@ -158,6 +162,19 @@ fn daemon_pod(c: &Cluster, name: &str) -> Value {
                 .flatten()
                 .any(|c| c["type"] == "Ready" && c["status"] == "True");
         (ready, if ready { live[0].clone() } else { pods })
+    })
+}
+
+/// Waits for a line containing `text` in the log of the pod `pod` (in kube-system).
+fn wait_pod_log(c: &Cluster, pod: &Value, text: &str) -> String {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    c.wait(&format!("{name} logs {text:?}"), POD_LIMIT, "kubelet", || {
+        let log = c
+            .kubectl(&["logs", "-n", "kube-system", &name])
+            .output()
+            .map(|o| stdout(&o))
+            .unwrap_or_default();
+        (log.contains(text), log)
     })
 }
 
@@ -275,15 +292,7 @@ fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_rese
     );
     // The claim's pod only once kubelet has registered the pod's driver: a pod it cannot
     // prepare yet is retried after kubelet's back-off (85 s here), not when the driver comes.
-    let name = driver["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    c.wait("kubelet registers the driver's pod", POD_LIMIT, "kubelet", || {
-        let log = c
-            .kubectl(&["logs", "-n", "kube-system", &name])
-            .output()
-            .map(|o| stdout(&o))
-            .unwrap_or_default();
-        (log.contains("registered with kubelet as"), log)
-    });
+    wait_pod_log(c, &driver, "registered with kubelet as");
     // The slice's owner is the node: the driver, not a stand-in, published it.
     apply_template(c);
     c.apply(&claim_pod("helm-a"));
@@ -328,11 +337,7 @@ fn helm_upgrade_rolls_the_driver_onto_new_values_and_keeps_a_running_claims_rese
     let id = container_id(&running);
     wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
 
-    // The node's config as the chart's values: what the host's file says, as JSON.
-    let text = std::fs::read_to_string(&c.tb().config_path).unwrap();
-    let mut settings: Value = serde_json::to_value(text.parse::<toml::Table>().unwrap()).unwrap();
-    // The chart writes state_dir itself, from hostPaths.state.
-    settings.as_object_mut().unwrap().remove("state_dir");
+    let settings = chart_settings(c);
     let upgraded = s.release(json!({
         "dra": {"step": "512Mi"},
         "config": {"fromChart": true, "settings": settings},
@@ -368,6 +373,15 @@ fn helm_upgrade_rolls_the_driver_onto_new_values_and_keeps_a_running_claims_rese
     wait_ledger(c, "the claim's memory is released", vec![]);
     // Back to the base values, as the next scenario expects.
     s.install(&base);
+}
+
+/// The node's config as the chart's values: what the host's file says, as JSON, without
+/// state_dir (the chart writes it itself, from hostPaths.state).
+fn chart_settings(c: &Cluster) -> Value {
+    let text = std::fs::read_to_string(&c.tb().config_path).unwrap();
+    let mut settings: Value = serde_json::to_value(text.parse::<toml::Table>().unwrap()).unwrap();
+    settings.as_object_mut().unwrap().remove("state_dir");
+    settings
 }
 
 /// (kind, namespace or "", name) of each object of a release's manifest.
@@ -415,10 +429,7 @@ fn still_there(c: &Cluster, objects: &[(String, String, String)]) -> Vec<String>
 /// from the API server, the driver's pods and its ResourceSlice with them.
 fn helm_uninstall_leaves_no_object_of_the_release(s: &Setup) {
     let c = s.c();
-    let text = std::fs::read_to_string(&c.tb().config_path).unwrap();
-    let mut settings: Value = serde_json::to_value(text.parse::<toml::Table>().unwrap()).unwrap();
-    // The chart writes state_dir itself, from hostPaths.state.
-    settings.as_object_mut().unwrap().remove("state_dir");
+    let settings = chart_settings(c);
     let release = s.release(json!({"config": {"fromChart": true, "settings": settings}}));
     s.install(&release);
     daemon_pod(c, "vramgate-dra");
@@ -513,6 +524,211 @@ fn helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_
     });
 }
 
+/// How long containerd may take to exit on setup-node's SIGHUP: the pod's start, or its undo
+/// after kubelet's SIGTERM, comes first.
+const ENGINE_EXIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// The node's files the set-up may touch, with their bytes (None: absent): containerd's main
+/// config, its backup, the drop-in directory's files, the host's config.toml, the install
+/// directory.
+fn engine_files(s: &Setup, install_dir: &std::path::Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
+    let cri = s.c().cri();
+    let mut paths = vec![
+        cri.main_config.clone(),
+        std::path::PathBuf::from(format!("{}.vramgate-backup", cri.main_config.display())),
+        cri.config_dir.join("conf.d"),
+        std::path::Path::new(s.base["hostPaths"]["config"].as_str().unwrap()).join("config.toml"),
+        install_dir.to_path_buf(),
+    ];
+    if let Ok(entries) = std::fs::read_dir(cri.config_dir.join("conf.d")) {
+        paths.extend(entries.map(|e| e.unwrap().path()));
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let bytes = match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => Some(b"(directory)".to_vec()),
+                Ok(_) => Some(std::fs::read(&p).unwrap()),
+                Err(_) => None,
+            };
+            (p, bytes)
+        })
+        .collect()
+}
+
+/// The suite's own set-up of the node's containerd (`vramgate setup containerd`, as
+/// tests/support/cri.rs does it), undone or done again, and containerd restarted to load it.
+fn suite_setup(c: &Cluster, remove: bool) {
+    let cri = c.cri();
+    let mut setup = std::process::Command::new(VRAMGATE);
+    setup
+        .env("VRAMGATE_CONFIG", &c.tb().config_path)
+        .args(["setup", "containerd", "--config-path"])
+        .arg(cri.config_dir.join("conf.d/vramgate.toml"))
+        .arg("--containerd-config")
+        .arg(&cri.main_config);
+    if remove {
+        setup.arg("--remove");
+    }
+    run_ok(&mut setup);
+    cri.restart(ENGINE_EXIT_LIMIT);
+    assert_eq!(cri.runtimes().get("vramgate").is_some(), !remove, "{}", cri.runtimes());
+}
+
+/// When the scenario ends, passed or not: a release left installed is uninstalled (its undo
+/// restarting containerd, which is started again) and the suite's set-up put back, so that
+/// the next scenario's pods find the handler. A failure here is printed, not raised: the
+/// scenario's own failure is the one to see.
+struct SuiteSetupBack<'a>(&'a Setup, Release);
+
+impl Drop for SuiteSetupBack<'_> {
+    fn drop(&mut self) {
+        let (s, release) = (self.0, &self.1);
+        let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if s.installed(release) {
+                while_the_engine_restarts(s.c(), "the undo", || {
+                    let _ = s.helm.uninstall(&s.c().admin, release, HELM_TIMEOUT);
+                });
+            }
+            if s.c().cri().runtimes().get("vramgate").is_none() {
+                suite_setup(s.c(), false);
+            }
+        }));
+        if let Err(e) = back {
+            eprintln!("putting the suite's set-up back failed: {}", panic_message(&e));
+        }
+    }
+}
+
+/// Runs `during` while playing containerd's service manager: containerd is expected to end
+/// on setup-node's SIGHUP meanwhile, and is started again as systemd's Restart=always would.
+fn while_the_engine_restarts(c: &Cluster, what: &str, during: impl FnOnce()) {
+    std::thread::scope(|scope| {
+        let manager = scope.spawn(|| c.cri().restart_after_exit(ENGINE_EXIT_LIMIT));
+        during();
+        let ended = manager
+            .join()
+            .unwrap_or_else(|e| panic!("containerd did not end on {what}: {}", panic_message(&e)));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            ended.signal(),
+            Some(nix::libc::SIGHUP),
+            "containerd ended with {ended:?} on {what}"
+        );
+    });
+}
+
+/// 5. The chart's node set-up on a node without vramgate (the suite's `vramgate setup
+/// containerd` undone, containerd restarted: no handler): `helm install` with
+/// nodeSetup.enabled and the config from the chart runs `vramgate setup-node` in a privileged
+/// pod of the node image, which copies the hook and the wrapper into installDir, writes the
+/// chart's config.toml where the host's hook reads it, sets containerd up and restarts it
+/// (SIGHUP; the test plays systemd and starts it again). A claim's pod then runs under
+/// runtimeClassName vramgate through the copied wrapper and hook (its CDI spec names them too)
+/// and holds 6 GiB. `helm uninstall` has the pod undo it: containerd restarted once more, its
+/// config, backup and drop-ins, and the host's config.toml, byte-for-byte as before, the
+/// install directory gone, and containerd without the handler.
+fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte(s: &Setup) {
+    let c = s.c();
+    let dra = s.release(json!({}));
+    if s.installed(&dra) {
+        s.uninstall(&dra);
+    }
+    let cri = c.cri();
+    let install_dir = c.tb().dir.join("node-lib-vramgate");
+    let release = s.release(json!({
+        "nodeSetup": {
+            "enabled": true,
+            "engineConfig": cri.main_config.display().to_string(),
+            "engineSocket": cri.address.display().to_string(),
+            "installDir": install_dir.display().to_string(),
+        },
+        "config": {"fromChart": true, "settings": chart_settings(c)},
+    }));
+    suite_setup(c, true);
+    let back = SuiteSetupBack(s, release);
+    let release = &back.1;
+    c.wait_node_ready();
+    let before = engine_files(s, &install_dir);
+    while_the_engine_restarts(c, "the set-up", || s.install(release));
+    let setup_pod = daemon_pod(c, "vramgate-node-setup");
+    assert_runs_the_node_image(&setup_pod);
+    let log = wait_pod_log(c, &setup_pod, "node set up; waiting for SIGTERM");
+    assert!(log.contains("restarted the engine: SIGHUP to pid"), "{log}");
+    let runtimes = cri.runtimes();
+    assert_eq!(
+        runtimes["vramgate"]["options"]["BinaryName"],
+        install_dir.join("vramgate-runtime").display().to_string(),
+        "{runtimes}"
+    );
+    let host_config = std::path::Path::new(s.base["hostPaths"]["config"].as_str().unwrap()).join("config.toml");
+    let installed = std::fs::read_to_string(&host_config).unwrap();
+    assert!(installed.contains("rendered by the vramgate chart"), "{installed}");
+
+    let driver = daemon_pod(c, "vramgate-dra");
+    wait_pod_log(c, &driver, "registered with kubelet as");
+    apply_template(c);
+    c.apply(&claim_pod("helm-ns"));
+    let running = wait_running(c, "helm-ns");
+    let id = container_id(&running);
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+    // Every vramgate-hook the container's spec runs (the wrapper's and the claim's CDI edit)
+    // is the one the set-up copied.
+    let spec: Value = serde_json::from_slice(&std::fs::read(cri.bundle_spec(&id)).unwrap()).unwrap();
+    let hooks: Vec<&str> = spec["hooks"]
+        .as_object()
+        .into_iter()
+        .flat_map(|stages| stages.values())
+        .flat_map(|list| list.as_array().into_iter().flatten())
+        .filter_map(|h| h["path"].as_str())
+        .filter(|p| p.ends_with("vramgate-hook"))
+        .collect();
+    let copied = install_dir.join("vramgate-hook").display().to_string();
+    assert!(!hooks.is_empty() && hooks.iter().all(|h| *h == copied), "{hooks:?}");
+    delete_pod(c, "helm-ns");
+    wait_ledger(c, "the claim's memory is released", vec![]);
+
+    while_the_engine_restarts(c, "the undo", || s.uninstall(release));
+    c.wait("the node set-up's pod is gone", POD_LIMIT, "kubelet", || {
+        let left = c
+            .get_json(&[
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "app.kubernetes.io/name=vramgate-node-setup",
+            ])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default();
+        (left.is_empty(), left)
+    });
+    let after = engine_files(s, &install_dir);
+    assert!(
+        after == before,
+        "the undo did not give the node's files back:
+{}",
+        before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| b != a)
+            .map(|(b, a)| format!(
+                "  {}: before {:?}, after {:?}",
+                b.0.display(),
+                b.1.as_deref().map(String::from_utf8_lossy),
+                a.1.as_deref().map(String::from_utf8_lossy)
+            ))
+            .chain((before.len() != after.len()).then(|| format!("  before {before:?}\n  after {after:?}")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let runtimes = cri.runtimes();
+    assert!(
+        runtimes.get("vramgate").is_none(),
+        "containerd still has the handler: {runtimes}"
+    );
+}
+
 fn main() {
     let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
@@ -525,7 +741,7 @@ fn main() {
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
-        for pod in ["helm-a", "helm-b", "helm-dp"] {
+        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns"] {
             let _ = setup
                 .c()
                 .kubectl(&[

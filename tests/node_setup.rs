@@ -161,7 +161,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
         ],
     );
     // containerd ends on the SIGHUP; its service manager (here, the test) starts it again.
-    let ended = cri.restart_after_exit(&dir, &main, WAIT);
+    let ended = cri.restart_after_exit(WAIT);
     assert_eq!(
         ended.signal(),
         Some(nix::libc::SIGHUP),
@@ -198,7 +198,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
     assert!(reservations(&cri.tb).is_empty());
 
     node.signal(nix::sys::signal::Signal::SIGTERM);
-    let ended = cri.restart_after_exit(&dir, &main, WAIT);
+    let ended = cri.restart_after_exit(WAIT);
     assert_eq!(
         ended.signal(),
         Some(nix::libc::SIGHUP),
@@ -307,4 +307,73 @@ fn setup_node_refuses_a_symlink_that_leads_out_of_the_host_root() {
     );
     assert_eq!((tree(&host), tree(&outside)), before);
     assert_eq!(std::fs::read_to_string(outside.join("config.toml")).unwrap(), original);
+}
+
+/// With the chart's config (`--install-config`, the ConfigMap in the pod), the set-up writes it
+/// where the host's hook and runtime read it and reads it itself (its state_dir is the one
+/// made); the undo gives the host's file back byte-for-byte, or removes it and the directory it
+/// made when the host had none. A link planted at the host's config path is refused.
+#[test]
+fn setup_node_installs_the_charts_config_on_the_host_and_gives_the_old_one_back() {
+    let (tmp, host, original) = quiet_host("vramgate-setup-node-config");
+    let empty = tmp.path().join("config.toml");
+    let chart = tmp.path().join("chart-config.toml");
+    let chart_text = "# rendered by the vramgate chart\nstate_dir = \"/var/lib/vg-chart-state\"\n[inventory]\nbackend = \"static\"\n";
+    std::fs::write(&chart, chart_text).unwrap();
+    let install = ["--restart", "none", "--install-config", chart.to_str().unwrap()];
+    let host_config = host.join("etc/vramgate/config.toml");
+
+    // A host without the package: no /etc/vramgate at all.
+    let before = tree(&host);
+    let mut node = Node::spawn(&empty, &host, &install);
+    node.wait_for("node set up");
+    assert_eq!(std::fs::read_to_string(&host_config).unwrap(), chart_text);
+    assert_eq!(
+        std::fs::metadata(&host_config).unwrap().permissions().mode() & 0o7777,
+        0o644
+    );
+    // The ledger's directory the chart's config names, not the default one.
+    assert!(host.join("var/lib/vg-chart-state").is_dir(), "{:#?}", node.seen);
+    assert!(!host.join("run/vramgate").exists());
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(node.wait_exit().success(), "{:#?}", node.seen);
+    let mut kept = before.clone();
+    kept.extend(["var", "var/lib", "var/lib/vg-chart-state"].map(PathBuf::from));
+    kept.sort();
+    assert_eq!(tree(&host), kept, "{:#?}", node.seen);
+
+    // A host with its own file: given back byte-for-byte.
+    std::fs::create_dir_all(host.join("etc/vramgate")).unwrap();
+    let own = "# the host's own\npolicy = \"reject\"\n";
+    std::fs::write(&host_config, own).unwrap();
+    let mut node = Node::spawn(&empty, &host, &install);
+    node.wait_for("node set up");
+    assert_eq!(std::fs::read_to_string(&host_config).unwrap(), chart_text);
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(node.wait_exit().success(), "{:#?}", node.seen);
+    assert_eq!(std::fs::read_to_string(&host_config).unwrap(), own);
+
+    // A link at the host's config path is not written through.
+    std::fs::remove_file(&host_config).unwrap();
+    let elsewhere = tmp.path().join("elsewhere.toml");
+    std::fs::write(&elsewhere, own).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &host_config).unwrap();
+    let out = Command::new(VRAMGATE)
+        .env("VRAMGATE_CONFIG", &empty)
+        .args(["setup-node", "--host-root"])
+        .arg(&host)
+        .args(install)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("/etc/vramgate/config.toml"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), own);
+    // Refused before anything changed.
+    assert!(!host.join("usr/local/lib/vramgate").exists());
+    assert_eq!(
+        std::fs::read_to_string(host.join("etc/containerd/config.toml")).unwrap(),
+        original
+    );
 }

@@ -398,7 +398,9 @@ fn setup_node(config_path: &Path, args: &vramgate::cli::SetupNodeArgs) -> Result
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
     signals.thread_block()?;
-    let config = Config::load_from(config_path)?;
+    // The config the host's hook will read: the one installed, else the host's own (the
+    // chart points VRAMGATE_CONFIG at it through the host root).
+    let config = Config::load_from(args.install_config.as_deref().unwrap_or(config_path))?;
     let vramgate::cli::NodeEngine::Containerd = args.engine;
     let binaries = setup::NODE_BINARIES
         .iter()
@@ -414,6 +416,10 @@ fn setup_node(config_path: &Path, args: &vramgate::cli::SetupNodeArgs) -> Result
         restart: args.restart,
         binaries,
         set_as_default: args.set_as_default,
+        install_config: args
+            .install_config
+            .clone()
+            .map(|source| (source, args.host_config.clone())),
         hook_timeout_secs: vramgate::runtime::hook_timeout_secs(&config),
         wait: std::time::Duration::from_secs(args.wait),
     };

@@ -58,6 +58,8 @@ pub enum NodeError {
     NotOurs { path: PathBuf },
     #[error("{path} is not a state file `vramgate setup-node` wrote ({message}); look at it, restore the files it names by hand, remove it, and start again")]
     State { path: PathBuf, message: String },
+    #[error("{path} is a symbolic link on the host; setup-node writes only a file of its own there: replace the link with the file it points to")]
+    Link { path: PathBuf },
     #[error("cannot find the engine's process through {path}: {message}")]
     Engine { path: PathBuf, message: String },
     #[error(transparent)]
@@ -101,6 +103,10 @@ pub struct NodeOptions {
     /// The binaries to copy (vramgate-runtime and vramgate-hook), from this container.
     pub binaries: Vec<PathBuf>,
     pub set_as_default: bool,
+    /// A config.toml to install on the host (the chart's, from its ConfigMap in this
+    /// container) and the host path the host's hook and runtime read it from: recorded and
+    /// given back byte-for-byte on undo like the engine's config.
+    pub install_config: Option<(PathBuf, PathBuf)>,
     pub hook_timeout_secs: u64,
     /// How long to wait for another run's lock, and for the engine to come back.
     pub wait: Duration,
@@ -299,6 +305,13 @@ impl NodeSetup {
         for path in [&options.engine_config, &options.drop_in(), &options.engine_socket] {
             options.host(path)?;
         }
+        if let Some((source, target)) = &options.install_config {
+            std::fs::metadata(source).map_err(io(source))?;
+            let host = options.host(target)?;
+            if std::fs::symlink_metadata(&host).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(NodeError::Link { path: target.clone() });
+            }
+        }
         let dir = options.host(&options.install_dir)?;
         let created_dir = match std::fs::symlink_metadata(&dir) {
             Ok(m) if m.is_dir() => false,
@@ -379,9 +392,30 @@ impl NodeSetup {
                 });
             }
         }
+        // The host's config.toml, when the chart gives one: read here, written after the
+        // binaries, restored with the engine's files.
+        let mut config_file = None;
+        if let Some((source, target)) = &o.install_config {
+            let mut bytes = Vec::new();
+            File::open(source)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(io(source))?;
+            let host = o.host(target)?;
+            files.push(Saved {
+                before: read_optional_host(&host)?,
+                path: target.clone(),
+            });
+            config_file = Some((host, bytes));
+        }
         let mut dirs = Vec::new();
-        for change in plan.changes.iter().filter(|c| matches!(c.action, Action::Write(_))) {
-            let mut dir = change.path.parent();
+        let written = plan
+            .changes
+            .iter()
+            .filter(|c| matches!(c.action, Action::Write(_)))
+            .map(|c| c.path.clone())
+            .chain(config_file.as_ref().map(|(host, _)| host.clone()));
+        for path in written {
+            let mut dir = path.parent();
             while let Some(d) = dir.filter(|d| !d.exists() && d.starts_with(&o.host_root)) {
                 let host = host_of(d);
                 if !dirs.contains(&host) {
@@ -414,6 +448,19 @@ impl NodeSetup {
         for (target, bytes) in &sources {
             write_host(&o.host(target)?, bytes, 0o755)?;
             self.report.push(format!("installed {}", target.display()));
+        }
+        if let Some((host, bytes)) = &config_file {
+            for dir in self.state.dirs.iter().rev() {
+                let made = o.host(dir)?;
+                if host.starts_with(&made) && std::fs::symlink_metadata(&made).is_err() {
+                    std::fs::create_dir(&made).map_err(io(&made))?;
+                }
+            }
+            write_host(host, bytes, 0o644)?;
+            if let Some((_, target)) = &o.install_config {
+                self.report
+                    .push(format!("installed {} (the chart's config)", target.display()));
+            }
         }
         let state_dir = o.host(&o.state_dir)?;
         if std::fs::symlink_metadata(&state_dir).is_err() {

@@ -43,7 +43,12 @@ pub struct Cri {
     pub rt: tokio::runtime::Runtime,
     pub runtime: RuntimeClient,
     pub images: ImageClient,
-    pub child: Option<Child>,
+    /// containerd's process: a lock, since the test plays its service manager (restarts it)
+    /// through a shared reference.
+    pub child: Mutex<Option<Child>>,
+    /// containerd's directory (socket, state, log) and main config, for a restart.
+    pub config_dir: PathBuf,
+    pub main_config: PathBuf,
     pub address: PathBuf,
     /// containerd's `--state`, where the runc shim keeps each container's bundle.
     pub state: PathBuf,
@@ -429,11 +434,13 @@ impl Cri {
         let path = containerd.path();
         let (child, address, state) = spawn_containerd_on(dir, main, &tb.config_path, &path);
         let (rt, channel) = cri_channel(address.clone());
-        let mut cri = Cri {
+        let cri = Cri {
             runtime: RuntimeClient::new(channel.clone()),
             images: ImageClient::new(channel),
             rt,
-            child: Some(child),
+            child: Mutex::new(Some(child)),
+            config_dir: dir.to_path_buf(),
+            main_config: main.to_path_buf(),
             address,
             state,
             tb,
@@ -448,11 +455,11 @@ impl Cri {
 
     /// Plays the engine's service manager: waits (at most `timeout`) for containerd to exit,
     /// starts it again with the same config, and returns how the old one ended.
-    pub fn restart_after_exit(&mut self, dir: &Path, main: &Path, timeout: Duration) -> std::process::ExitStatus {
-        let child = self.child.as_mut().expect("containerd runs");
+    pub fn restart_after_exit(&self, timeout: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.lock().unwrap();
         let started = Instant::now();
         let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = child.as_mut().expect("containerd runs").try_wait().unwrap() {
                 break status;
             }
             assert!(
@@ -461,10 +468,22 @@ impl Cri {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let (child, _, _) = spawn_containerd_on(dir, main, &self.tb.config_path, &self.path);
-        self.child = Some(child);
+        let (new, _, _) = spawn_containerd_on(&self.config_dir, &self.main_config, &self.tb.config_path, &self.path);
+        *child = Some(new);
+        drop(child);
         self.wait_ready();
         status
+    }
+
+    /// `systemctl restart containerd`: SIGTERM, then started again once it has exited.
+    pub fn restart(&self, timeout: Duration) {
+        let pid = self.child.lock().unwrap().as_ref().expect("containerd runs").id();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.restart_after_exit(timeout);
     }
 
     /// The CRI plugin's runtimes as it loaded them (what `crictl info` shows).
@@ -501,7 +520,7 @@ impl Cri {
     }
 
     /// Waits until the CRI plugin answers (it starts after containerd's own socket).
-    pub fn wait_ready(&mut self) {
+    pub fn wait_ready(&self) {
         let log = self.tb.dir.join("containerd/containerd.log");
         let start = Instant::now();
         loop {
@@ -669,7 +688,7 @@ impl Drop for Cri {
                 }
             }
         }
-        if let Some(child) = self.child.take() {
+        if let Some(child) = self.child.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             stop_pid(child.id() as i32, Duration::from_secs(10));
         }
         unmount_under(&self.tb.dir);

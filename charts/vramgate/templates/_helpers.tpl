@@ -54,7 +54,20 @@ hostPaths' own, so that k8s/dra.yaml carries none), each a ", "-led list item.
 {{- if ne $p.kubeletPluginsRegistry "/var/lib/kubelet/plugins_registry" }}, "--registry-dir", {{ $p.kubeletPluginsRegistry | quote }}{{ end -}}
 {{- if ne $p.kubeletPlugins "/var/lib/kubelet/plugins" }}, "--plugin-dir", {{ printf "%s/gpu-memory.vramgate.dev" $p.kubeletPlugins | quote }}{{ end -}}
 {{- if ne $p.cdi "/var/run/cdi" }}, "--cdi-dir", {{ $p.cdi | quote }}{{ end -}}
-{{- if ne $p.hook "/usr/bin/vramgate-hook" }}, "--hook", {{ $p.hook | quote }}{{ end -}}
+{{- $hook := include "vramgate.hookPath" . -}}
+{{- if ne $hook "/usr/bin/vramgate-hook" }}, "--hook", {{ $hook | quote }}{{ end -}}
+{{- end -}}
+
+{{/*
+vramgate-hook on the host, which each claim's CDI spec names: where the node set-up copies it
+when it is on, else the package's (hostPaths.hook).
+*/}}
+{{- define "vramgate.hookPath" -}}
+{{- if .Values.nodeSetup.enabled -}}
+{{ printf "%s/vramgate-hook" .Values.nodeSetup.installDir }}
+{{- else -}}
+{{ .Values.hostPaths.hook }}
+{{- end -}}
 {{- end -}}
 
 {{/*
