@@ -83,6 +83,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte",
         node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte,
     ),
+    (
+        "the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservations",
+        the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservations,
+    ),
 ];
 
 impl Setup {
@@ -729,6 +733,142 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
     );
 }
 
+/// One HTTP/1.0 GET of `path` on 127.0.0.1:`port` (std only): the status line and the body.
+fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    Ok((head.lines().next().unwrap_or_default().to_string(), body.to_string()))
+}
+
+/// A TCP port on loopback that nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// 6. The exporter and the watch as the chart's DaemonSets (pods of the node image under the
+/// real kubelet, on the node's network, in the host's PID namespace), with the config from
+/// the chart saying `over_use = "kill"`: the exporter's /metrics, scraped at the node's port,
+/// shows the claim's pod's container by id and name holding 6 GiB, and the GPU's 6 GiB
+/// reserved; the watch measures every second, its heartbeat in the host's ledger directory
+/// written by its container's process and kept fresh, so that `vramgate doctor` on the host,
+/// with the chart's config.toml, says the watch runs.
+fn the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservations(s: &Setup) {
+    let c = s.c();
+    let port = free_port();
+    let mut settings = chart_settings(c);
+    settings["enforce"]["over_use"] = json!("kill");
+    settings["enforce"]["over_use_interval"] = json!("1s");
+    let release = s.release(json!({
+        "exporter": {"enabled": true, "port": port},
+        "watch": {"enabled": true},
+        "config": {"fromChart": true, "settings": settings},
+    }));
+    s.install(&release);
+    let exporter = daemon_pod(c, "vramgate-exporter");
+    let watch = daemon_pod(c, "vramgate-watch");
+    assert_runs_the_node_image(&exporter);
+    assert_runs_the_node_image(&watch);
+    let driver = daemon_pod(c, "vramgate-dra");
+    wait_pod_log(c, &driver, "registered with kubelet as");
+    apply_template(c);
+    c.apply(&claim_pod("helm-ex"));
+    let running = wait_running(c, "helm-ex");
+    let id = container_id(&running);
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+
+    let six = (6 * GIB).to_string();
+    let container_line = format!(
+        "vramgate_container_reserved_bytes{{container_id=\"{id}\",gpu=\"0\",gpu_uuid=\"{GPU}\",name=\"default/helm-ex/main\"}} {six}"
+    );
+    let metrics = c.wait(
+        "the exporter's metrics show the claim's container",
+        POD_LIMIT,
+        "kubelet",
+        || {
+            let got = http_get(port, "/metrics");
+            let shown = got
+                .as_ref()
+                .is_ok_and(|(status, body)| status.contains(" 200 ") && body.lines().any(|l| l == container_line));
+            (shown, got.map(|(_, body)| body).unwrap_or_else(|e| e.to_string()))
+        },
+    );
+    let gpu_line = metrics
+        .lines()
+        .find(|l| l.starts_with("vramgate_gpu_memory_reserved_bytes{"))
+        .unwrap_or_else(|| panic!("no GPU line in:\n{metrics}"));
+    assert!(gpu_line.ends_with(&format!(" {six}")), "{gpu_line}");
+
+    // The watch's heartbeat: written by its own process (the host's pid: hostPID), and
+    // touched again at each pass.
+    let heartbeat = c.tb().state_dir.join(vramgate::service::HEARTBEAT_FILE);
+    let watch_pid = container_pid(c, &container_id(&watch));
+    let beat = |what: &str| -> std::time::SystemTime {
+        c.wait(what, POD_LIMIT, "kubelet", || {
+            let modified = std::fs::metadata(&heartbeat).and_then(|m| m.modified());
+            (modified.is_ok(), modified.map_err(|e| e.to_string()))
+        })
+        .unwrap()
+    };
+    let first = beat("the watch writes its heartbeat");
+    assert_eq!(
+        std::fs::read_to_string(&heartbeat).unwrap().trim(),
+        watch_pid.to_string(),
+        "the heartbeat is not the watch pod's"
+    );
+    c.wait("the watch beats again", POD_LIMIT, "kubelet", || {
+        let now = beat("the heartbeat is there");
+        (now > first, now)
+    });
+    let config = c.kubectl_ok(&[
+        "get",
+        "configmap",
+        "-n",
+        "kube-system",
+        "vramgate-config",
+        "-o",
+        "jsonpath={.data.config\\.toml}",
+    ]);
+    let chart_config = c.tb().dir.join("chart-config.toml");
+    std::fs::write(&chart_config, &config).unwrap();
+    let doctor = std::process::Command::new(VRAMGATE)
+        .arg("doctor")
+        .env("VRAMGATE_CONFIG", &chart_config)
+        .output()
+        .unwrap();
+    let said = stdout(&doctor);
+    let line = said
+        .lines()
+        .find(|l| l.contains(" watch "))
+        .unwrap_or_else(|| panic!("no watch line in:\n{said}"));
+    assert!(
+        line.starts_with("ok") && line.contains("`vramgate watch` runs"),
+        "{line}"
+    );
+
+    delete_pod(c, "helm-ex");
+    wait_ledger(c, "the claim's memory is released", vec![]);
+    c.wait(
+        "the exporter's metrics drop the container",
+        POD_LIMIT,
+        "kubelet",
+        || {
+            let body = http_get(port, "/metrics").map(|(_, b)| b).unwrap_or_default();
+            (!body.contains(&id), body)
+        },
+    );
+    s.uninstall(&release);
+}
+
 fn main() {
     let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
@@ -741,7 +881,7 @@ fn main() {
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
-        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns"] {
+        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns", "helm-ex"] {
             let _ = setup
                 .c()
                 .kubectl(&[
