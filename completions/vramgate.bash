@@ -721,7 +721,7 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__setup__subcmd__node)
-            opts="-h -V --host-root --engine --engine-config --engine-socket --restart --install-dir --engine-root --set-as-default --install-config --host-config --wait --config --help --version"
+            opts="-h -V --host-root --engine --engine-config --engine-socket --engine-tasks --restart --install-dir --engine-root --set-as-default --install-config --host-config --wait --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -740,6 +740,10 @@ _vramgate() {
                     return 0
                     ;;
                 --engine-socket)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --engine-tasks)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

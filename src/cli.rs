@@ -248,6 +248,10 @@ pub struct SetupNodeArgs {
     /// The engine's socket, as a path on the host: its server is the process signalled
     #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_SOCKET)]
     pub engine_socket: PathBuf,
+    /// containerd's task directory (its --state, then io.containerd.runtime.v2.task), as a path on
+    /// the host: the undo keeps the binaries while a container there still runs through them
+    #[arg(long, value_name = "PATH", default_value = crate::setup::CONTAINERD_TASKS)]
+    pub engine_tasks: PathBuf,
     /// How the engine is restarted: signal (SIGHUP to the process serving its socket, which
     /// ends containerd, and its service manager starts it again; needs the host's PID
     /// namespace) or none (the admin restarts it)
@@ -270,7 +274,8 @@ pub struct SetupNodeArgs {
     /// Where the host's hook and runtime read config.toml, as a path on the host
     #[arg(long, value_name = "PATH", default_value = crate::config::DEFAULT_CONFIG_PATH)]
     pub host_config: PathBuf,
-    /// Seconds to wait for another run's lock, and for the engine to come back
+    /// Seconds to wait for another run's lock, for the engine to come back, and, on undo, for
+    /// the containers still running through the copied wrapper to stop
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub wait: u64,
 }

@@ -636,6 +636,8 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
                 "/etc/containerd/config.toml",
                 "--engine-socket",
                 "/run/containerd/containerd.sock",
+                "--engine-tasks",
+                "/run/containerd/io.containerd.runtime.v2.task",
                 "--restart",
                 restart,
                 "--install-dir",
@@ -674,7 +676,7 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
             restart == "signal",
             "{values}: {pod}"
         );
-        assert_eq!(pod["terminationGracePeriodSeconds"], 120);
+        assert_eq!(pod["terminationGracePeriodSeconds"], 150);
         assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
         assert_eq!(pod["nodeSelector"], json!({"vramgate.dev/ready": "true"}));
         for other in objects.iter().filter(|o| o["kind"] == "DaemonSet" && o != &ds) {

@@ -630,9 +630,10 @@ fn while_the_engine_restarts(c: &Cluster, what: &str, during: impl FnOnce()) {
 /// chart's config.toml where the host's hook reads it, sets containerd up and restarts it
 /// (SIGHUP; the test plays systemd and starts it again). A claim's pod then runs under
 /// runtimeClassName vramgate through the copied wrapper and hook (its CDI spec names them too)
-/// and holds 6 GiB. `helm uninstall` has the pod undo it: containerd restarted once more, its
-/// config, backup and drop-ins, and the host's config.toml, byte-for-byte as before, the
-/// install directory gone, and containerd without the handler.
+/// and holds 6 GiB. `helm uninstall` while it runs has the pod undo it: containerd restarted
+/// once more, without the handler; the claim's pod, deleted then, stops through the copied
+/// wrapper the undo waited to remove; then containerd's config, backup and drop-ins, and the
+/// host's config.toml, are byte-for-byte as before and the install directory gone.
 fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte(s: &Setup) {
     let c = s.c();
     let dra = s.release(json!({}));
@@ -690,10 +691,18 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
         .collect();
     let copied = install_dir.join("vramgate-hook").display().to_string();
     assert!(!hooks.is_empty() && hooks.iter().all(|h| *h == copied), "{hooks:?}");
+
+    // Uninstalled while the claim's pod runs: containerd's config goes back and containerd
+    // restarts without the handler; the undo then waits for the pod, whose shim stops it
+    // through the copied wrapper (without it the pod would stay Terminating, its 6 GiB held).
+    while_the_engine_restarts(c, "the undo", || s.uninstall(release));
+    assert!(cri.runtimes().get("vramgate").is_none(), "{}", cri.runtimes());
+    assert!(
+        install_dir.join("vramgate-runtime").is_file(),
+        "removed under a running pod"
+    );
     delete_pod(c, "helm-ns");
     wait_ledger(c, "the claim's memory is released", vec![]);
-
-    while_the_engine_restarts(c, "the undo", || s.uninstall(release));
     c.wait("the node set-up's pod is gone", POD_LIMIT, "kubelet", || {
         let left = c
             .get_json(&[

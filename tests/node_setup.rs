@@ -148,18 +148,18 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
     cri.import_images();
 
     let host_str = host.to_str().unwrap();
-    let mut node = Node::spawn(
-        &cri.tb.config_path,
-        &host,
-        &[
-            "--engine-root",
-            host_str,
-            "--engine-socket",
-            "/containerd/containerd.sock",
-            "--wait",
-            "60",
-        ],
-    );
+    // The undo waits 5 s for the containers still running through the wrapper.
+    let args = [
+        "--engine-root",
+        host_str,
+        "--engine-socket",
+        "/containerd/containerd.sock",
+        "--engine-tasks",
+        "/containerd/ctd-state/io.containerd.runtime.v2.task",
+        "--wait",
+        "5",
+    ];
+    let mut node = Node::spawn(&cri.tb.config_path, &host, &args);
     // containerd ends on the SIGHUP; its service manager (here, the test) starts it again.
     let ended = cri.restart_after_exit(WAIT);
     assert_eq!(
@@ -175,13 +175,16 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
     );
 
     let installed = host.join("usr/local/lib/vramgate");
-    let runtimes = cri.runtimes();
-    assert_eq!(
-        runtimes["vramgate"]["options"]["BinaryName"],
-        installed.join("vramgate-runtime").to_str().unwrap(),
-        "{runtimes}"
-    );
-    assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
+    let runs_the_copied_wrapper = |cri: &Cri| {
+        let runtimes = cri.runtimes();
+        assert_eq!(
+            runtimes["vramgate"]["options"]["BinaryName"],
+            installed.join("vramgate-runtime").to_str().unwrap(),
+            "{runtimes}"
+        );
+        assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
+    };
+    runs_the_copied_wrapper(&cri);
     // A pod through the handler reserves, run by the copied wrapper and hook.
     let pods = run_all(&cri, vec![pod_config("trainer", &[("vramgate.dev/memory", REQUEST)])]);
     let gpu = cri.create(
@@ -194,9 +197,43 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
         hook_path_in(&cri.bundle_spec(&gpu)),
         installed.join("vramgate-hook").to_str().unwrap()
     );
+
+    // Undone while the pod still runs: the config goes back, containerd restarts without the
+    // handler, and the binaries stay (the pod's shim execs the wrapper to stop it), the undo
+    // saying which containers use them.
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    let ended = cri.restart_after_exit(WAIT);
+    assert_eq!(
+        ended.signal(),
+        Some(nix::libc::SIGHUP),
+        "containerd ended with {ended:?}"
+    );
+    let status = node.wait_exit();
+    assert!(status.success(), "{status:?}: {:#?}", node.seen);
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+    assert!(cri.runtimes().get("vramgate").is_none(), "{}", cri.runtimes());
+    let kept = node
+        .seen
+        .iter()
+        .find(|l| l.starts_with("kept "))
+        .unwrap_or_else(|| panic!("no kept line: {:#?}", node.seen));
+    assert!(kept.contains(&gpu) && kept.contains(&pods[0].sandbox), "{kept}");
+    assert!(installed.join("vramgate-runtime").is_file());
+    // The pod stops and goes through the kept wrapper, releasing its memory.
     cri.delete_pods(&pods);
     assert!(reservations(&cri.tb).is_empty());
 
+    // The next run removes what the last one kept, and sets the node up again.
+    let mut node = Node::spawn(&cri.tb.config_path, &host, &args);
+    let ended = cri.restart_after_exit(WAIT);
+    assert_eq!(ended.signal(), Some(nix::libc::SIGHUP), "{ended:?}");
+    node.wait_for("node set up");
+    assert!(
+        node.seen.iter().any(|l| l.contains("was left by an earlier run")),
+        "{:#?}",
+        node.seen
+    );
+    runs_the_copied_wrapper(&cri);
     node.signal(nix::sys::signal::Signal::SIGTERM);
     let ended = cri.restart_after_exit(WAIT);
     assert_eq!(
@@ -260,9 +297,7 @@ fn setup_node_after_a_killed_run_undoes_it_first_and_a_second_run_waits_its_turn
     let mut next = Node::spawn(&config, &host, &["--restart", "none"]);
     next.wait_for("node set up");
     assert!(
-        next.seen
-            .iter()
-            .any(|l| l.contains("was left by a run that did not undo")),
+        next.seen.iter().any(|l| l.contains("was left by an earlier run")),
         "{:#?}",
         next.seen
     );

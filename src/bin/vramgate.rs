@@ -411,6 +411,7 @@ fn setup_node(config_path: &Path, args: &vramgate::cli::SetupNodeArgs) -> Result
         engine_root: args.engine_root.clone(),
         engine_config: args.engine_config.clone(),
         engine_socket: args.engine_socket.clone(),
+        engine_tasks: args.engine_tasks.clone(),
         install_dir: args.install_dir.clone(),
         state_dir: config.state_dir.clone(),
         restart: args.restart,

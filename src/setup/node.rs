@@ -35,6 +35,7 @@ pub const NODE_INSTALL_DIR: &str = "/usr/local/lib/vramgate";
 pub const NODE_STATE_FILE: &str = "node-setup.json";
 pub const NODE_LOCK_FILE: &str = "node-setup.lock";
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+pub const CONTAINERD_TASKS: &str = "/run/containerd/io.containerd.runtime.v2.task";
 /// The binaries the engine runs, copied from beside this one.
 pub const NODE_BINARIES: [&str; 2] = [RUNTIME_BINARY, crate::runtime::HOOK_BINARY];
 
@@ -93,6 +94,9 @@ pub struct NodeOptions {
     pub engine_config: PathBuf,
     /// The engine's API socket, as a host path (for `signal`).
     pub engine_socket: PathBuf,
+    /// containerd's task directory (`<state>/io.containerd.runtime.v2.task`), as a host path:
+    /// where the undo finds the containers whose shim still runs the copied wrapper.
+    pub engine_tasks: PathBuf,
     pub install_dir: PathBuf,
     /// The ledger's directory (config.toml's `state_dir`), as a host path: made when missing,
     /// as the package's tmpfiles entry makes it at boot, since the chart's pods mount it and a
@@ -140,6 +144,9 @@ pub struct NodeState {
 pub struct NodeSetup {
     options: NodeOptions,
     _lock: File,
+    /// Binaries a previous run kept (containers still ran through them): this run's copies
+    /// replace them rather than being refused as someone else's.
+    kept: Vec<PathBuf>,
     pub state: NodeState,
     /// One line per thing done, for the log.
     pub report: Vec<String>,
@@ -337,6 +344,7 @@ impl NodeSetup {
             },
             options,
             _lock: lock,
+            kept: Vec::new(),
             report: Vec::new(),
         };
         let state_path = setup.options.host(&setup.options.state_path())?;
@@ -346,17 +354,14 @@ impl NodeSetup {
                 message: e.to_string(),
             })?;
             setup.report.push(format!(
-                "{} was left by a run that did not undo: undoing it first",
+                "{} was left by an earlier run (killed before its undo, or keeping binaries still in use): undoing it first",
                 state_path.display()
             ));
             // The directory stays (this run holds its lock); whether it was created before
             // carries over.
             setup.state.created_dir = previous.created_dir || created_dir;
-            let restarted = previous.restarted;
-            setup.restore(&previous)?;
-            if restarted {
-                setup.restart()?;
-            }
+            // Binaries still in use stay: this run's copies replace them in place.
+            setup.kept = setup.restore(&previous, Duration::ZERO)?;
         }
         setup.apply()?;
         Ok(setup)
@@ -430,7 +435,7 @@ impl NodeSetup {
                 .file_name()
                 .ok_or_else(|| NodeError::NotHostPath { path: source.clone() })?;
             let target = o.install_dir.join(name);
-            if read_optional_host(&o.host(&target)?)?.is_some() {
+            if read_optional_host(&o.host(&target)?)?.is_some() && !self.kept.contains(&target) {
                 return Err(NodeError::NotOurs { path: target });
             }
             let mut bytes = Vec::new();
@@ -492,8 +497,13 @@ impl NodeSetup {
         write_host(&path, &bytes, 0o600)
     }
 
-    /// Puts back what `state` records: each file's bytes before, each copied binary removed.
-    fn restore(&mut self, state: &NodeState) -> NodeResult<()> {
+    /// Puts back what `state` records: each file's bytes before, the directories it made
+    /// removed, the engine restarted when the set-up restarted it, then the copied binaries
+    /// removed once no container's shim runs the wrapper any more (waiting at most `wait`).
+    /// Binaries still in use are kept, and returned: removing them would leave those containers
+    /// impossible to stop or delete (their shim execs the wrapper for that), their memory
+    /// reserved for ever. The state file then records only them, for the next run.
+    fn restore(&mut self, state: &NodeState, wait: Duration) -> NodeResult<Vec<PathBuf>> {
         for saved in state.files.iter().rev() {
             let path = self.options.host(&saved.path)?;
             match &saved.before {
@@ -508,10 +518,6 @@ impl NodeSetup {
                 }
             }
         }
-        for binary in &state.binaries {
-            remove_host(&self.options.host(binary)?)?;
-            self.report.push(format!("removed {}", binary.display()));
-        }
         for dir in &state.dirs {
             match std::fs::remove_dir(self.options.host(dir)?) {
                 Ok(()) => self.report.push(format!("removed {}", dir.display())),
@@ -520,7 +526,57 @@ impl NodeSetup {
                 Err(e) => self.report.push(format!("left {} ({e})", dir.display())),
             }
         }
-        remove_host(&self.options.host(&self.options.state_path())?)
+        if state.restarted {
+            self.restart()?;
+        }
+        let users = self.wait_unused(wait)?;
+        let kept = if users.is_empty() {
+            for binary in &state.binaries {
+                remove_host(&self.options.host(binary)?)?;
+                self.report.push(format!("removed {}", binary.display()));
+            }
+            Vec::new()
+        } else {
+            self.report.push(format!(
+                "kept {}: {} container(s) still run through its vramgate-runtime ({})",
+                self.options.install_dir.display(),
+                users.len(),
+                users.join(", ")
+            ));
+            state.binaries.clone()
+        };
+        let state_path = self.options.host(&self.options.state_path())?;
+        if kept.is_empty() {
+            remove_host(&state_path)?;
+        } else {
+            let left = NodeState {
+                files: Vec::new(),
+                binaries: kept.clone(),
+                dirs: Vec::new(),
+                created_dir: self.state.created_dir || state.created_dir,
+                restarted: false,
+                restart: state.restart,
+                engine_socket: state.engine_socket.clone(),
+            };
+            let bytes = serde_json::to_vec(&left).expect("the state serializes");
+            write_host(&state_path, &bytes, 0o600)?;
+        }
+        Ok(kept)
+    }
+
+    /// The containers whose shim runs the copied wrapper, once there are none or `wait` has
+    /// passed (polled every 200 ms).
+    fn wait_unused(&self, wait: Duration) -> NodeResult<Vec<String>> {
+        let tasks = self.options.host(&self.options.engine_tasks)?;
+        let runtime = self.options.engine(&self.options.install_dir.join(RUNTIME_BINARY))?;
+        let started = Instant::now();
+        loop {
+            let users = tasks_running(&tasks, &runtime)?;
+            if users.is_empty() || started.elapsed() >= wait {
+                return Ok(users);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Restarts the engine as the options say, and waits (bounded) until it serves its
@@ -561,16 +617,20 @@ impl NodeSetup {
         }
     }
 
-    /// Undoes the set-up: files back byte-for-byte, binaries and (when it made it) the install
-    /// directory removed, and the engine restarted once more when the set-up restarted it.
+    /// Undoes the set-up: files back byte-for-byte, the engine restarted once more when the
+    /// set-up restarted it, and the binaries and (when it made it) the install directory
+    /// removed once no container runs through them (see [`NodeSetup::restore`]).
     pub fn undo(mut self) -> NodeResult<Vec<String>> {
         self.report.clear();
         let state = self.state.clone();
-        self.restore(&state)?;
-        if state.restarted {
-            self.restart()?;
+        let kept = self.restore(&state, self.options.wait)?;
+        if !kept.is_empty() {
+            self.report.push(format!(
+                "stop those containers, then run the node set-up again (it removes what it kept) or remove {} yourself",
+                self.options.install_dir.display()
+            ));
         }
-        if state.created_dir {
+        if state.created_dir && kept.is_empty() {
             let dir = self.options.host(&self.options.install_dir)?;
             remove_host(&dir.join(NODE_LOCK_FILE))?;
             match std::fs::remove_dir(&dir) {
@@ -585,4 +645,39 @@ impl NodeSetup {
         }
         Ok(self.report)
     }
+}
+
+/// The ids of containerd's tasks whose runc shim runs `runtime` (a path as the engine sees
+/// it), from its task directory (`tasks`, this process's view): containerd's runc shim keeps
+/// its options in each task's bundle (`<namespace>/<id>/options.json`), whose `binary_name` is
+/// the runtime it execs to stop and delete the container. A task being removed meanwhile, or
+/// an options file that is not such JSON, is skipped; each is read at most 64 KiB.
+pub fn tasks_running(tasks: &Path, runtime: &Path) -> NodeResult<Vec<String>> {
+    let mut ids = Vec::new();
+    let namespaces = match std::fs::read_dir(tasks) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+        Err(e) => return Err(io(tasks)(e)),
+    };
+    for namespace in namespaces.flatten() {
+        let Ok(entries) = std::fs::read_dir(namespace.path()) else {
+            continue;
+        };
+        for task in entries.flatten() {
+            let mut text = String::new();
+            let read =
+                File::open(task.path().join("options.json")).and_then(|f| f.take(64 << 10).read_to_string(&mut text));
+            if read.is_err() {
+                continue;
+            }
+            let Ok(options) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            if options["binary_name"].as_str().map(Path::new) == Some(runtime) {
+                ids.push(task.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
