@@ -599,6 +599,22 @@ fn the_notes_say_what_to_do_next() {
 /// every object valid for Kubernetes 1.36; the pod runs `vramgate setup-node` on the host's
 /// root mounted at /host, with the host's PID namespace only for the signal restart, a grace
 /// period for the undo, and the tolerations and node selection of the chart's other pods.
+/// `helm template` with `values`, which must succeed: the text and its objects.
+fn rendered_objects(helm: &Helm, values: &Value) -> (String, Vec<Value>) {
+    let out = helm.template(&Release::new(values.clone()), &[]);
+    assert!(out.status.success(), "{values}: {}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let objects = objects(&rendered);
+    (rendered, objects)
+}
+
+fn node_setup_daemonset<'a>(objects: &'a [Value], values: &Value) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-node-setup")
+        .unwrap_or_else(|| panic!("{values}: no node set-up DaemonSet in {objects:?}"))
+}
+
 #[test]
 fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
     let helm = Helm::new();
@@ -615,14 +631,8 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
     for (driver, restart) in [("dra", "signal"), ("device-plugin", "none"), ("none", "signal")] {
         let mut values = combination(driver, false, false, false, true);
         values["nodeSetup"] = json!({"enabled": true, "restart": restart});
-        let out = helm.template(&Release::new(values.clone()), &[]);
-        assert!(out.status.success(), "{values}: {}", text(&out));
-        let rendered = String::from_utf8(out.stdout).unwrap();
-        let objects = objects(&rendered);
-        let ds = objects
-            .iter()
-            .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-node-setup")
-            .unwrap_or_else(|| panic!("{values}: no node set-up DaemonSet in {rendered}"));
+        let (rendered, objects) = rendered_objects(&helm, &values);
+        let ds = node_setup_daemonset(&objects, &values);
         let pod = &ds["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
         assert_eq!(container["command"], json!(["/usr/bin/vramgate"]));
@@ -690,14 +700,8 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
     // host's hook reads it (and reads that one itself), and rolls when the settings change.
     let mut values = combination("dra", false, false, true, true);
     values["nodeSetup"] = json!({"enabled": true, "installDir": "/opt/vramgate"});
-    let out = helm.template(&Release::new(values.clone()), &[]);
-    assert!(out.status.success(), "{values}: {}", text(&out));
-    let rendered = String::from_utf8(out.stdout).unwrap();
-    let objects = objects(&rendered);
-    let ds = objects
-        .iter()
-        .find(|o| o["kind"] == "DaemonSet" && o["metadata"]["name"] == "vramgate-node-setup")
-        .unwrap_or_else(|| panic!("{values}: no node set-up DaemonSet in {rendered}"));
+    let (rendered, objects) = rendered_objects(&helm, &values);
+    let ds = node_setup_daemonset(&objects, &values);
     let template = &ds["spec"]["template"];
     let container = &template["spec"]["containers"][0];
     let args: Vec<&str> = container["args"]

@@ -182,6 +182,19 @@ fn wait_pod_log(c: &Cluster, pod: &Value, text: &str) -> String {
     })
 }
 
+/// A pod `name` whose claim asks 6 GiB, created once kubelet has registered the release's
+/// driver pod (else kubelet retries it only after its back-off), running and reserved: its
+/// container's id.
+fn claims_pod_reserved(c: &Cluster, name: &str) -> String {
+    let driver = daemon_pod(c, "vramgate-dra");
+    wait_pod_log(c, &driver, "registered with kubelet as");
+    apply_template(c);
+    c.apply(&claim_pod(name));
+    let id = container_id(&wait_running(c, name));
+    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+    id
+}
+
 /// The driver's ResourceSlice for this node, once there is one.
 fn slice(c: &Cluster, what: &str, want: impl Fn(&Value) -> bool) -> Value {
     c.wait(what, POD_LIMIT, "kube-apiserver", || {
@@ -589,6 +602,55 @@ struct SuiteSetupBack<'a>(&'a Setup, Release);
 impl Drop for SuiteSetupBack<'_> {
     fn drop(&mut self) {
         let (s, release) = (self.0, &self.1);
+        if std::thread::panicking() {
+            // What the set-up's pod did and how it ended, before the clean-up changes it.
+            let c = s.c();
+            for args in [
+                &["get", "pods", "-A", "-o", "wide"][..],
+                &[
+                    "logs",
+                    "-n",
+                    "kube-system",
+                    "-l",
+                    "app.kubernetes.io/name=vramgate-node-setup",
+                    "--tail=-1",
+                ][..],
+                &[
+                    "logs",
+                    "-n",
+                    "kube-system",
+                    "-l",
+                    "app.kubernetes.io/name=vramgate-node-setup",
+                    "--previous",
+                    "--tail=-1",
+                ][..],
+                &["get", "events", "-A"][..],
+            ] {
+                let out = c
+                    .kubectl(args)
+                    .output()
+                    .map(|o| stdout(&o) + &stderr(&o))
+                    .unwrap_or_default();
+                eprintln!("kubectl {}:\n{out}", args.join(" "));
+            }
+            let history = s
+                .helm
+                .command()
+                .args([
+                    "history",
+                    &release.name,
+                    "--namespace",
+                    &release.namespace,
+                    "--kubeconfig",
+                ])
+                .arg(&c.admin)
+                .output()
+                .map(|o| stdout(&o) + &stderr(&o))
+                .unwrap_or_default();
+            eprintln!("helm history:\n{history}");
+            eprintln!("{}", tail(&c.log("kubelet"), 30));
+            eprintln!("{}", tail(&c.tb().dir.join("containerd/containerd.log"), 30));
+        }
         let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if s.installed(release) {
                 while_the_engine_restarts(s.c(), "the undo", || {
@@ -630,10 +692,11 @@ fn while_the_engine_restarts(c: &Cluster, what: &str, during: impl FnOnce()) {
 /// chart's config.toml where the host's hook reads it, sets containerd up and restarts it
 /// (SIGHUP; the test plays systemd and starts it again). A claim's pod then runs under
 /// runtimeClassName vramgate through the copied wrapper and hook (its CDI spec names them too)
-/// and holds 6 GiB. `helm uninstall` while it runs has the pod undo it: containerd restarted
-/// once more, without the handler; the claim's pod, deleted then, stops through the copied
-/// wrapper the undo waited to remove; then containerd's config, backup and drop-ins, and the
-/// host's config.toml, are byte-for-byte as before and the install directory gone.
+/// and holds 6 GiB; deleted, it releases them. `helm uninstall` while a pod of the RuntimeClass
+/// runs has the set-up's pod undo it: containerd restarted once more, without the handler; the
+/// running pod, deleted then, stops through the copied wrapper the undo waited to remove,
+/// releasing its 2 GiB; then containerd's config, backup and drop-ins, and the host's
+/// config.toml, are byte-for-byte as before and the install directory gone.
 fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_back_byte_for_byte(s: &Setup) {
     let c = s.c();
     let dra = s.release(json!({}));
@@ -657,6 +720,7 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
     c.wait_node_ready();
     let before = engine_files(s, &install_dir);
     while_the_engine_restarts(c, "the set-up", || s.install(release));
+
     let setup_pod = daemon_pod(c, "vramgate-node-setup");
     assert_runs_the_node_image(&setup_pod);
     let log = wait_pod_log(c, &setup_pod, "node set up; waiting for SIGTERM");
@@ -671,13 +735,8 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
     let installed = std::fs::read_to_string(&host_config).unwrap();
     assert!(installed.contains("rendered by the vramgate chart"), "{installed}");
 
-    let driver = daemon_pod(c, "vramgate-dra");
-    wait_pod_log(c, &driver, "registered with kubelet as");
-    apply_template(c);
-    c.apply(&claim_pod("helm-ns"));
-    let running = wait_running(c, "helm-ns");
-    let id = container_id(&running);
-    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+    let id = claims_pod_reserved(c, "helm-ns");
+
     // Every vramgate-hook the container's spec runs (the wrapper's and the claim's CDI edit)
     // is the one the set-up copied.
     let spec: Value = serde_json::from_slice(&std::fs::read(cri.bundle_spec(&id)).unwrap()).unwrap();
@@ -691,18 +750,29 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
         .collect();
     let copied = install_dir.join("vramgate-hook").display().to_string();
     assert!(!hooks.is_empty() && hooks.iter().all(|h| *h == copied), "{hooks:?}");
+    delete_pod(c, "helm-ns");
+    wait_ledger(c, "the claim's memory is released", vec![]);
 
-    // Uninstalled while the claim's pod runs: containerd's config goes back and containerd
-    // restarts without the handler; the undo then waits for the pod, whose shim stops it
-    // through the copied wrapper (without it the pod would stay Terminating, its 6 GiB held).
+    // Uninstalled while a pod of the RuntimeClass runs (its annotation asks 2Gi; a claim's pod
+    // would wait for the uninstalled DRA driver to unprepare it, as any DRA driver's does):
+    // containerd's config goes back and containerd restarts without the handler; the undo then
+    // waits for the pod, whose shim stops it through the copied wrapper (removed, the pod stayed
+    // Terminating with its memory held: kubelet's "fork/exec .../vramgate-runtime").
+    let mut pod = test_pod("helm-ns-rc");
+    pod["metadata"]["annotations"] = json!({"vramgate.dev/memory": "2Gi"});
+    // The GPU the device plugin would have given it.
+    pod["spec"]["containers"][0]["env"] = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]);
+    c.apply(&pod.to_string());
+    let running = wait_running(c, "helm-ns-rc");
+    wait_ledger(c, "the pod's 2Gi is reserved", vec![(container_id(&running), 2)]);
     while_the_engine_restarts(c, "the undo", || s.uninstall(release));
     assert!(cri.runtimes().get("vramgate").is_none(), "{}", cri.runtimes());
     assert!(
         install_dir.join("vramgate-runtime").is_file(),
         "removed under a running pod"
     );
-    delete_pod(c, "helm-ns");
-    wait_ledger(c, "the claim's memory is released", vec![]);
+    delete_pod(c, "helm-ns-rc");
+    wait_ledger(c, "the pod's memory is released", vec![]);
     c.wait("the node set-up's pod is gone", POD_LIMIT, "kubelet", || {
         let left = c
             .get_json(&[
@@ -787,13 +857,7 @@ fn the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservati
     let watch = daemon_pod(c, "vramgate-watch");
     assert_runs_the_node_image(&exporter);
     assert_runs_the_node_image(&watch);
-    let driver = daemon_pod(c, "vramgate-dra");
-    wait_pod_log(c, &driver, "registered with kubelet as");
-    apply_template(c);
-    c.apply(&claim_pod("helm-ex"));
-    let running = wait_running(c, "helm-ex");
-    let id = container_id(&running);
-    wait_ledger(c, "the claim's 6Gi is reserved", vec![(id.clone(), 6)]);
+    let id = claims_pod_reserved(c, "helm-ex");
 
     let six = (6 * GIB).to_string();
     let container_line = format!(
@@ -890,7 +954,7 @@ fn main() {
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
-        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns", "helm-ex"] {
+        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns", "helm-ns-rc", "helm-ex"] {
             let _ = setup
                 .c()
                 .kubectl(&[

@@ -118,6 +118,27 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// SIGTERM to a set-up: it restarts containerd (the test starting it again), exits 0, and
+/// containerd's main config is `original` again.
+fn undone(node: &mut Node, cri: &Cri, main: &Path, original: &str) {
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    restarted_on_sighup(cri);
+    let status = node.wait_exit();
+    assert!(status.success(), "{status:?}: {:#?}", node.seen);
+    assert_eq!(std::fs::read_to_string(main).unwrap(), original);
+}
+
+/// Plays containerd's service manager once: containerd must end by setup-node's SIGHUP, and
+/// is started again.
+fn restarted_on_sighup(cri: &Cri) {
+    let ended = cri.restart_after_exit(WAIT);
+    assert_eq!(
+        ended.signal(),
+        Some(nix::libc::SIGHUP),
+        "containerd ended with {ended:?}"
+    );
+}
+
 fn hook_path_in(spec: &Path) -> String {
     let spec: Value = serde_json::from_slice(&std::fs::read(spec).unwrap()).unwrap();
     spec["hooks"]["createRuntime"][0]["path"].as_str().unwrap().to_string()
@@ -161,12 +182,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
     ];
     let mut node = Node::spawn(&cri.tb.config_path, &host, &args);
     // containerd ends on the SIGHUP; its service manager (here, the test) starts it again.
-    let ended = cri.restart_after_exit(WAIT);
-    assert_eq!(
-        ended.signal(),
-        Some(nix::libc::SIGHUP),
-        "containerd ended with {ended:?}"
-    );
+    restarted_on_sighup(&cri);
     node.wait_for("node set up");
     assert!(
         node.seen.iter().any(|l| l.starts_with("restarted the engine: SIGHUP")),
@@ -201,16 +217,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
     // Undone while the pod still runs: the config goes back, containerd restarts without the
     // handler, and the binaries stay (the pod's shim execs the wrapper to stop it), the undo
     // saying which containers use them.
-    node.signal(nix::sys::signal::Signal::SIGTERM);
-    let ended = cri.restart_after_exit(WAIT);
-    assert_eq!(
-        ended.signal(),
-        Some(nix::libc::SIGHUP),
-        "containerd ended with {ended:?}"
-    );
-    let status = node.wait_exit();
-    assert!(status.success(), "{status:?}: {:#?}", node.seen);
-    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+    undone(&mut node, &cri, &main, &original);
     assert!(cri.runtimes().get("vramgate").is_none(), "{}", cri.runtimes());
     let kept = node
         .seen
@@ -225,8 +232,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
 
     // The next run removes what the last one kept, and sets the node up again.
     let mut node = Node::spawn(&cri.tb.config_path, &host, &args);
-    let ended = cri.restart_after_exit(WAIT);
-    assert_eq!(ended.signal(), Some(nix::libc::SIGHUP), "{ended:?}");
+    restarted_on_sighup(&cri);
     node.wait_for("node set up");
     assert!(
         node.seen.iter().any(|l| l.contains("was left by an earlier run")),
@@ -234,16 +240,7 @@ fn setup_node_sets_up_a_real_containerd_and_on_sigterm_gives_the_host_back() {
         node.seen
     );
     runs_the_copied_wrapper(&cri);
-    node.signal(nix::sys::signal::Signal::SIGTERM);
-    let ended = cri.restart_after_exit(WAIT);
-    assert_eq!(
-        ended.signal(),
-        Some(nix::libc::SIGHUP),
-        "containerd ended with {ended:?}"
-    );
-    let status = node.wait_exit();
-    assert!(status.success(), "{status:?}: {:#?}", node.seen);
-    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+    undone(&mut node, &cri, &main, &original);
     assert_eq!(
         tree(&host.join("etc")),
         before,
