@@ -279,20 +279,13 @@ fn runtime_class_pods_reserve_by_annotation_are_refused_in_events_and_wait(c: &C
     let a = container_id(&wait_running(c, "rc-a"));
     assert_eq!(ledger(c), [(a.clone(), 6)]);
     c.apply(&pod_yaml("rc-refused", &reject));
-    let refusal = c.wait("kubelet's events show vramgate's refusal", POD_LIMIT, "kubelet", || {
-        let events = c
-            .get_json(&["events", "--field-selector", "involvedObject.name=rc-refused"])
-            .map(|e| e["items"].clone())
-            .unwrap_or_default();
-        let line = events
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e["message"].as_str())
-            .find(|m| m.contains("vramgate: refused container"))
-            .map(str::to_string);
-        (line.is_some(), line.unwrap_or_else(|| events.to_string()))
-    });
+    let refusal = wait_event(
+        c,
+        "kubelet's events show vramgate's refusal",
+        "rc-refused",
+        POD_LIMIT,
+        |m| m.contains("vramgate: refused container"),
+    );
     assert!(refusal.contains("set vramgate.dev/policy=wait to queue"), "{refusal}");
     assert_eq!(ledger(c), [(a.clone(), 6)], "the refused pod holds nothing");
     delete_pod(c, "rc-refused");
@@ -802,26 +795,14 @@ fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
     // kube-scheduler allocates from the slice still there; kubelet cannot prepare the claim.
     let claim = wait_allocated(c, "dra-r");
     let claim_name = claim["metadata"]["name"].as_str().unwrap().to_string();
-    let unregistered = c.wait(
+    wait_event(
+        c,
         "kubelet reports the driver is not registered",
+        "dra-r",
         // Reported at a retry of the pod, after kubelet's back-off (61 to 79 s seen here).
         AFTER_KUBELETS_BACKOFF,
-        "kubelet",
-        || {
-            let events = c
-                .get_json(&["events", "--field-selector", "involvedObject.name=dra-r"])
-                .map(|e| e["items"].clone())
-                .unwrap_or_default();
-            let hit = events
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e["message"].as_str())
-                .any(|m| m.contains("not registered"));
-            (hit, events)
-        },
+        |m| m.contains("not registered"),
     );
-    drop(unregistered);
     assert_eq!(ledger(c), [], "a reservation before the claim was prepared");
     let driver = start_driver(c);
     let running = wait_dra_running_within(c, &driver, "dra-r", AFTER_KUBELETS_BACKOFF);
@@ -1104,20 +1085,13 @@ fn a_claims_pod_cannot_lower_its_claim_by_env_or_annotation(c: &Cluster) {
             ..PodSpec::default()
         },
     );
-    let refusal = c.wait("kubelet's events show vramgate's refusal", POD_LIMIT, "kubelet", || {
-        let events = c
-            .get_json(&["events", "--field-selector", "involvedObject.name=low-annotation"])
-            .map(|e| e["items"].clone())
-            .unwrap_or_default();
-        let line = events
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e["message"].as_str())
-            .find(|m| m.contains("vramgate") && m.contains("vramgate.dev/memory"))
-            .map(str::to_string);
-        (line.is_some(), line.unwrap_or_else(|| events.to_string()))
-    });
+    let refusal = wait_event(
+        c,
+        "kubelet's events show vramgate's refusal",
+        "low-annotation",
+        POD_LIMIT,
+        |m| m.contains("vramgate") && m.contains("vramgate.dev/memory"),
+    );
     eprintln!("refused: {refusal}");
     let p = pod(c, "low-annotation").expect("low-annotation");
     assert_ne!(p["status"]["phase"], "Running", "{}", p["status"]);

@@ -929,6 +929,26 @@ pub fn wait_running(c: &Cluster, name: &str) -> Value {
     .expect("a running pod")
 }
 
+/// The message of the first of pod `name`'s events that `matches`, once there is one (waiting
+/// at most `limit`); the failure shows the events there were.
+pub fn wait_event(c: &Cluster, what: &str, name: &str, limit: Duration, matches: impl Fn(&str) -> bool) -> String {
+    let selector = format!("involvedObject.name={name}");
+    c.wait(what, limit, "kubelet", || {
+        let events = c
+            .get_json(&["events", "--field-selector", &selector])
+            .map(|e| e["items"].clone())
+            .unwrap_or_default();
+        let line = events
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["message"].as_str())
+            .find(|m| matches(m))
+            .map(str::to_string);
+        (line.is_some(), line.unwrap_or_else(|| events.to_string()))
+    })
+}
+
 /// The containerd id of the pod's (first) container: what the ledger names.
 pub fn container_id(pod: &Value) -> String {
     let id = pod["status"]["containerStatuses"][0]["containerID"]
