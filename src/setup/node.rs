@@ -401,10 +401,7 @@ impl NodeSetup {
         // binaries, restored with the engine's files.
         let mut config_file = None;
         if let Some((source, target)) = &o.install_config {
-            let mut bytes = Vec::new();
-            File::open(source)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(io(source))?;
+            let bytes = std::fs::read(source).map_err(io(source))?;
             let host = o.host(target)?;
             files.push(Saved {
                 before: read_optional_host(&host)?,
@@ -438,11 +435,7 @@ impl NodeSetup {
             if read_optional_host(&o.host(&target)?)?.is_some() && !self.kept.contains(&target) {
                 return Err(NodeError::NotOurs { path: target });
             }
-            let mut bytes = Vec::new();
-            File::open(source)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(io(source))?;
-            sources.push((target, bytes));
+            sources.push((target, std::fs::read(source).map_err(io(source))?));
         }
         self.state.files = files;
         self.state.dirs = dirs;
