@@ -113,12 +113,32 @@ pub struct SpecView {
     pub process: Option<ProcessView>,
     #[serde(default)]
     pub linux: Option<LinuxView>,
+    /// What NVIDIA's device plugin mounts under its `volume-mounts` strategy is read from here
+    /// ([`crate::request::GpuSelector`]).
+    #[serde(default)]
+    pub mounts: Vec<MountView>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ProcessView {
     #[serde(default)]
     pub env: Vec<String>,
+    #[serde(default)]
+    pub capabilities: Option<CapabilitiesView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CapabilitiesView {
+    #[serde(default)]
+    pub bounding: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct MountView {
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub destination: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -181,11 +201,38 @@ impl SpecView {
         })
     }
 
+    /// Whether the container is privileged as NVIDIA's toolkit tells it (`image.IsPrivileged`):
+    /// CAP_SYS_ADMIN in its bounding set.
+    pub fn is_privileged(&self) -> bool {
+        self.process
+            .as_ref()
+            .and_then(|p| p.capabilities.as_ref())
+            .is_some_and(|c| c.bounding.iter().any(|cap| cap == "CAP_SYS_ADMIN"))
+    }
+
     pub fn device_paths(&self) -> impl Iterator<Item = &str> {
         self.linux
             .iter()
             .flat_map(|l| l.devices.iter().map(|d| d.path.as_str()))
     }
+}
+
+/// `path` with `.` and `..` resolved by name, as Go's `filepath.Clean` (what containerd and
+/// NVIDIA's toolkit apply to the paths they read) does; a `..` above `/` stays at `/`.
+pub fn clean(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            // Above `/` stays at `/` (popping the root does nothing).
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Reads a whole file of at most `limit` bytes; `Ok(None)` when it is larger.

@@ -315,8 +315,9 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
     }
 
     // `vramgate.dev/gpus` on the pod chooses among the GPUs each container was given, and
-    // gives none to a container given none: the one given every GPU (a CUDA image's env)
-    // reserves on GPU 0, the one given nothing reserves nothing.
+    // gives none to a container given none: the one given GPU 0 (the device plugin's env)
+    // reserves on it, the one given nothing reserves nothing. (A CUDA image's
+    // NVIDIA_VISIBLE_DEVICES=all gives no GPU in a pod: tests/nvidia_toolkit.rs.)
     let pods2 = run_all(
         &cri,
         vec![pod_config(
@@ -326,7 +327,7 @@ fn in_a_pod_with_a_sidecar_only_the_gpu_container_reserves_on(containerd: Contai
     );
     let a = cri.create(
         &pods2[0],
-        container_config("a", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "all")]),
+        container_config("a", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "0")]),
     );
     let b = cri.create(&pods2[0], container_config("b", RUN_UNTIL_STOPPED, &[]));
     cri.start_one(&a).unwrap();

@@ -448,10 +448,10 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
             HANDLER,
         )
         .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
-    // Given every GPU (a CUDA image's `NVIDIA_VISIBLE_DEVICES=all`): `auto` chooses among them.
+    // Given both GPUs (the device plugin's env): `auto` chooses among them.
     let id = crio.create(
         &pod,
-        container_config("app", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "all")]),
+        container_config("app", RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "0,1")]),
     );
     crio.start_one(&id).unwrap();
     let by_gpu = reservations_by_gpu(&crio.tb);

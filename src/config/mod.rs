@@ -199,6 +199,50 @@ pub struct RuntimeConfig {
     /// The hook binary written into specs; `None` means the `vramgate-hook` next to the
     /// wrapper, else `/usr/bin/vramgate-hook`.
     pub hook_path: Option<PathBuf>,
+    /// NVIDIA's toolkit's config files, the first that exists being the node's: how it reads
+    /// a container's NVIDIA_VISIBLE_DEVICES is how vramgate reads it ([`RuntimeConfig::nvidia_toolkit`]).
+    pub nvidia_toolkit_configs: Vec<PathBuf>,
+}
+
+/// Where NVIDIA's toolkit keeps its config: the package's path, then the GPU Operator's (its
+/// installer writes the config there and points the runtime at it).
+pub const NVIDIA_TOOLKIT_CONFIGS: [&str; 2] = [
+    "/etc/nvidia-container-runtime/config.toml",
+    "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml",
+];
+
+/// Where the GPU Operator's toolkit installer puts NVIDIA's runtime (a wrapper script that runs
+/// the real one with the operator's config).
+pub const NVIDIA_OPERATOR_RUNTIME: &str = "/usr/local/nvidia/toolkit/nvidia-container-runtime";
+
+/// The most of the toolkit's config read: it is a few hundred bytes.
+const MAX_TOOLKIT_CONFIG: u64 = 64 << 10;
+
+impl RuntimeConfig {
+    /// How NVIDIA's toolkit on this node reads NVIDIA_VISIBLE_DEVICES: its config's
+    /// `accept-nvidia-visible-devices-envvar-when-unprivileged`, from the first of
+    /// [`RuntimeConfig::nvidia_toolkit_configs`] that exists; the toolkit's own default (true)
+    /// where none does, where the key is absent, or where the file cannot be read as TOML (the
+    /// toolkit then fails itself). Read only for a container that asks for memory.
+    pub fn nvidia_toolkit(&self) -> crate::request::NvidiaToolkit {
+        let mut toolkit = crate::request::NvidiaToolkit::default();
+        let found = self
+            .nvidia_toolkit_configs
+            .iter()
+            .find_map(|path| crate::spec::read_limited(path, MAX_TOOLKIT_CONFIG).ok().flatten());
+        let setting = found
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+            .and_then(|table| {
+                table
+                    .get("accept-nvidia-visible-devices-envvar-when-unprivileged")?
+                    .as_bool()
+            });
+        if let Some(accepted) = setting {
+            toolkit.envvar_when_unprivileged = accepted;
+        }
+        toolkit
+    }
 }
 
 impl Default for Config {
@@ -254,8 +298,14 @@ impl Default for QueueConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
-            runtimes: vec!["nvidia-container-runtime".to_string(), "runc".to_string()],
+            // The GPU Operator installs NVIDIA's runtime off PATH, under its toolkit directory.
+            runtimes: vec![
+                "nvidia-container-runtime".to_string(),
+                NVIDIA_OPERATOR_RUNTIME.to_string(),
+                "runc".to_string(),
+            ],
             hook_path: None,
+            nvidia_toolkit_configs: NVIDIA_TOOLKIT_CONFIGS.iter().map(PathBuf::from).collect(),
         }
     }
 }

@@ -64,6 +64,7 @@ struct RawEnforce {
 struct RawRuntime {
     runtimes: Option<Vec<String>>,
     hook_path: Option<PathBuf>,
+    nvidia_toolkit_configs: Option<Vec<PathBuf>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -325,6 +326,16 @@ impl RuntimeConfig {
                 ));
             }
             runtime.hook_path = Some(hook);
+        }
+        if let Some(paths) = raw.nvidia_toolkit_configs {
+            if let Some(bad) = paths.iter().find(|p| !p.is_absolute()) {
+                return Err(keys.bad(
+                    "runtime.nvidia_toolkit_configs",
+                    &bad.display().to_string(),
+                    "each entry must be an absolute path",
+                ));
+            }
+            runtime.nvidia_toolkit_configs = paths;
         }
         Ok(runtime)
     }

@@ -109,10 +109,40 @@ fn runtime_table() {
         parse("[runtime]\nruntimes = [\"/opt/bin/crun\", \"runc\"]\nhook_path = \"/opt/bin/vramgate-hook\"").unwrap();
     assert_eq!(c.runtime.runtimes, ["/opt/bin/crun", "runc"]);
     assert_eq!(c.runtime.hook_path, Some(PathBuf::from("/opt/bin/vramgate-hook")));
+    // NVIDIA's runtime on PATH (the package), then where the GPU Operator installs it.
     assert_eq!(
         parse("").unwrap().runtime.runtimes,
-        ["nvidia-container-runtime", "runc"]
+        [
+            "nvidia-container-runtime",
+            "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+            "runc"
+        ]
     );
+}
+
+/// How NVIDIA's toolkit reads NVIDIA_VISIBLE_DEVICES is read from its own config: the first of
+/// the configured files that exists; its default where none does, or the key is absent.
+#[test]
+fn the_nvidia_toolkits_setting_is_read_from_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (missing, operator) = (dir.path().join("missing.toml"), dir.path().join("operator.toml"));
+    let c = parse(&format!(
+        "[runtime]\nnvidia_toolkit_configs = [{:?}, {:?}]\n",
+        missing.display().to_string(),
+        operator.display().to_string()
+    ))
+    .unwrap();
+    assert!(c.runtime.nvidia_toolkit().envvar_when_unprivileged);
+    std::fs::write(
+        &operator,
+        "accept-nvidia-visible-devices-as-volume-mounts = true\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n[nvidia-container-runtime]\nmode = \"cdi\"\n",
+    )
+    .unwrap();
+    assert!(!c.runtime.nvidia_toolkit().envvar_when_unprivileged);
+    std::fs::write(&operator, "[nvidia-container-runtime]\nmode = \"cdi\"\n").unwrap();
+    assert!(c.runtime.nvidia_toolkit().envvar_when_unprivileged);
+    let err = parse("[runtime]\nnvidia_toolkit_configs = [\"relative.toml\"]\n").unwrap_err();
+    assert!(err.to_string().contains("runtime.nvidia_toolkit_configs"), "{err}");
 }
 
 #[test]

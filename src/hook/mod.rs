@@ -151,12 +151,12 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
             // Read only for a container with a request: the claim devices are checked against
             // the DRA driver's spec files in its cdi_spec_dirs.
             let config = Config::load_from(&options.config_path)?;
-            let request = Request::from_spec_on_node(&spec, &config.enforce.cdi_spec_dirs).map_err(|source| {
-                HookError::Request {
-                    container: state.id.clone(),
-                    source,
-                }
-            })?;
+            let request =
+                Request::from_spec_on_node(&spec, &config.enforce.cdi_spec_dirs, config.runtime.nvidia_toolkit())
+                    .map_err(|source| HookError::Request {
+                        container: state.id.clone(),
+                        source,
+                    })?;
             let Some(request) = request else {
                 forgo_driver_limit();
                 return Ok(Outcome::NoRequest);

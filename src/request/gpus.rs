@@ -2,6 +2,8 @@
 //! nodes and CDI names the engine injected, `NVIDIA_VISIBLE_DEVICES`; parsed, then matched
 //! against the host's GPUs ([`GpuSelector::resolve`], [`GpuSelector::candidates`]).
 
+use std::path::Path;
+
 use super::*;
 
 /// One entry of a device list, before it is matched against the host's GPUs.
@@ -56,23 +58,48 @@ impl GpuSelector {
     ///    `ENV NVIDIA_VISIBLE_DEVICES=all` beside one injected GPU means that one GPU);
     /// 3. CDI device requests in `cdi.k8s.io/*` annotations (`nvidia.com/gpu=…`), which
     ///    nvidia-container-runtime injects in CDI mode;
-    /// 4. `NVIDIA_VISIBLE_DEVICES` (indices, UUIDs, MIG pairs, CDI names, `all`).
-    pub fn from_spec(spec: &SpecView) -> Result<GpuSelector, RequestError> {
+    /// 4. the mounts of NVIDIA's device plugin's `volume-mounts` strategy (`/dev/null` at
+    ///    `/var/run/nvidia-container-devices/<GPU>`), which the toolkit reads before the env;
+    /// 5. `NVIDIA_VISIBLE_DEVICES` (indices, UUIDs, MIG pairs, CDI names, `all`), as NVIDIA's
+    ///    toolkit on the node reads it ([`NvidiaToolkit`]).
+    ///
+    /// In a pod, `NVIDIA_VISIBLE_DEVICES=all` gives nothing: NVIDIA's device plugin never writes
+    /// it (the image does: every CUDA image sets it); see [`GpuSelector::asks_for_every_gpu`].
+    pub fn from_spec(spec: &SpecView, toolkit: NvidiaToolkit) -> Result<GpuSelector, RequestError> {
         let own = match spec.annotations.get(GPUS_ANNOTATION) {
             Some(value) => Some((GPUS_ANNOTATION, value.as_str())),
             None => spec.env(GPUS_ENV).map(|v| (GPUS_ENV, v)),
         };
         match own {
-            Some((source, value)) => GpuSelector::own(spec, source, value),
-            None => GpuSelector::given(spec),
+            Some((source, value)) => GpuSelector::own(spec, source, value, toolkit),
+            None => GpuSelector::given(spec, toolkit),
         }
+    }
+
+    /// Nothing given, where the container's `NVIDIA_VISIBLE_DEVICES` (its image's, or the pod
+    /// author's) asks for every GPU and NVIDIA's toolkit would give it them: a container of a
+    /// pod that the scheduler gave no GPU. Reserving for it would take memory on GPUs it was
+    /// never given; admitting it with nothing would leave its use of every GPU unaccounted.
+    pub fn asks_for_every_gpu(&self) -> bool {
+        self.selection == GpuSelection::Nothing
+            && self.source_name == VISIBLE_DEVICES_ENV
+            && matches!(self.value.trim(), "all" | "nvidia.com/gpu=all")
     }
 
     /// vramgate's own word `value` (from `source`) on the GPUs, within those the engine gave
     /// the container (see [`GpuSelector::within`]).
-    pub(super) fn own(spec: &SpecView, source: &str, value: &str) -> Result<GpuSelector, RequestError> {
+    pub(super) fn own(
+        spec: &SpecView,
+        source: &str,
+        value: &str,
+        toolkit: NvidiaToolkit,
+    ) -> Result<GpuSelector, RequestError> {
         let mut selector = GpuSelector::parse(source, value, true)?;
-        let given = GpuSelector::given(spec)?;
+        let given = GpuSelector::given(spec, toolkit)?;
+        let scheduled_claim = claim_devices(spec).next().is_some();
+        if given.asks_for_every_gpu() && !scheduled_claim {
+            return Ok(given);
+        }
         // A pod's containers get GPUs from the scheduler alone (the device plugin, a claim):
         // one given none has none, whatever the pod's annotation or its own env names, so a pod
         // author can neither reserve a GPU it was not given (every GPU of the node, in full)
@@ -81,7 +108,6 @@ impl GpuSelector {
         // given still span or choose among the host's GPUs. A claim's GPUs are the scheduler's
         // too: its devices' CDI edits write `VRAMGATE_GPUS` after the container's own env, and
         // the hook and wrapper check each claim marker against the driver's spec files.
-        let scheduled_claim = claim_devices(spec).next().is_some();
         if given.selection == GpuSelection::Nothing && pod_role(spec) == PodRole::Container && !scheduled_claim {
             return Ok(GpuSelector {
                 selection: GpuSelection::Nothing,
@@ -102,8 +128,14 @@ impl GpuSelector {
         Ok(selector)
     }
 
-    /// The GPUs the engine gave the container (sources 2 to 4 of [`GpuSelector::from_spec`]).
-    fn given(spec: &SpecView) -> Result<GpuSelector, RequestError> {
+    /// The GPUs the engine gave the container (sources 2 to 5 of [`GpuSelector::from_spec`]).
+    fn given(spec: &SpecView, toolkit: NvidiaToolkit) -> Result<GpuSelector, RequestError> {
+        let nothing = |source_name: &str, value: &str| GpuSelector {
+            selection: GpuSelection::Nothing,
+            source_name: source_name.to_string(),
+            value: value.to_string(),
+            within: None,
+        };
         let nodes: Vec<&str> = spec.device_paths().filter(|p| nvidia_minor(p).is_some()).collect();
         if !nodes.is_empty() {
             let mut minors = Vec::new();
@@ -135,15 +167,28 @@ impl GpuSelector {
         if !cdi.is_empty() {
             return GpuSelector::parse(CDI_SOURCE, &cdi.join(","), false);
         }
-        if let Some(value) = spec.env(VISIBLE_DEVICES_ENV) {
-            return GpuSelector::parse(VISIBLE_DEVICES_ENV, value, false);
+        let mounted = volume_mounts(spec);
+        if !mounted.is_empty() {
+            return GpuSelector::parse(VOLUME_MOUNTS_SOURCE, &mounted.join(","), false);
         }
-        Ok(GpuSelector {
-            selection: GpuSelection::Nothing,
-            source_name: "linux.devices".to_string(),
-            value: String::new(),
-            within: None,
-        })
+        let Some(value) = spec.env(VISIBLE_DEVICES_ENV) else {
+            return Ok(nothing("linux.devices", ""));
+        };
+        // The volume-mounts strategy's own value: the GPUs are the mounts, and there are none.
+        if Path::new(value.trim()) == Path::new(VOLUME_MOUNTS_ROOT) {
+            return Ok(nothing(VISIBLE_DEVICES_ENV, value));
+        }
+        if !toolkit.envvar_when_unprivileged && !spec.is_privileged() {
+            return Ok(GpuSelector {
+                source_name: ENV_NOT_ACCEPTED_SOURCE.to_string(),
+                ..nothing(VISIBLE_DEVICES_ENV, value)
+            });
+        }
+        let selector = GpuSelector::parse(VISIBLE_DEVICES_ENV, value, false)?;
+        if selector.selection == GpuSelection::All && pod_role(spec) == PodRole::Container {
+            return Ok(nothing(VISIBLE_DEVICES_ENV, value));
+        }
+        Ok(selector)
     }
 
     /// What `vramgate-runtime` places: `auto`, and `all` as the engine wrote it (a CUDA image's
@@ -439,6 +484,53 @@ fn describe_available(snapshot: &Snapshot) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The GPUs NVIDIA's device plugin gave under its `volume-mounts` strategy, read as NVIDIA's
+/// toolkit reads them (`requestsFromMounts`): each mount of `/dev/null` at a path under
+/// [`VOLUME_MOUNTS_ROOT`] names one device by the rest of its path (`imex/...` channels are not
+/// GPUs; `cdi/<vendor>/<class>/<device>` is a CDI name). A `void` mount means none, and the
+/// toolkit then reads the env. Counted whatever the toolkit's
+/// `accept-nvidia-visible-devices-as-volume-mounts` says: where it is on, they are the GPUs the
+/// container gets; where it is off, reserving for them errs on the safe side, never leaving a
+/// GPU's use unaccounted.
+pub fn volume_mounts(spec: &SpecView) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut devices = Vec::new();
+    for mount in &spec.mounts {
+        if crate::spec::clean(Path::new(&mount.source)) != Path::new("/dev/null") {
+            continue;
+        }
+        let destination = crate::spec::clean(Path::new(&mount.destination));
+        let destination = destination.to_string_lossy();
+        if seen.contains(&destination.to_string()) {
+            continue;
+        }
+        seen.push(destination.to_string());
+        let Some(rest) = destination.strip_prefix(VOLUME_MOUNTS_ROOT) else {
+            continue;
+        };
+        let device = rest.trim_matches('/');
+        match device {
+            "" => {}
+            "void" => return Vec::new(),
+            d if d.starts_with("imex/") => {}
+            d => match d.strip_prefix("cdi/") {
+                Some(cdi) => {
+                    let mut parts = cdi.splitn(3, '/');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(vendor), Some(class), Some(name)) => devices.push(format!("{vendor}/{class}={name}")),
+                        _ if cdi.contains('=') => devices.push(cdi.to_string()),
+                        _ => {}
+                    }
+                    // Another kind of CDI device (an IMEX channel, a NIC) is not a GPU.
+                    devices.retain(|d| !d.contains('=') || d.starts_with(CDI_GPU_PREFIX));
+                }
+                None => devices.push(d.to_string()),
+            },
+        }
+    }
+    devices
 }
 
 fn parse_device(item: &str) -> Option<DeviceRef> {

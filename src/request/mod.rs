@@ -93,6 +93,33 @@ pub const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
 pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
 /// Where a CDI device request came from, as errors name it.
 pub const CDI_SOURCE: &str = "cdi.k8s.io annotations";
+/// Where NVIDIA's device plugin mounts `/dev/null` once per GPU under its `volume-mounts`
+/// strategy, and what it then sets `NVIDIA_VISIBLE_DEVICES` to.
+pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+/// Where a GPU list read from those mounts came from, as errors name it.
+pub const VOLUME_MOUNTS_SOURCE: &str = "the mounts under /var/run/nvidia-container-devices";
+/// The source of a selection whose `NVIDIA_VISIBLE_DEVICES` NVIDIA's toolkit does not accept
+/// ([`NvidiaToolkit::envvar_when_unprivileged`]).
+pub const ENV_NOT_ACCEPTED_SOURCE: &str = "NVIDIA_VISIBLE_DEVICES, not accepted by NVIDIA's toolkit here";
+
+/// How NVIDIA's container toolkit on the node reads a container's `NVIDIA_VISIBLE_DEVICES`:
+/// its config's `accept-nvidia-visible-devices-envvar-when-unprivileged` (default true). The
+/// GPU Operator turns it off with the device plugin's `volume-mounts` strategy, so that an
+/// image cannot pick GPUs; then the env of an unprivileged container gives it no GPU, and
+/// vramgate counts none either. Read from the toolkit's own config by the callers
+/// ([`crate::config::RuntimeConfig::nvidia_toolkit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvidiaToolkit {
+    pub envvar_when_unprivileged: bool,
+}
+
+impl Default for NvidiaToolkit {
+    fn default() -> NvidiaToolkit {
+        NvidiaToolkit {
+            envvar_when_unprivileged: true,
+        }
+    }
+}
 /// The most GPUs `auto:N` may ask for.
 pub const MAX_AUTO_GPUS: u32 = 64;
 /// Where the Kubernetes runtimes say what a container of a pod is: containerd's CRI plugin,
@@ -156,6 +183,10 @@ pub enum RequestError {
     LimitWithoutRequest { source_name: String, value: String },
     #[error("the container requests VRAM ({memory}) but names no GPU: set NVIDIA_VISIBLE_DEVICES, pass an NVIDIA device, or set the annotation vramgate.dev/gpus")]
     NoGpu { memory: String },
+    #[error("the pod asks for GPU memory ({memory}), but Kubernetes gave this container no GPU, and its NVIDIA_VISIBLE_DEVICES={value} (from its image or the pod: NVIDIA's device plugin never writes it) would have NVIDIA's runtime give it every GPU, unaccounted: ask for a GPU in the container's resources (nvidia.com/gpu, vramgate.dev/gpu-memory-gib or a resource claim), or set NVIDIA_VISIBLE_DEVICES=void in a container that needs none")]
+    PodAsksForEveryGpu { memory: String, value: String },
+    #[error("the container requests VRAM ({memory}) and names its GPUs in NVIDIA_VISIBLE_DEVICES={value}, but NVIDIA's toolkit on this host does not accept NVIDIA_VISIBLE_DEVICES from unprivileged containers (accept-nvidia-visible-devices-envvar-when-unprivileged = false), so it gets no GPU that way: ask for GPUs the way the toolkit accepts them (a CDI device, --gpus, the device plugin's mounts)")]
+    EnvNotAccepted { memory: String, value: String },
     #[error("the pod's container requests VRAM ({memory}) but Kubernetes gave it no GPU: a pod's containers get GPUs only from the scheduler (a device plugin's resource such as vramgate.dev/gpu-memory-gib, or a resource claim), and vramgate.dev/gpus or VRAMGATE_GPUS only choose among the GPUs a container was given; ask for a GPU in the container's resources, or remove VRAMGATE_MEMORY from a container that needs none")]
     PodGivenNoGpu { memory: String },
     #[error("{source_name} = {value:?} names GPU {device:?}, which this host does not have (it has {available})")]
@@ -359,31 +390,43 @@ pub fn pod_container(spec: &SpecView) -> Option<crate::ledger::PodContainer> {
 /// and the one place that decides which containers of a pod have a request (see the module
 /// documentation): the hook admits, and the runtime wrapper adds hooks, only where it is true.
 pub fn has_request(spec: &SpecView) -> bool {
-    // NVIDIA's variables and KAI's annotations name this container: its own request. A limit
-    // alone is read too, to be refused: a container must not believe itself bounded and held
-    // to a reservation when it has none.
-    let own =
-        spec.env(MEMORY_ENV).is_some() || spec.env(MEMORY_LIMIT_ENV).is_some() || nvidia_sources(spec).next().is_some();
     let annotated =
         spec.annotations.contains_key(MEMORY_ANNOTATION) || spec.annotations.contains_key(MEMORY_LIMIT_ANNOTATION);
     match pod_role(spec) {
-        PodRole::NotInPod => annotated || own,
+        PodRole::NotInPod => annotated || own_request(spec),
         PodRole::Sandbox => false,
         // An annotation here is the pod's, copied into each of its containers: it applies to
         // those their engine gave a GPU (the pod's own `vramgate.dev/gpus` only chooses among
         // those, [`GpuSelector::from_spec`]). An unreadable device list counts as naming one,
-        // so the request is read and refused with what is wrong with it.
-        PodRole::Container => own || (annotated && !names_no_gpu(spec)),
+        // so the request is read and refused with what is wrong with it; so does an
+        // `NVIDIA_VISIBLE_DEVICES=all` of a container given nothing, which NVIDIA's toolkit may
+        // turn into every GPU ([`GpuSelector::asks_for_every_gpu`]): whether it does is read
+        // with the node's toolkit settings in [`Request::from_spec_on_node`].
+        PodRole::Container => own_request(spec) || (annotated && !names_no_gpu(spec)),
     }
 }
 
+/// NVIDIA's variables and KAI's annotations name this container: its own request. A limit
+/// alone is read too, to be refused: a container must not believe itself bounded and held to a
+/// reservation when it has none.
+fn own_request(spec: &SpecView) -> bool {
+    spec.env(MEMORY_ENV).is_some() || spec.env(MEMORY_LIMIT_ENV).is_some() || nvidia_sources(spec).next().is_some()
+}
+
 fn names_no_gpu(spec: &SpecView) -> bool {
-    GpuSelector::from_spec(spec).is_ok_and(|s| s.selection == GpuSelection::Nothing)
+    GpuSelector::from_spec(spec, NvidiaToolkit::default())
+        .is_ok_and(|s| s.selection == GpuSelection::Nothing && !s.asks_for_every_gpu())
 }
 
 impl Request {
-    /// The request in `spec`, `Ok(None)` when it has none ([`has_request`] decides).
+    /// The request in `spec`, `Ok(None)` when it has none ([`has_request`] decides), with NVIDIA's
+    /// toolkit at its defaults.
     pub fn from_spec(spec: &SpecView) -> Result<Option<Request>, RequestError> {
+        Request::from_spec_with(spec, NvidiaToolkit::default())
+    }
+
+    /// [`Request::from_spec`] with the node's NVIDIA toolkit settings.
+    pub fn from_spec_with(spec: &SpecView, toolkit: NvidiaToolkit) -> Result<Option<Request>, RequestError> {
         if !has_request(spec) {
             return Ok(None);
         }
@@ -552,15 +595,27 @@ impl Request {
             }
         };
         let gpus = match &claim {
-            Some(c) => GpuSelector::own(spec, CLAIM_SHARE_SOURCE, &c.uuids.join(","))?,
-            None => GpuSelector::from_spec(spec)?,
+            Some(c) => GpuSelector::own(spec, CLAIM_SHARE_SOURCE, &c.uuids.join(","), toolkit)?,
+            None => GpuSelector::from_spec(spec, toolkit)?,
         };
         if gpus.selection == GpuSelection::Nothing {
             let memory = memory.to_string();
-            return Err(match pod_role(spec) {
-                PodRole::Container => RequestError::PodGivenNoGpu { memory },
-                _ => RequestError::NoGpu { memory },
-            });
+            let in_pod = pod_role(spec) == PodRole::Container;
+            return match () {
+                _ if gpus.asks_for_every_gpu() => Err(RequestError::PodAsksForEveryGpu {
+                    memory,
+                    value: gpus.value.chars().take(80).collect(),
+                }),
+                // The pod's annotation, in a container its engine gave no GPU (a sidecar, or one
+                // whose NVIDIA_VISIBLE_DEVICES the toolkit here does not accept): not its request.
+                _ if in_pod && !own_request(spec) => Ok(None),
+                _ if gpus.source_name == ENV_NOT_ACCEPTED_SOURCE => Err(RequestError::EnvNotAccepted {
+                    memory,
+                    value: gpus.value.chars().take(80).collect(),
+                }),
+                _ if in_pod => Err(RequestError::PodGivenNoGpu { memory }),
+                _ => Err(RequestError::NoGpu { memory }),
+            };
         }
         Ok(Some(Request {
             memory,
@@ -589,12 +644,13 @@ impl Request {
     pub fn from_spec_on_node(
         spec: &SpecView,
         cdi_dirs: &[std::path::PathBuf],
+        toolkit: NvidiaToolkit,
     ) -> Result<Option<Request>, RequestError> {
         if !has_request(spec) {
             return Ok(None);
         }
         let claim_devices = claim_specs::verified_claim_devices(spec, cdi_dirs)?;
-        Ok(Request::from_spec(spec)?.map(|request| Request {
+        Ok(Request::from_spec_with(spec, toolkit)?.map(|request| Request {
             claim_devices,
             ..request
         }))

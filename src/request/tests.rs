@@ -144,9 +144,9 @@ fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
         ))
     };
     // The device plugin gives one container a GPU; the pod's own word only chooses among the
-    // GPUs a container was given (here, all of them through the image's env).
+    // GPUs a container was given.
     for s in [
-        container(r#","vramgate.dev/gpus":"0""#, r#","NVIDIA_VISIBLE_DEVICES=all""#),
+        container(r#","vramgate.dev/gpus":"0""#, r#","NVIDIA_VISIBLE_DEVICES=0,1""#),
         container("", r#","NVIDIA_VISIBLE_DEVICES=0""#),
     ] {
         assert_eq!(pod_role(&s), PodRole::Container);
@@ -171,6 +171,99 @@ fn a_pod_annotation_applies_to_the_containers_that_name_a_gpu() {
         Request::from_spec(&own),
         Err(RequestError::PodGivenNoGpu { .. })
     ));
+}
+
+/// In a pod, `NVIDIA_VISIBLE_DEVICES=all` is the image's (every CUDA image sets it), never the
+/// device plugin's: it gives no GPU. Where NVIDIA's toolkit accepts the env from unprivileged
+/// containers (its default), that container would get every GPU unaccounted, so a pod that asks
+/// for memory is refused with one line; where the toolkit does not (the GPU Operator's
+/// volume-mounts set-up), it gets none, and the pod's annotation is not its request.
+#[test]
+fn in_a_pod_nvidia_visible_devices_all_gives_no_gpu() {
+    let container = |annotations: &str, env: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"io.kubernetes.cri.container-type":"container"{annotations}}},"process":{{"env":["PATH=/bin"{env}]}}}}"#
+        ))
+    };
+    let trusted = NvidiaToolkit::default();
+    let operator = NvidiaToolkit {
+        envvar_when_unprivileged: false,
+    };
+    for (annotations, env) in [
+        (r#","vramgate.dev/memory":"20Gi""#, r#","NVIDIA_VISIBLE_DEVICES=all""#),
+        (
+            r#","vramgate.dev/memory":"100%""#,
+            r#","NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=all""#,
+        ),
+        (
+            r#","vramgate.dev/memory":"1Gi","vramgate.dev/gpus":"0""#,
+            r#","NVIDIA_VISIBLE_DEVICES=all""#,
+        ),
+    ] {
+        let s = container(annotations, env);
+        assert!(has_request(&s), "{annotations} {env}");
+        let err = Request::from_spec_with(&s, trusted).unwrap_err();
+        assert!(matches!(err, RequestError::PodAsksForEveryGpu { .. }), "{err}");
+        assert!(
+            err.to_string().contains("Kubernetes gave this container no GPU"),
+            "{err}"
+        );
+        assert_eq!(Request::from_spec_with(&s, operator), Ok(None), "{annotations} {env}");
+    }
+    // Outside a pod, `all` is the engine's user's word (`docker run --gpus all`): one GPU,
+    // placed by the wrapper.
+    let outside =
+        spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=all"]}}"#);
+    let r = Request::from_spec_with(&outside, trusted).unwrap().unwrap();
+    assert_eq!(r.gpus.selection, GpuSelection::All);
+    // A privileged container's env is read whatever the setting, as the toolkit reads it.
+    let privileged = spec(
+        r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"],"capabilities":{"bounding":["CAP_SYS_ADMIN"]}}}"#,
+    );
+    let r = Request::from_spec_with(&privileged, operator).unwrap().unwrap();
+    assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+    // An unprivileged one's is not: refused with the line that says why.
+    let unprivileged =
+        spec(r#"{"annotations":{"vramgate.dev/memory":"1Gi"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=1"]}}"#);
+    let err = Request::from_spec_with(&unprivileged, operator).unwrap_err();
+    assert!(matches!(err, RequestError::EnvNotAccepted { .. }), "{err}");
+}
+
+/// NVIDIA's device plugin's volume-mounts strategy: `NVIDIA_VISIBLE_DEVICES` is the mount root,
+/// and each GPU given is a mount of /dev/null under it; read as NVIDIA's toolkit reads them.
+#[test]
+fn the_device_plugins_volume_mounts_are_the_gpus_given() {
+    let with_mounts = |mounts: &str| {
+        spec(&format!(
+            r#"{{"annotations":{{"io.kubernetes.cri.container-type":"container","vramgate.dev/memory":"1Gi"}},"process":{{"env":["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]}},"mounts":[{mounts}]}}"#
+        ))
+    };
+    let operator = NvidiaToolkit {
+        envvar_when_unprivileged: false,
+    };
+    let one = with_mounts(
+        r#"{"source":"/dev/null","destination":"/var/run/nvidia-container-devices/GPU-bbbb"},{"source":"/proc","destination":"/var/run/nvidia-container-devices/GPU-aaaa"},{"source":"/dev/null","destination":"/var/run/nvidia-container-devices/imex/channel0"}"#,
+    );
+    for toolkit in [operator, NvidiaToolkit::default()] {
+        let r = Request::from_spec_with(&one, toolkit).unwrap().unwrap();
+        assert_eq!(r.gpus.source_name, VOLUME_MOUNTS_SOURCE);
+        assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb"]);
+    }
+    let cdi = with_mounts(
+        r#"{"source":"/dev/./null","destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/1"},{"source":"/dev/null","destination":"/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=0"}"#,
+    );
+    let r = Request::from_spec_with(&cdi, operator).unwrap().unwrap();
+    assert_eq!(r.gpus.resolve(&host()).unwrap(), ["GPU-bbbb", "GPU-aaaa"]);
+    // None mounted (or `void`): the strategy's env names no GPU; the pod's annotation is not
+    // this container's request.
+    for mounts in [
+        "",
+        r#"{"source":"/dev/null","destination":"/var/run/nvidia-container-devices/void"}"#,
+    ] {
+        let none = with_mounts(mounts);
+        assert!(!has_request(&none), "{mounts}");
+        assert_eq!(Request::from_spec_with(&none, operator), Ok(None));
+    }
 }
 
 /// A pod's containers get GPUs from the scheduler alone: one its engine gave none reserves
@@ -741,7 +834,7 @@ fn more_claim_markers_or_shares_than_any_container_is_given_are_refused_first() 
             "the container's environment has {count} {prefix}* variables, more than the 64 Kubernetes resource claim devices vramgate reads (the DRA driver sets one per device): remove the container's own {prefix}* variables, or give it at most 64 claim devices"
         );
         for err in [
-            Request::from_spec_on_node(&spec, &dirs).unwrap_err(),
+            Request::from_spec_on_node(&spec, &dirs, NvidiaToolkit::default()).unwrap_err(),
             Request::from_spec(&spec).unwrap_err(),
             verified_claim(&spec, &dirs).unwrap_err(),
         ] {
@@ -755,7 +848,7 @@ fn more_claim_markers_or_shares_than_any_container_is_given_are_refused_first() 
     // At the limit: read, and refused only for what the devices are (none was prepared).
     let at_limit = with(64, 64);
     assert_eq!(claim_markers(&at_limit).count(), 64);
-    let err = Request::from_spec_on_node(&at_limit, &dirs).unwrap_err();
+    let err = Request::from_spec_on_node(&at_limit, &dirs, NvidiaToolkit::default()).unwrap_err();
     assert!(matches!(err, RequestError::ClaimDeviceNotPrepared { .. }), "{err}");
     // Past it, the markers the driver reads back from admitted containers' bundles are still
     // all read, in one pass, one per name, the last value winning.

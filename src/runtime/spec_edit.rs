@@ -194,12 +194,12 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         .to_string_lossy()
         .into_owned();
     spec::validate_container_id(&container)?;
-    let request = request::Request::from_spec_on_node(&view, &config.enforce.cdi_spec_dirs).map_err(|source| {
-        RuntimeError::Request {
-            container: container.clone(),
-            source,
-        }
-    })?;
+    let request =
+        request::Request::from_spec_on_node(&view, &config.enforce.cdi_spec_dirs, config.runtime.nvidia_toolkit())
+            .map_err(|source| RuntimeError::Request {
+                container: container.clone(),
+                source,
+            })?;
     let Some(request) = request else {
         return Ok(false);
     };
