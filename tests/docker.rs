@@ -145,7 +145,7 @@ impl Daemons {
             },
         });
         std::fs::write(&daemon_json, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-        let dockerd = Command::new("dockerd")
+        let dockerd = daemon("dockerd")
             .env("PATH", &daemons.path)
             .arg("--config-file")
             .arg(&daemon_json)

@@ -120,7 +120,7 @@ impl Prometheus {
         .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
+        let child = daemon("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
             .arg(format!("--web.listen-address={addr}"))
@@ -610,7 +610,7 @@ fn node_exporter_reads_the_textfile() {
     assert_eq!(names, vec!["vramgate.prom"]);
 
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let child = Command::new("prometheus-node-exporter")
+    let child = daemon("prometheus-node-exporter")
         .args([
             "--collector.disable-defaults",
             "--collector.textfile",

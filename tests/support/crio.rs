@@ -226,7 +226,7 @@ impl Crio {
         assert!(self.child.is_none(), "crio is running");
         self.starts += 1;
         let log = self.dir.join(format!("crio.{}.log", self.starts));
-        let child = Command::new(crio_bin_dir().join("crio"))
+        let child = daemon(crio_bin_dir().join("crio"))
             .arg("--config")
             .arg(self.dir.join("crio.conf"))
             .arg("--config-dir")

@@ -447,7 +447,7 @@ impl Cluster {
 
     fn spawn(&self, name: &'static str, program: &Path, args: &[String], path: Option<&str>) {
         let log = self.dir.join(format!("{name}.log"));
-        let mut cmd = Command::new(program);
+        let mut cmd = daemon(program);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

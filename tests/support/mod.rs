@@ -663,6 +663,27 @@ pub fn containerd_opt_section(dir: &Path) -> String {
     )
 }
 
+/// `program` as a daemon the test starts: with every signal's disposition at its default and
+/// none blocked, whatever the test runner inherited (under `nohup`, SIGHUP is ignored, and a Go
+/// daemon such as containerd keeps an ignored signal ignored: a SIGHUP meant to restart it would
+/// do nothing). A service manager starts daemons this way.
+pub fn daemon(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    // SAFETY: sigaction and sigprocmask are async-signal-safe; nothing else runs between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
+            for sig in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
+                let _ = signal(sig, SigHandler::SigDfl);
+            }
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(std::io::Error::from)
+        });
+    }
+    cmd
+}
+
 /// containerd with the config file `ctd_config` and its root, state, socket and log under
 /// `dir`, as [`start_containerd`] describes.
 pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
@@ -673,7 +694,7 @@ pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child,
 pub fn spawn_containerd_on(dir: &Path, ctd_config: &Path, config: &Path, path: &str) -> (Child, PathBuf, PathBuf) {
     let socket = dir.join("containerd.sock");
     let state = dir.join("ctd-state");
-    let child = Command::new("containerd")
+    let child = daemon("containerd")
         .arg("--config")
         .arg(ctd_config)
         .arg("--root")
