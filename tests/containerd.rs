@@ -1,6 +1,6 @@
 //! containerd: the config `vramgate setup containerd` writes is read by the installed
 //! containerd (`config dump` shows the runtime, its annotation pass-lists, and the host's own
-//! CRI settings intact), and a container run through `ctr run --runc-binary vramgate-runtime`
+//! CRI settings intact; containerd 1.x's config gets the runtime by key, in place), and a container run through `ctr run --runc-binary vramgate-runtime`
 //! on a private containerd is admitted, refused and released.
 
 mod support;
@@ -71,8 +71,11 @@ fn setup_writes_a_config_containerd_reads() {
             .args(["config", "dump"]),
     );
     let dumped: toml::Table = toml::from_str(&dump).expect("containerd's dump is TOML");
-    let imports = dumped["imports"].as_array().unwrap();
-    assert!(imports.iter().any(|i| i.as_str() == drop_in.to_str()), "{imports:?}");
+    // Config version 2: in the main config itself, every byte of the host's kept, no drop-in
+    // (containerd 1.x would let it hide what other tools add to the main config).
+    assert!(!drop_in.exists());
+    let set_up = std::fs::read_to_string(&main).unwrap();
+    assert!(set_up.starts_with(HOST_CONFIG), "{set_up}");
     let cri = &dumped["plugins"]["io.containerd.grpc.v1.cri"];
     let runtime = &cri["containerd"]["runtimes"]["vramgate"];
     assert_eq!(runtime["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
@@ -287,7 +290,8 @@ fn default_configs() -> Vec<(&'static str, String)> {
     one.env("PATH", path_with_sbin());
     [("containerd 1.6", one), ("containerd 2.1", Command::new(two))]
         .into_iter()
-        .map(|(name, mut cmd)| (name, run_ok(cmd.args(["config", "default"]))))
+        // As containerd prints it, its last line ended (run_ok trims).
+        .map(|(name, mut cmd)| (name, run_ok(cmd.args(["config", "default"])) + "\n"))
         .collect()
 }
 
@@ -301,6 +305,7 @@ fn setup_then_remove_gives_default_configs_back_byte_for_byte() {
         assert!(default.contains("\nimports = []\n"), "{name}: {default}");
         let with_imports = default.replace("\nimports = []\n", "\nimports = [\"/etc/containerd/site.toml\"]\n");
         let without_imports = default.replace("\nimports = []\n", "\n");
+        let version_2 = default.contains("\nversion = 2\n");
         for (case, original) in [
             ("as written", &default),
             ("with an import", &with_imports),
@@ -310,12 +315,19 @@ fn setup_then_remove_gives_default_configs_back_byte_for_byte() {
             run_ok(&mut setup_cmd(&paths));
             let set_up = std::fs::read_to_string(&main).unwrap();
             let table: toml::Table = toml::from_str(&set_up).unwrap();
-            let imports = table["imports"].as_array().unwrap();
-            assert!(
-                imports.iter().any(|i| i.as_str() == drop_in.to_str()),
-                "{name} {case}: {imports:?}"
-            );
-            assert!(drop_in.exists(), "{name} {case}");
+            if version_2 {
+                // containerd 1.x: by key, in the main config.
+                let runtimes = &table["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
+                assert!(runtimes.get("vramgate").is_some(), "{name} {case}: {set_up}");
+                assert!(!drop_in.exists(), "{name} {case}");
+            } else {
+                let imports = table["imports"].as_array().unwrap();
+                assert!(
+                    imports.iter().any(|i| i.as_str() == drop_in.to_str()),
+                    "{name} {case}: {imports:?}"
+                );
+                assert!(drop_in.exists(), "{name} {case}");
+            }
             run_ok(setup_cmd(&paths).arg("--remove"));
             let back = std::fs::read(&main).unwrap();
             assert!(

@@ -28,7 +28,7 @@ pub(super) fn plan_hooks_d(options: &SetupOptions) -> Result<Plan> {
     for (name, content) in files {
         let path = dir.join(name);
         let current = read_optional(&path)?;
-        plan.want(&path, current, (!options.remove).then_some(content), false);
+        plan.want(&path, current, (!options.remove).then_some(content), false, Owned::File);
     }
     match options.engine {
         Engine::Crio => {
@@ -84,14 +84,14 @@ pub(super) fn plan_crio_drop_in(options: &SetupOptions, plan: &mut Plan) -> Resu
                 path.display()
             ));
         }
-        plan.want(&path, current, Some(ours), false);
+        plan.want(&path, current, Some(ours), false, Owned::File);
     } else if current.as_ref().is_some_and(|c| *c != ours) {
         plan.notes.push(format!(
             "{} is not what setup writes (changed since, or written for another runtime path); left alone: remove it by hand if it is vramgate's",
             path.display()
         ));
     } else {
-        plan.want(&path, current, None, false);
+        plan.want(&path, current, None, false, Owned::File);
     }
     Ok(path)
 }

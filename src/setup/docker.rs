@@ -63,7 +63,7 @@ pub(super) fn plan_docker(options: &SetupOptions) -> Result<Plan> {
         }
     };
     let mut plan = Plan::default();
-    plan.want(&path, current, wanted, true);
+    plan.want(&path, current, wanted, true, Owned::Settings);
     plan.next_steps.push(
         "reload dockerd so it reads the runtimes again (containers keep running): `systemctl reload docker` or `kill -HUP $(cat /var/run/docker.pid)`".into(),
     );

@@ -18,24 +18,27 @@
 //!   the enforcement tiers it sets up). CRI-O passes every annotation but its own
 //!   `io.kubernetes.cri-o.*` ones to the spec, so no `allowed_annotations` are needed.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
 use crate::atomic_file;
 
+mod chain;
 mod containerd;
 mod crio;
 mod docker;
+pub mod engine;
+pub mod host_root;
 mod imports;
-mod merged;
 mod node;
+pub use chain::*;
 pub use containerd::*;
 pub use crio::*;
 use docker::*;
+pub use host_root::{EngineView, HostRoot};
 use imports::*;
-pub use merged::*;
 pub use node::*;
 
 pub const DOCKER_DAEMON_JSON: &str = "/etc/docker/daemon.json";
@@ -56,6 +59,9 @@ pub const ANNOTATION_PATTERN: &str = "vramgate.dev/*";
 /// KAI's per-container memory annotations (`nvidia.com/container.<name>.gpu-memory.*`), which
 /// are a request ([`crate::request::nvidia_memory`]) and reach the spec only when allowed.
 pub const NVIDIA_ANNOTATION_PATTERN: &str = "nvidia.com/container.*";
+/// CDI device requests a device plugin writes on a container (NVIDIA's `cdi-annotations`
+/// strategy), passed to the runtime from container annotations only.
+pub const CDI_ANNOTATION_PATTERN: &str = "cdi.k8s.io/*";
 const PRESTART_JSON: &str = include_str!("../../hooks/vramgate-prestart.json");
 const POSTSTOP_JSON: &str = include_str!("../../hooks/vramgate-poststop.json");
 pub const PRESTART_FILE: &str = "vramgate-prestart.json";
@@ -86,6 +92,9 @@ pub enum SetupError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("cannot remove {path}: {source}")]
     Remove { path: PathBuf, source: std::io::Error },
+    /// A path on the host that cannot be used as it is (see [`host_root::HostPathError`]).
+    #[error("{0}")]
+    Host(String),
 }
 
 pub type Result<T, E = SetupError> = std::result::Result<T, E>;
@@ -109,6 +118,10 @@ pub struct SetupOptions {
     pub hook_path: PathBuf,
     /// Seconds the engine gives the admission hook (hooks.d only; the wrapper computes its own).
     pub hook_timeout_secs: u64,
+    /// Where the engine's files are, for a set-up that edits them through a mount of the
+    /// host's root (`vramgate setup-node`): the paths the engine's config names (imports) are
+    /// read there, and `containerd config dump` runs chrooted into it. `None`: on the host.
+    pub engine_view: Option<EngineView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,10 +130,31 @@ pub enum Action {
     Remove,
 }
 
+/// What of a changed file is vramgate's: what an undo may take out again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// The whole file (a drop-in, a hooks.d file, a backup).
+    File,
+    /// Another's file in which vramgate added only its entry to `imports`.
+    Import { entry: String },
+    /// Another's containerd config (version 2) in which vramgate added only its runtime by key,
+    /// and where it did, containerd's built-in `runc` and the default runtime's name (with its
+    /// value before).
+    Keys {
+        runc: bool,
+        default_before: Option<Option<String>>,
+    },
+    /// Another's file from which vramgate took out a part of its own (`--remove`).
+    Removal,
+    /// Another's file whose keys vramgate sets (Docker's daemon.json).
+    Settings,
+}
+
 #[derive(Debug, Clone)]
 pub struct Change {
     pub path: PathBuf,
     pub action: Action,
+    pub owned: Owned,
     /// Where the previous content goes (files that exist and hold more than vramgate's part).
     pub backup: Option<PathBuf>,
     /// The previous content, written to `backup`.
@@ -159,23 +193,21 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
 }
 
 impl Plan {
-    /// Adds a change that makes `path` hold `wanted` (`None`: not exist), when it does not.
-    fn want(&mut self, path: &Path, current: Option<Vec<u8>>, wanted: Option<Vec<u8>>, backup: bool) {
+    /// Adds a change that makes `path` hold `wanted` (`None`: not exist), when it does not;
+    /// `owned` says what of it is vramgate's.
+    fn want(&mut self, path: &Path, current: Option<Vec<u8>>, wanted: Option<Vec<u8>>, backup: bool, owned: Owned) {
         if current == wanted {
             self.unchanged.push(path.to_path_buf());
             return;
         }
-        let backup = (backup && current.is_some()).then(|| {
-            let mut p = path.as_os_str().to_os_string();
-            p.push(BACKUP_SUFFIX);
-            PathBuf::from(p)
-        });
+        let backup = (backup && current.is_some()).then(|| host_root::backup_of(path));
         self.changes.push(Change {
             path: path.to_path_buf(),
             action: match wanted {
                 Some(bytes) => Action::Write(bytes),
                 None => Action::Remove,
             },
+            owned,
             backup,
             previous: current,
         });
@@ -190,26 +222,33 @@ pub fn plan(options: &SetupOptions) -> Result<Plan> {
     }
 }
 
-/// Replaces `path` atomically. An engine's config directory may be a symlink (a distribution
-/// or an admin moving `/etc/docker` elsewhere); atomic_file opens the directory it writes in
-/// with O_NOFOLLOW, so it gets the resolved one.
-fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let target = match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
-        (Some(dir), Some(name)) => std::fs::canonicalize(dir)?.join(name),
-        _ => path.to_path_buf(),
-    };
-    atomic_file::replace(&target, bytes, mode, None)
+/// `path` with its directory resolved: an engine's config directory may be a symlink (a
+/// distribution or an admin moving `/etc/docker` elsewhere), and the writers open the
+/// directory they write in with `O_NOFOLLOW`.
+fn resolved(path: &Path) -> std::io::Result<PathBuf> {
+    Ok(
+        match (path.parent().filter(|d| !d.as_os_str().is_empty()), path.file_name()) {
+            (Some(dir), Some(name)) => std::fs::canonicalize(dir)?.join(name),
+            _ => path.to_path_buf(),
+        },
+    )
 }
 
-/// Writes the plan: backups first, then each file atomically (keeping its mode).
+/// Writes the plan: backups first (atomically), then each file: one that exists is rewritten
+/// in place, keeping its inode, owner and mode (an engine's config is the admin's file); a new
+/// one is created atomically.
 pub fn apply(plan: &Plan) -> Result<()> {
     for change in &plan.changes {
-        let write_err = |source| SetupError::Write {
+        let write_err = |e: host_root::HostPathError| SetupError::Write {
             path: change.path.clone(),
-            source,
+            source: std::io::Error::other(e.to_string()),
         };
         if let (Some(backup), Some(previous)) = (&change.backup, &change.previous) {
-            replace_file(backup, previous, 0o600).map_err(|source| SetupError::Write {
+            let target = resolved(backup).map_err(|source| SetupError::Write {
+                path: backup.clone(),
+                source,
+            })?;
+            atomic_file::replace(&target, previous, 0o600, None).map_err(|source| SetupError::Write {
                 path: backup.clone(),
                 source,
             })?;
@@ -217,10 +256,16 @@ pub fn apply(plan: &Plan) -> Result<()> {
         match &change.action {
             Action::Write(bytes) => {
                 if let Some(dir) = change.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir).map_err(write_err)?;
+                    std::fs::create_dir_all(dir).map_err(|source| SetupError::Write {
+                        path: change.path.clone(),
+                        source,
+                    })?;
                 }
-                let mode = std::fs::metadata(&change.path).map(|m| m.mode()).unwrap_or(0o644);
-                replace_file(&change.path, bytes, mode).map_err(write_err)?;
+                let target = resolved(&change.path).map_err(|source| SetupError::Write {
+                    path: change.path.clone(),
+                    source,
+                })?;
+                host_root::write_file(&target, bytes, 0o644).map_err(write_err)?;
             }
             Action::Remove => match std::fs::remove_file(&change.path) {
                 Ok(()) => {}

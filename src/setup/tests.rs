@@ -1,4 +1,5 @@
 use super::*;
+use std::os::unix::fs::MetadataExt;
 
 fn options(engine: Engine, dir: &Path) -> SetupOptions {
     SetupOptions {
@@ -16,6 +17,7 @@ fn options(engine: Engine, dir: &Path) -> SetupOptions {
         runtime_path: PathBuf::from("/usr/bin/vramgate-runtime"),
         hook_path: PathBuf::from("/usr/bin/vramgate-hook"),
         hook_timeout_secs: 3660,
+        engine_view: None,
     }
 }
 
@@ -94,76 +96,120 @@ fn docker_refuses_what_it_cannot_edit() {
     assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), "{}");
 }
 
+const V2_CRI: &str = "plugins.\"io.containerd.grpc.v1.cri\"";
+
+/// containerd 1.x (config version 2): the runtime goes into the main config by key, in place,
+/// with the built-in runc beside it where the section does not name it; every other byte stays,
+/// setup again changes nothing, and --remove gives the file back byte for byte.
 #[test]
-fn containerd_imports_and_drop_in() {
+fn containerd_1_gets_the_runtime_by_key_in_place() {
     let dir = tempfile::tempdir().unwrap();
     let main = dir.path().join("config.toml");
-    let original = "# host config\nversion = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    sandbox_image = \"x\"\n";
+    let original = "# host config\nversion = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    sandbox_image = \"x\" # pinned\n";
     std::fs::write(&main, original).unwrap();
+    let inode = std::fs::metadata(&main).unwrap().ino();
     let mut o = options(Engine::Containerd, dir.path());
     run(&o);
     let text = std::fs::read_to_string(&main).unwrap();
-    let drop_in = dir.path().join("conf.d/vramgate.toml");
-    assert!(
-        text.starts_with(&format!(
-            "# host config\nversion = 2\n{IMPORTS_MARK}\nimports = [{}]\n",
-            toml_string(&drop_in.to_string_lossy())
-        )),
-        "{text}"
-    );
-    let d: toml::Table = toml::from_str(&std::fs::read_to_string(&drop_in).unwrap()).unwrap();
-    let rt = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"];
+    assert!(text.starts_with(original), "{text}");
+    assert_eq!(std::fs::metadata(&main).unwrap().ino(), inode, "rewritten in place");
+    assert!(!dir.path().join("conf.d/vramgate.toml").exists());
+    let d: toml::Table = toml::from_str(&text).unwrap();
+    let cri = &d["plugins"][CRI_PLUGIN];
+    assert_eq!(cri["sandbox_image"].as_str(), Some("x"));
+    let rt = &cri["containerd"]["runtimes"]["vramgate"];
     assert_eq!(rt["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
     assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
     assert_eq!(rt["pod_annotations"][0].as_str(), Some("vramgate.dev/*"));
     assert_eq!(rt["pod_annotations"][1].as_str(), Some("nvidia.com/container.*"));
-    // The host's CRI settings ride along, or containerd 1.x would drop them; so does the
-    // built-in runc runtime, which the host's section does not name.
+    // containerd 1.x would lose its built-in runc to a section that names none.
     assert_eq!(
-        d["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
-        Some("x")
+        cri["containerd"]["runtimes"]["runc"]["runtime_type"].as_str(),
+        Some("io.containerd.runc.v2")
     );
-    let runtimes = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
-    assert_eq!(runtimes["runc"]["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
-    // A runc the host does define is kept as it is.
-    let host: toml::Table = toml::from_str("[containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap();
-    let d: toml::Table = toml::from_str(&containerd_drop_in(
-        ContainerdVersion::V2,
-        Path::new("/r"),
-        false,
-        Some(&host),
-        None,
-    ))
-    .unwrap();
-    let runc = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["runc"];
-    assert_eq!(runc.get("runtime_type"), None);
-    assert_eq!(runc["options"]["SystemdCgroup"].as_bool(), Some(true));
-    // vramgate's runtime takes the default runtime's options, but not its binary; what the
-    // host set for vramgate's runtime itself stays.
+    assert!(run(&o).changes.is_empty(), "setup again changes nothing");
+    o.remove = true;
+    run(&o);
+    // --remove takes the runtime out; the runc it added stays (nothing says it added it).
+    let removed = std::fs::read_to_string(&main).unwrap();
+    assert!(removed.starts_with(original), "{removed}");
+    let d: toml::Table = toml::from_str(&removed).unwrap();
+    assert!(d["plugins"][CRI_PLUGIN]["containerd"]["runtimes"]
+        .get("vramgate")
+        .is_none());
+    assert_eq!(without_added_runc(&removed, &main).unwrap().unwrap(), original);
+}
+
+/// vramgate's runtime takes the default runtime's options, but not its binary; what the host
+/// set for vramgate's runtime itself stays.
+#[test]
+fn the_runtime_inherits_the_default_runtimes_options() {
     let host: toml::Table = toml::from_str(
         "[containerd]\ndefault_runtime_name = \"nvidia\"\n\
              [containerd.runtimes.nvidia.options]\nBinaryName = \"/usr/bin/nvidia-container-runtime\"\n\
-             SystemdCgroup = true\nRoot = \"/run/nv\"\n\
-             [containerd.runtimes.vramgate.options]\nRoot = \"/run/mine\"\n",
+             SystemdCgroup = true\nRoot = \"/run/nv\"\nIoUid = 0\n",
     )
     .unwrap();
-    let d: toml::Table = toml::from_str(&containerd_drop_in(
-        ContainerdVersion::V2,
-        Path::new("/r"),
-        true,
-        Some(&host),
-        None,
-    ))
-    .unwrap();
-    let ours = &d["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vramgate"]["options"];
+    let mine: toml::Table = toml::from_str("[options]\nRoot = \"/run/mine\"\n").unwrap();
+    let rt = vramgate_runtime(Path::new("/r"), &host, Some(&mine));
+    let ours = &rt["options"];
     assert_eq!(ours["BinaryName"].as_str(), Some("/r"));
     assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
     assert_eq!(ours["Root"].as_str(), Some("/run/mine"));
-    assert!(run(&o).changes.is_empty());
+    // A zero value is what `config dump` prints for an option nobody set.
+    assert!(ours.get("IoUid").is_none(), "{rt}");
+    // Without a default named, runc's.
+    let host: toml::Table = toml::from_str("[containerd.runtimes.runc.options]\nSystemdCgroup = true\n").unwrap();
+    assert_eq!(
+        vramgate_runtime(Path::new("/r"), &host, None)["options"]["SystemdCgroup"].as_bool(),
+        Some(true)
+    );
+}
+
+/// NVIDIA's toolkit in drop-in mode on containerd 1.x repeats the whole CRI section, with
+/// vramgate's runtime in it, in conf.d/99-nvidia.toml: setup puts the runtime in every file
+/// that has the section, and --remove takes it out of each, leaving the toolkit's runtime and
+/// every other byte of its file.
+#[test]
+fn containerd_1_with_another_tools_copy_of_the_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("config.toml");
+    let conf_d = dir.path().join("conf.d");
+    std::fs::create_dir(&conf_d).unwrap();
+    let main_text = format!("version = 2\nimports = [\"{}/*.toml\"]\n", conf_d.display());
+    std::fs::write(&main, &main_text).unwrap();
+    let nvidia = format!(
+        "version = 2\n\n[{V2_CRI}.containerd]\n  default_runtime_name = \"nvidia\"\n\n[{V2_CRI}.containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[{V2_CRI}.containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/local/nvidia/toolkit/nvidia-container-runtime\"\n  SystemdCgroup = true\n"
+    );
+    let toolkit = conf_d.join("99-nvidia.toml");
+    std::fs::write(&toolkit, &nvidia).unwrap();
+    let mut o = options(Engine::Containerd, dir.path());
+    let plan = run(&o);
+    assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+    // The toolkit's file is the one containerd 1.x reads the section from: the runtime is
+    // there, with the toolkit's runtime's options (it is the default); the main file, which
+    // has no section, is left alone.
+    assert_eq!(std::fs::read_to_string(&main).unwrap(), main_text);
+    let d: toml::Table = toml::from_str(&std::fs::read_to_string(&toolkit).unwrap()).unwrap();
+    let runtimes = &d["plugins"][CRI_PLUGIN]["containerd"]["runtimes"];
+    assert!(runtimes.get("nvidia").is_some());
+    assert_eq!(runtimes["vramgate"]["options"]["SystemdCgroup"].as_bool(), Some(true));
     o.remove = true;
     run(&o);
-    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
-    assert!(!drop_in.exists());
+    let after = std::fs::read_to_string(&toolkit).unwrap();
+    assert_eq!(without_added_runc(&after, &toolkit).unwrap().unwrap_or(after), nvidia);
+    // A runtime `vramgate` running something else is not vramgate's: left, with a line.
+    let foreign = format!("{nvidia}\n[{V2_CRI}.containerd.runtimes.vramgate.options]\n  BinaryName = \"/opt/other\"\n");
+    std::fs::write(&toolkit, &foreign).unwrap();
+    let plan = run(&o);
+    assert_eq!(std::fs::read_to_string(&toolkit).unwrap(), foreign);
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("left the runtime vramgate") && n.contains("/opt/other")),
+        "{:?}",
+        plan.notes
+    );
 }
 
 /// containerd 2.x's config version 3: the drop-in is version 3 and holds vramgate's
@@ -203,10 +249,35 @@ fn containerd_2_gets_a_version_3_drop_in() {
     assert_eq!(rt["options"]["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
     assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
     assert!(run(&o).changes.is_empty());
+    // Another tool copied the section, vramgate's runtime included, into a file of its own
+    // (NVIDIA's toolkit does, from `containerd config dump`): --remove takes the runtime and the
+    // default's name out of that copy too, and leaves the rest of it.
+    let copy = dir.path().join("99-nvidia.toml");
+    let copied = format!(
+        "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\n  default_runtime_name = \"vramgate\"\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.vramgate]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.vramgate.options]\n  BinaryName = \"/usr/bin/vramgate-runtime\"\n"
+    );
+    std::fs::write(&copy, &copied).unwrap();
+    let with_copy = std::fs::read_to_string(&main).unwrap().replacen(
+        "imports = [",
+        &format!("imports = [\"{}\", ", copy.display()),
+        1,
+    );
+    std::fs::write(&main, &with_copy).unwrap();
     o.remove = true;
     run(&o);
-    assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
+    assert_eq!(
+        std::fs::read_to_string(&copy).unwrap(),
+        "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+    );
     assert!(!drop_in.exists());
+    assert_eq!(
+        std::fs::read_to_string(&main).unwrap(),
+        original.replacen(
+            "version = 3\n",
+            &format!("version = 3\n{IMPORTS_MARK}\nimports = [\"{}\"]\n", copy.display()),
+            1
+        )
+    );
     // Version 1 (no key in a file that has content) is still refused, with the way out.
     std::fs::write(&main, "[plugins.cri]\n").unwrap();
     o.remove = false;
@@ -217,11 +288,12 @@ fn containerd_2_gets_a_version_3_drop_in() {
     );
 }
 
-/// Where `containerd config dump` cannot be had, the main config and its imports are
-/// merged as containerd 2.x merges them: later files win key by key, setup's own drop-in
-/// is left out, and the drop-in takes the merged default runtime's options.
+/// containerd's config as containerd reads it: imports followed breadth first, relative to
+/// the importing file, globs sorted, `..` cleaned, a file loaded once, a missing one noted;
+/// containerd 2.x merges key by key, 1.x takes the last file's whole section. From a node
+/// set-up, an absolute import is the host's file, never the container's.
 #[test]
-fn containerd_2_options_set_in_an_imported_file_are_merged_from_the_files() {
+fn the_config_chain_is_read_as_containerd_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let main = dir.path().join("config.toml");
     let conf_d = dir.path().join("conf.d");
@@ -229,14 +301,14 @@ fn containerd_2_options_set_in_an_imported_file_are_merged_from_the_files() {
     let drop_in = conf_d.join("vramgate.toml");
     let runc = "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]";
     let text = format!(
-        "version = 3\nimports = [\"conf.d/*.toml\", \"/nonexistent.toml\"]\n{runc}\nRoot = \"/run/main\"\nIoUid = 7\n"
+        "version = 3\nimports = [\"conf.d/*.toml\", \"/nonexistent.toml\", \"conf.d/10-site.toml\"]\n{runc}\nRoot = \"/run/main\"\nIoUid = 7\n"
     );
     std::fs::write(&main, &text).unwrap();
     std::fs::write(
-            conf_d.join("10-site.toml"),
-            format!("version = 3\nimports = [\"../more.toml\"]\n{runc}\nSystemdCgroup = true\nBinaryName = \"/opt/runc\"\nRoot = \"/run/site\"\n"),
-        )
-        .unwrap();
+        conf_d.join("10-site.toml"),
+        format!("version = 3\nimports = [\"../more.toml\"]\n{runc}\nSystemdCgroup = true\nBinaryName = \"/opt/runc\"\nRoot = \"/run/site\"\n"),
+    )
+    .unwrap();
     std::fs::write(
         dir.path().join("more.toml"),
         format!("version = 3\n{runc}\nIoUid = 9\n"),
@@ -245,31 +317,78 @@ fn containerd_2_options_set_in_an_imported_file_are_merged_from_the_files() {
     // A drop-in of an earlier setup, which must not feed itself.
     std::fs::write(&drop_in, format!("version = 3\n{runc}\nRoot = \"/run/stale\"\n")).unwrap();
     let table: toml::Table = toml::from_str(&text).unwrap();
-    let (merged, files) = merged_from_files(&main, &table, &drop_in);
+    let chain = ConfigChain::load(&main, &text, &table, None);
+    let engine: Vec<&Path> = chain.files.iter().map(|f| f.engine.as_path()).collect();
     assert_eq!(
-        files,
-        [conf_d.join("10-site.toml"), dir.path().join("conf.d/../more.toml")]
+        engine,
+        [
+            main.as_path(),
+            &conf_d.join("10-site.toml"),
+            &drop_in,
+            &dir.path().join("more.toml")
+        ]
     );
+    assert!(
+        chain
+            .notes
+            .iter()
+            .any(|n| n.contains("/nonexistent.toml does not exist")),
+        "{:?}",
+        chain.notes
+    );
+    let merged = chain.section(CRI_RUNTIME_PLUGIN_V3, false, Some(&drop_in));
     let options = &merged["containerd"]["runtimes"]["runc"]["options"];
     assert_eq!(options["SystemdCgroup"].as_bool(), Some(true));
     assert_eq!(options["Root"].as_str(), Some("/run/site"));
     assert_eq!(options["IoUid"].as_integer(), Some(9));
-    let d: toml::Table = toml::from_str(&containerd_drop_in(
-        ContainerdVersion::V3,
-        Path::new("/usr/bin/vramgate-runtime"),
-        false,
-        runtime_section_v3(&table),
-        Some(&merged),
-    ))
+    // containerd 1.x: the last file's whole section.
+    let whole = chain.section(CRI_RUNTIME_PLUGIN_V3, true, Some(&drop_in));
+    let options = &whole["containerd"]["runtimes"]["runc"]["options"];
+    assert_eq!(options.get("SystemdCgroup"), None);
+    assert_eq!(options["IoUid"].as_integer(), Some(9));
+
+    // Through a host root: the engine names /etc/containerd/..., read under the root; a link
+    // that leads out of it is not followed.
+    let host = tempfile::tempdir().unwrap();
+    let etc = host.path().join("etc/containerd");
+    std::fs::create_dir_all(etc.join("conf.d")).unwrap();
+    std::fs::write(
+        etc.join("conf.d/10-site.toml"),
+        format!("version = 3\n{runc}\nSystemdCgroup = true\n"),
+    )
     .unwrap();
-    let ours = &d["plugins"][CRI_RUNTIME_PLUGIN_V3]["containerd"]["runtimes"]["vramgate"]["options"];
-    assert_eq!(ours["SystemdCgroup"].as_bool(), Some(true));
-    assert_eq!(ours["BinaryName"].as_str(), Some("/usr/bin/vramgate-runtime"));
-    assert_eq!(ours["Root"].as_str(), Some("/run/site"));
-    assert_eq!(
-        d["plugins"][CRI_RUNTIME_PLUGIN_V3]["containerd"].get("default_runtime_name"),
-        None
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("evil.toml"),
+        format!("version = 3\n{runc}\nRoot = \"/evil\"\n"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(outside.path(), host.path().join("etc/elsewhere")).unwrap();
+    let text = "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\", \"/etc/elsewhere/evil.toml\"]\n";
+    let view = EngineView {
+        host: HostRoot::new(host.path()),
+        engine_root: PathBuf::from("/"),
+    };
+    let chain = ConfigChain::load(
+        Path::new("/etc/containerd/config.toml"),
+        text,
+        &toml::from_str(text).unwrap(),
+        Some(&view),
     );
+    assert_eq!(chain.files.len(), 2, "{:?} {:?}", chain.files, chain.notes);
+    assert_eq!(chain.files[1].engine, Path::new("/etc/containerd/conf.d/10-site.toml"));
+    assert_eq!(chain.files[1].local, etc.join("conf.d/10-site.toml"));
+    assert!(
+        chain.notes.iter().any(|n| n.contains("leads out of the host root")),
+        "{:?}",
+        chain.notes
+    );
+    let merged = chain.section(CRI_RUNTIME_PLUGIN_V3, false, None);
+    assert_eq!(
+        merged["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(clean(Path::new("/a/b/../../../c/./d")), Path::new("/c/d"));
 }
 
 #[test]

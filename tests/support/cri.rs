@@ -144,6 +144,12 @@ impl Containerd {
 
     /// The host's own containerd config: the CRI plugin with the settings this VM needs,
     /// before `vramgate setup containerd` adds its import.
+    /// The containerd binary itself.
+    pub fn binary(self) -> PathBuf {
+        let path = self.path();
+        Path::new(path.split(':').next().unwrap()).join("containerd")
+    }
+
     pub fn host_config(self, dir: &Path) -> String {
         let opt = containerd_opt_section(dir);
         let cni_bin = dir.join("cni/bin").display().to_string();
@@ -505,13 +511,17 @@ impl Cri {
         let handler = &runtimes[HANDLER];
         assert_eq!(handler["runtimeType"], "io.containerd.runc.v2", "{runtimes}");
         assert_eq!(handler["options"]["BinaryName"], RUNTIME, "{handler}");
-        for key in ["PodAnnotations", "ContainerAnnotations"] {
-            assert_eq!(
-                handler[key],
-                json!(["vramgate.dev/*", "nvidia.com/container.*"]),
-                "{key}: {handler}"
-            );
-        }
+        assert_eq!(
+            handler["PodAnnotations"],
+            json!(["vramgate.dev/*", "nvidia.com/container.*"]),
+            "{handler}"
+        );
+        // A device plugin's CDI requests, which kubelet writes on the container only.
+        assert_eq!(
+            handler["ContainerAnnotations"],
+            json!(["vramgate.dev/*", "nvidia.com/container.*", "cdi.k8s.io/*"]),
+            "{handler}"
+        );
         assert!(runtimes["runc"].is_object(), "the default runtime is gone: {runtimes}");
     }
 
