@@ -482,6 +482,46 @@ fn the_admission_policies_hold_the_releases_own_driver() {
     assert!(!rendered.contains("kube-system"), "{rendered}");
 }
 
+/// Only the DRA driver calls the API server, so only its pod gets a service account token:
+/// every other pod (device plugin, exporter, watch, node set-up) sets
+/// automountServiceAccountToken false, so that a token of the namespace's default account is
+/// not mounted into privileged pods that never use it.
+#[test]
+fn only_the_dra_drivers_pod_mounts_a_service_account_token() {
+    let helm = Helm::new();
+    let mut seen = Vec::new();
+    for driver in ["dra", "device-plugin"] {
+        let mut values = combination(driver, true, true, false, true);
+        values["nodeSetup"] = json!({"enabled": true});
+        let (_, objects) = rendered_objects(&helm, &values);
+        for ds in objects.iter().filter(|o| o["kind"] == "DaemonSet") {
+            let name = ds["metadata"]["name"].as_str().unwrap().to_string();
+            let pod = &ds["spec"]["template"]["spec"];
+            if name == "vramgate-dra" {
+                assert_eq!(pod["serviceAccountName"], "vramgate-dra", "{pod}");
+                assert!(pod["automountServiceAccountToken"].is_null(), "{name}: {pod}");
+            } else {
+                assert_eq!(pod["automountServiceAccountToken"], false, "{name}: {pod}");
+                assert!(pod["serviceAccountName"].is_null(), "{name}: {pod}");
+            }
+            seen.push(name);
+        }
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(
+        seen,
+        [
+            "vramgate-device-plugin",
+            "vramgate-dra",
+            "vramgate-exporter",
+            "vramgate-node-setup",
+            "vramgate-watch"
+        ],
+        "every pod of the chart"
+    );
+}
+
 #[test]
 fn a_change_of_the_settings_changes_every_pods_template_so_an_upgrade_rolls_them() {
     // Kubernetes restarts a DaemonSet's pods only when their template changes; the ConfigMap

@@ -18,6 +18,7 @@ mod dra_support;
 mod kube_support;
 mod support;
 
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -52,6 +53,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         runtime_class_pods_reserve_by_annotation_are_refused_in_events_and_wait,
     ),
     ("every_manifest_applies_server_side", every_manifest_applies_server_side),
+    (
+        "dra_slice_policy_holds_a_pods_token_to_its_node_driver_and_pool",
+        dra_slice_policy_holds_a_pods_token_to_its_node_driver_and_pool,
+    ),
     (
         "dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims",
         dra_driver_publishes_through_the_real_api_server_and_kube_scheduler_allocates_its_claims,
@@ -422,6 +427,244 @@ fn node_is_ready_and_runs_kubernetes_1_36_3(c: &Cluster) {
         pod["status"]
     );
     delete_pod(c, "plain");
+}
+
+/// Issue 53: the shipped slice policy (k8s/dra.yaml's vramgate-dra-slices) on the real
+/// kube-apiserver, for the token kubelet would project into the driver's pod: a token of the
+/// driver's ServiceAccount bound to a running pod of that account on this node, which the API
+/// server turns into the user extra authentication.kubernetes.io/node-name (checked with a
+/// SelfSubjectReview). With it: a slice on its node, of its driver, in its node's pool is
+/// created, replaced and deleted; one whose pool names another node (which at a higher
+/// generation would make the scheduler take that node's own slice for stale), one of another
+/// driver and one of another node are each refused with the policy's message; its own slice
+/// cannot be moved to another pool or driver (the API server's immutable fields, before the
+/// policy); the admin's slices of another node, of another node's pool on this node and of
+/// another driver on this node can be neither replaced nor deleted, and stay as they were. The scheduler never sees these slices: no claim is made meanwhile, and
+/// kubelet's deletion of a departed driver's slices does not come in (run before any scenario
+/// that starts the driver).
+fn dra_slice_policy_holds_a_pods_token_to_its_node_driver_and_pool(c: &Cluster) {
+    let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
+    c.apply_file(&k8s.join("dra.yaml"));
+    let node = c.node.as_str();
+    let driver = dra_support::DRIVER;
+    let other_node = "vramgate-other-node";
+    let other_driver = "other.example.com";
+
+    // A pod of the driver's account on the node, mounting no token itself: the token below is
+    // bound to it, as kubelet's projected token is to the DaemonSet's pod.
+    let holder = "vramgate-slice-policy";
+    c.apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": holder, "namespace": "kube-system"},
+            "spec": {"serviceAccountName": "vramgate-dra", "automountServiceAccountToken": false,
+                "restartPolicy": "Never", "hostNetwork": true, "terminationGracePeriodSeconds": 5,
+                "containers": [{"name": "main", "image": cri_support::APP_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", RUN_UNTIL_STOPPED]}]}})
+        .to_string(),
+    );
+    let running = c.wait(&format!("pod {holder} runs"), POD_LIMIT, "kubelet", || {
+        let p = c.get_json(&["pod", "-n", "kube-system", holder]);
+        (p.as_ref().is_some_and(|p| p["status"]["phase"] == "Running"), p)
+    });
+    let uid = running
+        .as_ref()
+        .and_then(|p| p["metadata"]["uid"].as_str())
+        .unwrap_or_default();
+    let token = c.kubectl_ok(&[
+        "create",
+        "token",
+        "vramgate-dra",
+        "-n",
+        "kube-system",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        holder,
+        "--bound-object-uid",
+        uid,
+        "--duration",
+        "1h",
+    ]);
+    let token = token.trim();
+    let as_driver = |args: &[&str], input: &str| c.kubectl_in(&[&["--token", token][..], args].concat(), input);
+    let review: Value = serde_json::from_str(&stdout(&as_driver(&["auth", "whoami", "-o", "json"], ""))).unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(
+        user["username"], "system:serviceaccount:kube-system:vramgate-dra",
+        "{review}"
+    );
+    assert_eq!(
+        user["extra"]["authentication.kubernetes.io/node-name"],
+        serde_json::json!([node]),
+        "the pod-bound token does not carry the pod's node: {review}"
+    );
+
+    // Whatever happens below, no test slice outlives the scenario: a driver started later
+    // deletes every other slice of its driver on its node first, and may not delete one of
+    // another node's pool.
+    let _slices = DeleteSlices(
+        c,
+        &[
+            "policy-own",
+            "policy-pool",
+            "policy-driver",
+            "policy-node",
+            "policy-other-node",
+            "policy-planted",
+            "policy-foreign",
+        ],
+    );
+    let slice = |name: &str, on: &str, of: &str, pool: &str| {
+        serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": of, "nodeName": on,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": []}})
+    };
+    let create = |s: &Value| as_driver(&["create", "-f", "-"], &s.to_string());
+    // The slice as stored (the admin reads it), with `edit` made: what a replace sends.
+    let stored = |name: &str| {
+        c.get_json(&["resourceslice", name])
+            .unwrap_or_else(|| panic!("no slice {name}"))
+    };
+    let replace = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut s = stored(name);
+        edit(&mut s);
+        as_driver(&["replace", "-f", "-"], &s.to_string())
+    };
+    let delete = |name: &str| as_driver(&["delete", "resourceslice", name, "--wait=false"], "");
+    let allowed = |out: Output, what: &str| assert!(out.status.success(), "{what}: {}", stderr(&out));
+    let denied = |out: Output, name: &str, message: &str| {
+        let said = stderr(&out);
+        let reason = format!(
+            "resourceslices.resource.k8s.io \"{name}\" is forbidden: ValidatingAdmissionPolicy \
+             'vramgate-dra-slices' with binding 'vramgate-dra-slices' denied request: {message}"
+        );
+        assert!(
+            !out.status.success()
+                && said.starts_with("Error from server (Forbidden): ")
+                && said.trim_end().ends_with(&reason),
+            "{name}: {said:?} (stdout {:?}) should end with {reason:?}",
+            stdout(&out)
+        );
+    };
+    let not_its_node = format!(
+        "vramgate-dra on node '{node}' may write only its own node's ResourceSlices, not one of node '{other_node}'"
+    );
+    let not_its_driver = format!(
+        "vramgate-dra may write only ResourceSlices whose spec.driver is {driver}, not one of driver '{other_driver}'"
+    );
+    let not_its_pool = format!(
+        "vramgate-dra on node '{node}' may write only ResourceSlices whose spec.pool.name is its node's name \
+         '{node}', not one of pool '{other_node}'"
+    );
+    let next_generation = |s: &mut Value| s["spec"]["pool"]["generation"] = 2.into();
+
+    // Its own node, driver and pool: created and replaced.
+    allowed(create(&slice("policy-own", node, driver, node)), "its own slice");
+    allowed(
+        replace("policy-own", &next_generation),
+        "its own slice's next generation",
+    );
+    // On its node, but another node's pool, or another driver; another node's slice.
+    let mut higher = slice("policy-pool", node, driver, other_node);
+    higher["spec"]["pool"]["generation"] = 9.into();
+    denied(create(&higher), "policy-pool", &not_its_pool);
+    denied(
+        create(&slice("policy-driver", node, other_driver, node)),
+        "policy-driver",
+        &not_its_driver,
+    );
+    denied(
+        create(&slice("policy-node", other_node, driver, other_node)),
+        "policy-node",
+        &not_its_node,
+    );
+    // Its own slice moved to another node's pool or driver: the API server's own validation
+    // refuses both before admission (spec.pool.name and spec.driver are immutable in 1.36, as
+    // spec.nodeName is); the policy checks the slice before and after all the same.
+    for (field, value) in [("pool.name", other_node), ("driver", other_driver)] {
+        let moved = replace("policy-own", &|s: &mut Value| {
+            if field == "driver" {
+                s["spec"]["driver"] = value.into();
+            } else {
+                s["spec"]["pool"]["name"] = value.into();
+            }
+        });
+        let said = stderr(&moved);
+        let want = format!(
+            "The ResourceSlice \"policy-own\" is invalid: spec.{field}: Invalid value: \"{value}\": field is immutable"
+        );
+        assert!(
+            !moved.status.success() && said.trim_end() == want,
+            "{said:?} should be {want:?}"
+        );
+    }
+
+    // The admin's slices: another node's; one on this node in another node's pool (what a
+    // token could plant before the pool was pinned); one of another driver on this node.
+    for s in [
+        slice("policy-other-node", other_node, driver, other_node),
+        slice("policy-planted", node, driver, other_node),
+        slice("policy-foreign", node, other_driver, node),
+    ] {
+        c.apply(&s.to_string());
+    }
+    let versions: Vec<Value> = ["policy-other-node", "policy-planted", "policy-foreign"]
+        .iter()
+        .map(|n| stored(n)["metadata"]["resourceVersion"].clone())
+        .collect();
+    denied(
+        replace("policy-other-node", &next_generation),
+        "policy-other-node",
+        &not_its_node,
+    );
+    denied(delete("policy-other-node"), "policy-other-node", &not_its_node);
+    denied(
+        replace("policy-planted", &next_generation),
+        "policy-planted",
+        &not_its_pool,
+    );
+    denied(delete("policy-planted"), "policy-planted", &not_its_pool);
+    denied(
+        replace("policy-foreign", &next_generation),
+        "policy-foreign",
+        &not_its_driver,
+    );
+    denied(delete("policy-foreign"), "policy-foreign", &not_its_driver);
+    for (name, version) in ["policy-other-node", "policy-planted", "policy-foreign"]
+        .iter()
+        .zip(versions)
+    {
+        assert_eq!(
+            stored(name)["metadata"]["resourceVersion"],
+            version,
+            "{name} was written"
+        );
+    }
+
+    // Its own slice: deleted (the admin's go with `_slices`).
+    allowed(delete("policy-own"), "deleting its own slice");
+    c.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        "kube-system",
+        holder,
+        "--wait=true",
+        "--timeout=90s",
+    ]);
+}
+
+/// Deletes the named ResourceSlices, as the admin, when dropped.
+struct DeleteSlices<'a>(&'a Cluster, &'a [&'a str]);
+
+impl Drop for DeleteSlices<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .kubectl(&[&["delete", "resourceslice", "--ignore-not-found"][..], self.1].concat())
+            .output();
+    }
 }
 
 /// The built `vramgate-dra` as a process on the host (not yet as a pod of the node image),

@@ -416,9 +416,10 @@ request GET /apis/resource.k8s.io/v1beta2/resourceslices
 expect_status 404 NotFound
 
 echo "== ValidatingAdmissionPolicy of k8s/dra.yaml: the driver writes only its own node's slice"
-# pslice NAME NODE [STATEMENTS]: the valid slice as NAME on NODE, in a pool of its own.
+# pslice NAME NODE [STATEMENTS]: the valid slice as NAME on NODE, in NODE's pool (as the
+# driver names it).
 pslice() {
-  json_with "$valid_slice" "o['metadata']['name'] = o['spec']['pool']['name'] = '$1'; o['spec']['nodeName'] = '$2'; ${3:-pass}"
+  json_with "$valid_slice" "o['metadata']['name'] = '$1'; o['spec']['nodeName'] = o['spec']['pool']['name'] = '$2'; ${3:-pass}"
 }
 version_of() { "$python" -c 'import json,sys; print(json.loads(sys.argv[1])["metadata"]["resourceVersion"])' "$body"; }
 # expect_denied NAME TEXT: the Status kube-apiserver answers for a denial of the policy with
@@ -431,6 +432,8 @@ and b['details'] == {'name': sys.argv[2], 'group': 'resource.k8s.io', 'kind': 'r
 'causes': [{'message': sys.argv[3] + sys.argv[4]}]}" "denied by the policy: $2" "$1" "$denial_prefix" "$2"
 }
 not_yours() { echo "vramgate-dra on node '$1' may write only its own node's ResourceSlices, not $2"; }
+not_its_driver() { echo "vramgate-dra may write only ResourceSlices whose spec.driver is gpu-memory.vramgate.dev, not one of driver '$1'"; }
+not_its_pool() { echo "vramgate-dra on node '$1' may write only ResourceSlices whose spec.pool.name is its node's name '$1', not one of pool '$2'"; }
 no_node="vramgate-dra may write only its own node's ResourceSlices, and this request does not say which node it comes from: it needs the service account token of a pod on the node (kubelet's projected token, whose user extra authentication.kubernetes.io/node-name is the node: Kubernetes 1.30 or later with ServiceAccountTokenPodNodeInfo, GA in 1.32)"
 
 # Its own node: create, replace, delete.
@@ -440,6 +443,45 @@ TOKEN=dra-a request PUT "$slices/vap-own" "$(pslice vap-own node-a "o['metadata'
 expect_code 200
 check "b['spec']['pool']['generation'] == 2" "replaced"
 TOKEN=dra-a request DELETE "$slices/vap-own"
+expect_code 200
+# On its own node, but naming node-b's pool (which would outrank node-b's own slice at a
+# higher generation) or another driver: not created.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-pool node-a "o['spec']['pool']['name'] = 'node-b'; o['spec']['pool']['generation'] = 9")"
+expect_denied vap-pool "$(not_its_pool node-a node-b)"
+TOKEN=dra-a request POST "$slices" "$(pslice vap-driver node-a "o['spec']['driver'] = 'other.example.com'")"
+expect_denied vap-driver "$(not_its_driver other.example.com)"
+# Its own slice moved to node-b's pool, or to another driver: not replaced.
+TOKEN=dra-a request POST "$slices" "$(pslice vap-own node-a)"
+expect_code 201
+own_version="$(version_of)"
+TOKEN=dra-a request PUT "$slices/vap-own" "$(pslice vap-own node-a "o['metadata']['resourceVersion'] = '$own_version'; o['spec']['pool']['name'] = 'node-b'")"
+expect_denied vap-own "$(not_its_pool node-a node-b)"
+TOKEN=dra-a request PUT "$slices/vap-own" "$(pslice vap-own node-a "o['metadata']['resourceVersion'] = '$own_version'; o['spec']['driver'] = 'other.example.com'")"
+expect_denied vap-own "$(not_its_driver other.example.com)"
+TOKEN=dra-a request DELETE "$slices/vap-own"
+expect_code 200
+# Such slices on its node (the admin's): neither moved into its pool or driver, nor deleted.
+request POST "$slices" "$(pslice vap-pool node-a "o['spec']['pool']['name'] = 'node-b'")"
+expect_code 201
+pool_version="$(version_of)"
+TOKEN=dra-a request PUT "$slices/vap-pool" "$(pslice vap-pool node-a "o['metadata']['resourceVersion'] = '$pool_version'")"
+expect_denied vap-pool "$(not_its_pool node-a node-b)"
+TOKEN=dra-a request DELETE "$slices/vap-pool"
+expect_denied vap-pool "$(not_its_pool node-a node-b)"
+request POST "$slices" "$(pslice vap-driver node-a "o['spec']['driver'] = 'other.example.com'")"
+expect_code 201
+driver_version="$(version_of)"
+TOKEN=dra-a request PUT "$slices/vap-driver" "$(pslice vap-driver node-a "o['metadata']['resourceVersion'] = '$driver_version'")"
+expect_denied vap-driver "$(not_its_driver other.example.com)"
+TOKEN=dra-a request DELETE "$slices/vap-driver"
+expect_denied vap-driver "$(not_its_driver other.example.com)"
+request GET "$slices/vap-pool"
+check "b['metadata']['resourceVersion'] == sys.argv[2] and b['spec']['pool']['name'] == 'node-b'" "the admin's slice of node-b's pool unchanged" "$pool_version"
+request GET "$slices/vap-driver"
+check "b['metadata']['resourceVersion'] == sys.argv[2] and b['spec']['driver'] == 'other.example.com'" "the admin's slice of another driver unchanged" "$driver_version"
+request DELETE "$slices/vap-pool"
+expect_code 200
+request DELETE "$slices/vap-driver"
 expect_code 200
 # Another node's: not created, and the one there (written by the admin) neither replaced nor
 # deleted; node-b's driver may.
@@ -470,20 +512,18 @@ expect_denied vap-b "$no_node"
 # Reads are not admission's; another service account is not the policy's (only RBAC's).
 TOKEN=dra-a request GET "$slices/vap-b"
 expect_code 200
-TOKEN=other-a request POST "$slices" "$(pslice vap-other node-b)"
+TOKEN=other-a request POST "$slices" "$(pslice vap-other node-b "o['spec']['pool']['name'] = 'vap-other'")"
 expect_code 201
 # A collection delete admits each slice as its own DELETE: node-a's go, node-b's stay, and the
-# answer is the refusal.
-TOKEN=dra-a request POST "$slices" "$(pslice vap-own node-a "o['spec']['driver'] = 'vap.example.com'")"
+# answer is the first refusal (node-b's slices in the order made: vap-b first).
+TOKEN=dra-a request POST "$slices" "$(pslice vap-own node-a)"
 expect_code 201
-request PUT "$slices/vap-other" "$(pslice vap-other node-b "o['metadata']['resourceVersion'] = '$(request GET "$slices/vap-other"; version_of)'; o['spec']['driver'] = 'vap.example.com'")"
-expect_code 200
-TOKEN=dra-a request DELETE "$slices?fieldSelector=spec.driver%3Dvap.example.com"
-expect_denied vap-other "$(not_yours node-a "one of node 'node-b'")"
-accepted_writes=$((accepted_writes + 1))  # the delete of vap-own in it is a write too
-request GET "$slices?fieldSelector=spec.driver%3Dvap.example.com"
-check "[i['metadata']['name'] for i in b['items']] == ['vap-other']" "node-a's deleted, node-b's kept"
-request DELETE "$slices?fieldSelector=spec.driver%3Dvap.example.com"
+TOKEN=dra-a request DELETE "$slices?fieldSelector=spec.driver%3Dgpu-memory.vramgate.dev"
+expect_denied vap-b "$(not_yours node-a "one of node 'node-b'")"
+accepted_writes=$((accepted_writes + 1))  # the delete of node-a's two in it is a write too
+request GET "$slices?fieldSelector=spec.driver%3Dgpu-memory.vramgate.dev"
+check "[i['metadata']['name'] for i in b['items']] == ['vap-b', 'vap-other']" "node-a's deleted, node-b's kept"
+request DELETE "$slices?fieldSelector=spec.driver%3Dgpu-memory.vramgate.dev"
 expect_code 200
 # An unknown token is no one, and neither is a request without one (no anonymous admin).
 TOKEN=forged request GET "$slices"
