@@ -14,6 +14,10 @@
 //! cgroups, inits sharing a pid namespace: a pod with `shareProcessNamespace`) are named in
 //! [`Attribution::shared`] and judged as one ([`crate::status::held_together`]).
 //!
+//! Every path is compared as this process reads it, relative to its own cgroup namespace: the
+//! recorded one was read by the hook in the host's. A path that climbs out of the reader's
+//! namespace is [`Attribution::unattributed`]: no container's, and not outside vramgate either.
+//!
 //! Where the driver limit holds a container ([`crate::enforce::Tier::DriverLimit`]), the
 //! driver itself counts what the container's cgroup holds on each GPU, every process of it
 //! included ([`CgroupUsage`]); that figure replaces the per-process sum.
@@ -23,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use crate::admission::Allocated;
 use crate::inventory::GpuProcess;
 use crate::ledger::{Ledger, Reservation};
+use crate::procfs::{self, CgroupMatch};
 
 /// How the memory of GPU processes splits between reserved containers and everything else.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -42,6 +47,21 @@ pub struct Attribution {
     /// ([`crate::status::held_together`]), so that neither is judged, nor stopped, for the
     /// other's use.
     pub shared: Vec<(String, Vec<String>)>,
+    /// Processes owned by no reservation whose cgroup, in a hierarchy some reservation
+    /// recorded, climbs out of this process's cgroup namespace ([`CgroupMatch::CannotTell`]):
+    /// whether they are a container's cannot be told, so they are neither credited to one nor
+    /// listed `outside`. Their containers' reservations stay counted as not yet allocated (as
+    /// admission counts them, the safe side), and the watch stops none of them.
+    pub unattributed: Vec<Unattributed>,
+}
+
+/// A GPU process whose cgroup could not be compared with the recorded ones
+/// ([`Attribution::unattributed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unattributed {
+    pub process: GpuProcess,
+    /// The line of its `/proc/<pid>/cgroup` that climbs, as this process read it.
+    pub cgroup: String,
 }
 
 impl Attribution {
@@ -126,14 +146,18 @@ impl<'l> Owner<'l> {
     }
 
     /// Whether a process that lives in `cgroups` (its `/proc/<pid>/cgroup` text) and pid
-    /// namespace `ns` is this container's: the one rule attribution, status, the metrics and
-    /// `vramgate watch`'s stop all follow. By cgroup where one was recorded (a process in a
-    /// namespace nested inside the container stays in its cgroup; one that merely shares its
-    /// namespace from another cgroup is not its), by pid namespace otherwise.
-    pub fn owns(&self, cgroups: Option<&str>, ns: Option<u64>) -> bool {
+    /// namespace `ns` is this container's ([`CgroupMatch::Inside`]): the one rule attribution,
+    /// status, the metrics and `vramgate watch`'s stop all follow. By cgroup where one was
+    /// recorded (a process in a namespace nested inside the container stays in its cgroup; one
+    /// that merely shares its namespace from another cgroup is not its), by pid namespace
+    /// otherwise. [`CgroupMatch::CannotTell`] where its cgroup climbs out of this process's
+    /// cgroup namespace ([`procfs::cgroup_match`]); a process whose cgroup cannot be read (it
+    /// is gone) is not its.
+    pub fn owns(&self, cgroups: Option<&str>, ns: Option<u64>) -> CgroupMatch {
         match &self.reservation.cgroup {
-            Some(recorded) => cgroups.is_some_and(|text| crate::procfs::in_cgroup(recorded, text)),
-            None => self.pid_namespace.is_some() && ns == self.pid_namespace,
+            Some(recorded) => cgroups.map_or(CgroupMatch::Outside, |text| procfs::cgroup_match(recorded, text)),
+            None if self.pid_namespace.is_some() && ns == self.pid_namespace => CgroupMatch::Inside,
+            None => CgroupMatch::Outside,
         }
     }
 
@@ -166,7 +190,13 @@ pub fn attribute_in(
         let text = if any_cgroup { cgroups(process.pid) } else { None };
         let ns = pid_namespace(process.pid);
         let has_share = |o: &&Owner| o.reservation.gpus.iter().any(|s| s.uuid == process.gpu_uuid);
-        let mine: Vec<&Owner> = owners.iter().filter(|o| o.owns(text.as_deref(), ns)).collect();
+        let matched: Vec<CgroupMatch> = owners.iter().map(|o| o.owns(text.as_deref(), ns)).collect();
+        let mine: Vec<&Owner> = owners
+            .iter()
+            .zip(&matched)
+            .filter(|(_, m)| **m == CgroupMatch::Inside)
+            .map(|(o, _)| o)
+            .collect();
         // Of several owners (nested cgroups, a shared namespace: judged together, see
         // `shared`), the innermost that holds a share on the process's GPU, the last of equals;
         // else the innermost.
@@ -191,6 +221,15 @@ pub fn attribute_in(
                     .entry((o.reservation.container_id.clone(), process.gpu_uuid.clone()))
                     .or_default() += process.used;
             }
+            // Never a quiet "outside": see `Attribution::unattributed`.
+            None if matched.contains(&CgroupMatch::CannotTell) => result.unattributed.push(Unattributed {
+                process: process.clone(),
+                cgroup: text
+                    .as_deref()
+                    .and_then(procfs::climbing_line)
+                    .unwrap_or_default()
+                    .to_string(),
+            }),
             None => result.outside.push(process.clone()),
         }
     }
@@ -344,5 +383,51 @@ mod tests {
             attribute_measured(&ledger, &processes, ns, &NoCgroupUsage),
             by_namespace
         );
+    }
+
+    /// A GPU process whose cgroup climbs out of the reader's namespace is no container's and
+    /// not outside either: its container's reservation stays counted as unallocated.
+    #[test]
+    fn a_process_whose_cgroup_climbs_is_neither_a_containers_nor_outside() {
+        let mut ledger = Ledger::default();
+        let mut r = Reservation::for_test("c1", "G", 4 << 30);
+        r.init = ProcessIdentity {
+            pid: 100,
+            start_time: 1,
+        };
+        r.cgroup = Some("0::/kubepods/pod1/c1".into());
+        ledger.reservations.push(r);
+        let p = |pid, used| GpuProcess {
+            gpu_uuid: "G".into(),
+            pid,
+            used,
+        };
+        let cgroups = |pid: u32| -> Option<String> {
+            Some(
+                match pid {
+                    101 => "0::/kubepods/pod1/c1\n",
+                    102 => "0::/../../pod1/c1\n",
+                    _ => "0::/system.slice/other\n",
+                }
+                .to_string(),
+            )
+        };
+        let ns = |_: u32| Some(1);
+        let a = attribute_in(&ledger, &[p(101, 1 << 30), p(102, 2 << 30), p(555, 50)], &ns, &cgroups);
+        assert_eq!(a.allocated[&("c1".to_string(), "G".to_string())], 1 << 30);
+        assert_eq!(a.outside, vec![p(555, 50)]);
+        assert_eq!(
+            a.unattributed,
+            vec![Unattributed {
+                process: p(102, 2 << 30),
+                cgroup: "0::/../../pod1/c1".into(),
+            }]
+        );
+        let owner = Owner::of(&ledger.reservations[0], &ns, Some(1));
+        assert_eq!(
+            owner.owns(Some("0::/../../pod1/c1\n"), Some(1)),
+            CgroupMatch::CannotTell
+        );
+        assert_eq!(owner.owns(None, Some(1)), CgroupMatch::Outside);
     }
 }
