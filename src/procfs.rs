@@ -212,6 +212,15 @@ pub fn cgroups(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("{PROC}/{pid}/cgroup")).ok()
 }
 
+/// The cgroup namespace `/proc/<entry>/ns/cgroup` names (`entry`: a pid, or `self`), as the
+/// inode that identifies it. Another process's needs ptrace read access to it (root with
+/// `CAP_SYS_PTRACE`, which the readers that attribute keep: [`crate::privilege`]).
+pub fn cgroup_namespace(entry: &str) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let path: PathBuf = [PROC, entry, "ns", "cgroup"].iter().collect();
+    std::fs::metadata(path).map(|m| m.ino())
+}
+
 /// Whether a cgroup path, as `/proc/<pid>/cgroup` shows it, is not one from the reader's
 /// cgroup namespace root down: the kernel writes each path relative to the *reader's*
 /// namespace, and one outside it climbs (`/../../kubepods/...`, `/..`). Such a path names a

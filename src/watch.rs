@@ -42,7 +42,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::attribution::{Owner, Unattributed};
+use crate::attribution::{ForeignCgroupView, Owner, Unattributed};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, OverUseAction};
 use crate::events::{self, Event, Kind};
@@ -421,19 +421,27 @@ fn stop_group(
     Ok(killed)
 }
 
-/// Runs the watch until killed: one pass every `[enforce] over_use_interval`, the config read
-/// again each time (a changed action or margin applies at the next pass). A pass that fails
-/// (the ledger unreadable, NVML failing) is logged and the next one tried.
-pub fn run(config_path: &Path, mut log: impl FnMut(&str)) -> ! {
+/// Runs the watch: one pass every `[enforce] over_use_interval`, the config read again each
+/// time (a changed action or margin applies at the next pass). A pass that fails (the ledger
+/// unreadable, NVML failing) is logged and the next one tried. It returns only where it
+/// cannot judge at all: its inventory lists GPU processes and this process reads cgroups from
+/// a namespace of its own ([`crate::attribution::check_cgroup_namespace`], asked each time the
+/// inventory is opened: at the first pass, and when `[inventory]` changes), where running on
+/// would judge every container as using nothing, stop none, and keep a heartbeat that tells
+/// the service a watch holds claims to their limit.
+pub fn run(config_path: &Path, mut log: impl FnMut(&str)) -> ForeignCgroupView {
     let mut watch = Watch::default();
     let mut inventory: Option<(Box<dyn crate::inventory::Inventory>, crate::config::InventoryConfig)> = None;
     loop {
         let interval = match pass_once(config_path, &mut watch, &mut inventory, &mut log) {
             Ok(interval) => interval,
-            Err(e) => {
-                log(&format!("vramgate watch: {e}"));
-                Duration::from_secs(1)
-            }
+            Err(e) => match e.downcast::<ForeignCgroupView>() {
+                Ok(foreign) => return *foreign,
+                Err(e) => {
+                    log(&format!("vramgate watch: {e}"));
+                    Duration::from_secs(1)
+                }
+            },
         };
         std::thread::sleep(interval);
     }
@@ -449,7 +457,9 @@ fn pass_once(
     // NVML is opened once and kept (its init takes seconds on a cold multi-GPU host); a
     // changed [inventory] opens it again.
     if inventory.as_ref().is_none_or(|(_, seen)| *seen != config.inventory) {
-        *inventory = Some((crate::inventory::open(&config)?, config.inventory.clone()));
+        let opened = crate::inventory::open(&config)?;
+        crate::attribution::check_cgroup_namespace(opened.as_ref())?;
+        *inventory = Some((opened, config.inventory.clone()));
     }
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         return Ok(config.enforce.over_use_interval);
