@@ -35,6 +35,12 @@
 //! never reported or stopped; the driver limit's per-cgroup figure covers it where that driver
 //! runs.
 //!
+//! It runs in the host's cgroup namespace or not at all: it finds a container's processes by
+//! the cgroup the hook recorded, as the host reads it, and from a namespace of its own it would
+//! read every other process's as `/../..` and find none ([`run`] returns the reason:
+//! [`crate::attribution::check_cgroup_namespace`]). Under Kubernetes that is a privileged
+//! pod; `hostPID` alone does not give it.
+//!
 //! It reads the service's snapshot, so it sits above the service and `vramgate status`, not in
 //! [`crate::enforce`], which they use.
 
