@@ -84,6 +84,8 @@ pub enum ExporterError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Inventory(#[from] InventoryError),
+    #[error("{0}")]
+    CgroupView(#[from] crate::attribution::ForeignCgroupView),
 }
 
 type Result<T> = std::result::Result<T, ExporterError>;
@@ -99,10 +101,14 @@ pub struct Exporter {
 
 impl Exporter {
     /// Loads the config, opens the inventory and listens on `listen` (`host:port`; port 0
-    /// picks a free one, see [`Exporter::local_addr`]).
+    /// picks a free one, see [`Exporter::local_addr`]). Refused where this process cannot
+    /// tell which container holds which GPU memory
+    /// ([`crate::attribution::check_cgroup_namespace`]): every scrape would show it all as used
+    /// outside vramgate.
     pub fn bind(listen: &str, config_path: PathBuf) -> Result<Exporter> {
         let config = Config::load_from(&config_path)?;
         let inventory = crate::inventory::open(&config)?;
+        crate::attribution::check_cgroup_namespace(inventory.as_ref())?;
         let listen_err = |source| ExporterError::Listen {
             addr: listen.to_string(),
             source,

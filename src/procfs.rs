@@ -212,10 +212,34 @@ pub fn cgroups(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("{PROC}/{pid}/cgroup")).ok()
 }
 
+/// The cgroup namespace `/proc/<entry>/ns/cgroup` names (`entry`: a pid, or `self`), as the
+/// inode that identifies it. Another process's needs ptrace read access to it (root with
+/// `CAP_SYS_PTRACE`, which the readers that attribute keep: [`crate::privilege`]).
+pub fn cgroup_namespace(entry: &str) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let path: PathBuf = [PROC, entry, "ns", "cgroup"].iter().collect();
+    std::fs::metadata(path).map(|m| m.ino())
+}
+
+/// Whether a cgroup path, as `/proc/<pid>/cgroup` shows it, is not one from the reader's
+/// cgroup namespace root down: the kernel writes each path relative to the *reader's*
+/// namespace, and one outside it climbs (`/../../kubepods/...`, `/..`). Such a path names a
+/// cgroup relative to a root nobody recorded, so it compares with no recorded path.
+fn climbs(path: &str) -> bool {
+    !path.starts_with('/') || path.split('/').any(|c| c == "..")
+}
+
+/// The first line of a `/proc/<pid>/cgroup` text whose path climbs out of the reader's cgroup
+/// namespace ([`climbs`]), if any.
+pub fn climbing_line(text: &str) -> Option<&str> {
+    text.lines()
+        .find(|l| cgroup_line(l).is_some_and(|(_, _, path)| climbs(path)))
+}
+
 /// The line of a container init's `/proc/<pid>/cgroup` text that names the container's own
 /// cgroup: what a reservation records ([`crate::ledger::Reservation::cgroup`]) and attribution
 /// finds the container's processes by, whatever pid namespace they are in
-/// ([`in_cgroup`]).
+/// ([`cgroup_match`]).
 ///
 /// Which hierarchy: the cgroup v2 line (`0::/path`) where the init is in a v2 cgroup other than
 /// the root: every process of a unified host (the GPU hosts), and a hybrid host's where runc
@@ -224,10 +248,10 @@ pub fn cgroups(pid: u32) -> Option<String> {
 /// v1 host systemd runs; `memory` may be switched off on the kernel's command line, and
 /// `name=systemd` is joined only by runc's systemd driver). A line whose path is the root
 /// (`/`: a container left in the host's cgroup) or climbs out of the reader's cgroup
-/// namespace (`/..`) tells nothing apart: `None`, and the container's processes are
+/// namespace ([`climbs`]) tells nothing apart: `None`, and the container's processes are
 /// attributed by pid namespace as before cgroups were recorded.
 pub fn own_cgroup(text: &str) -> Option<String> {
-    let usable = |path: &str| path.starts_with('/') && path != "/" && !path.split('/').any(|c| c == "..");
+    let usable = |path: &str| path != "/" && !climbs(path);
     let lines = || text.lines().filter_map(|l| Some((l, cgroup_line(l)?)));
     let v2 = lines().find(|(_, (id, controllers, path))| *id == "0" && controllers.is_empty() && usable(path));
     let v1 = || lines().find(|(_, (_, controllers, path))| controllers.split(',').any(|c| c == "pids") && usable(path));
@@ -240,25 +264,64 @@ fn cgroup_line(line: &str) -> Option<(&str, &str, &str)> {
     Some((parts.next()?, parts.next()?, parts.next()?))
 }
 
+/// Whether cgroup path `path` is `ancestor` or lies below it.
+fn at_or_below(path: &str, ancestor: &str) -> bool {
+    path.strip_prefix(ancestor)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// Whether the cgroup `recorded` (a line of [`own_cgroup`]) is `line`'s, or an ancestor of it,
 /// in the same hierarchy.
 fn nests_under(line: &str, recorded: &str) -> bool {
     let Some((id, controllers, path)) = cgroup_line(recorded) else {
         return false;
     };
-    cgroup_line(line).is_some_and(|(i, c, p)| {
-        i == id
-            && c == controllers
-            && p.strip_prefix(path)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    })
+    cgroup_line(line).is_some_and(|(i, c, p)| i == id && c == controllers && at_or_below(p, path))
+}
+
+/// Where a process lies against a recorded cgroup ([`cgroup_match`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMatch {
+    /// In the cgroup, or in one below it.
+    Inside,
+    /// Elsewhere in its hierarchy (or in none of its hierarchy's cgroups).
+    Outside,
+    /// Its path in that hierarchy (or the recorded one) climbs out of the reader's cgroup
+    /// namespace ([`climbs`]): relative to another root than the one the recorded path was
+    /// read from, it can be neither matched nor ruled out.
+    CannotTell,
 }
 
 /// Whether a process whose `/proc/<pid>/cgroup` text is `text` lies in the cgroup `recorded`
 /// (a line of [`own_cgroup`]) or one below it: a container's process, in whatever pid
-/// namespace it runs (`unshare -Urpf` inside a container leaves its cgroup as it is).
+/// namespace it runs (`unshare -Urpf` inside a container leaves its cgroup as it is). A path
+/// that climbs is [`CgroupMatch::CannotTell`], never a quiet "outside": read from a cgroup
+/// namespace of the reader's own, every process would be outside every container.
+pub fn cgroup_match(recorded: &str, text: &str) -> CgroupMatch {
+    let Some((id, controllers, path)) = cgroup_line(recorded) else {
+        return CgroupMatch::Outside;
+    };
+    if climbs(path) {
+        return CgroupMatch::CannotTell;
+    }
+    let mut found = CgroupMatch::Outside;
+    for (_, _, p) in text
+        .lines()
+        .filter_map(cgroup_line)
+        .filter(|(i, c, _)| *i == id && *c == controllers)
+    {
+        if climbs(p) {
+            found = CgroupMatch::CannotTell;
+        } else if at_or_below(p, path) {
+            return CgroupMatch::Inside;
+        }
+    }
+    found
+}
+
+/// [`cgroup_match`] is [`CgroupMatch::Inside`].
 pub fn in_cgroup(recorded: &str, text: &str) -> bool {
-    text.lines().any(|line| nests_under(line, recorded))
+    cgroup_match(recorded, text) == CgroupMatch::Inside
 }
 
 /// Whether two recorded cgroups ([`own_cgroup`]) are one, or one lies below the other: their
@@ -323,6 +386,37 @@ mod tests {
         assert!(!in_cgroup("8:pids:/c1", "7:blkio:/c1\n"));
         assert!(cgroups_nest("0::/pod/c1", "0::/pod/c1/inner") && cgroups_nest("0::/pod", "0::/pod"));
         assert!(!cgroups_nest("0::/pod/c1", "0::/pod/c2"));
+    }
+
+    /// Read from a cgroup namespace of the reader's own, a process outside it shows a path that
+    /// climbs (`/..`): neither in the container's cgroup nor outside it, whatever the path
+    /// goes on to name; a path merely named `..x` does not climb.
+    #[test]
+    fn a_path_that_climbs_out_of_the_readers_cgroup_namespace_can_neither_match_nor_be_ruled_out() {
+        use CgroupMatch::{CannotTell, Inside, Outside};
+        let recorded = "0::/kubepods/pod1/c1";
+        assert_eq!(cgroup_match(recorded, "0::/kubepods/pod1/c1/inner\n"), Inside);
+        assert_eq!(cgroup_match(recorded, "0::/kubepods/pod2/c2\n"), Outside);
+        // The same container's process, and another's, as a reader in a namespace of its own
+        // (rooted at /kubepods/pod9/c9) reads them.
+        assert_eq!(cgroup_match(recorded, "0::/../../pod1/c1\n"), CannotTell);
+        assert_eq!(cgroup_match(recorded, "0::/../../pod2/c2\n"), CannotTell);
+        assert_eq!(cgroup_match(recorded, "0::/..\n"), CannotTell);
+        assert_eq!(cgroup_match(recorded, "0::relative\n"), CannotTell);
+        // v1: only the recorded hierarchy's line counts.
+        assert_eq!(cgroup_match("8:pids:/c1", "8:pids:/../c1\n0::/\n"), CannotTell);
+        assert_eq!(cgroup_match("8:pids:/c1", "8:pids:/c1\n4:memory:/../x\n"), Inside);
+        assert_eq!(cgroup_match("8:pids:/c1", "8:pids:/c2\n4:memory:/../x\n"), Outside);
+        // A recorded path that climbs (a ledger edited by hand) compares with nothing.
+        assert_eq!(cgroup_match("0::/../c1", "0::/../c1\n"), CannotTell);
+        assert!(!in_cgroup(recorded, "0::/../../pod1/c1\n"));
+        // Not a climb: a component that only starts with two dots.
+        assert_eq!(cgroup_match("0::/pod/..c1", "0::/pod/..c1/x\n"), Inside);
+        assert_eq!(
+            climbing_line("1:cpu:/\n0::/../../init.scope\n"),
+            Some("0::/../../init.scope")
+        );
+        assert_eq!(climbing_line("1:cpu:/\n0::/..c/init.scope\n"), None);
     }
 
     #[test]

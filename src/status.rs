@@ -35,6 +35,11 @@ pub struct StatusReport {
     /// ([`crate::attribution::Attribution::shared`]): what the watch judges and stops by.
     #[serde(skip)]
     pub shared: Vec<(String, Vec<String>)>,
+    /// GPU processes whose cgroup could not be compared with the recorded ones
+    /// ([`crate::attribution::Attribution::unattributed`]): in no reservation's `used`, and
+    /// not among `outside_processes`; the watch says so once.
+    #[serde(skip)]
+    pub unattributed: Vec<crate::attribution::Unattributed>,
 }
 
 #[derive(Debug, Serialize)]
@@ -346,6 +351,7 @@ pub fn build_report(
         gpus,
         allocated: attribution.allocated,
         shared: attribution.shared,
+        unattributed: attribution.unattributed,
         snapshot,
     })
 }

@@ -35,6 +35,12 @@
 //! never reported or stopped; the driver limit's per-cgroup figure covers it where that driver
 //! runs.
 //!
+//! It runs in the host's cgroup namespace or not at all: it finds a container's processes by
+//! the cgroup the hook recorded, as the host reads it, and from a namespace of its own it would
+//! read every other process's as `/../..` and find none ([`run`] returns the reason:
+//! [`crate::attribution::check_cgroup_namespace`]). Under Kubernetes that is a privileged
+//! pod; `hostPID` alone does not give it.
+//!
 //! It reads the service's snapshot, so it sits above the service and `vramgate status`, not in
 //! [`crate::enforce`], which they use.
 
@@ -42,13 +48,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use crate::attribution::Owner;
+use crate::attribution::{ForeignCgroupView, Owner, Unattributed};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, OverUseAction};
 use crate::events::{self, Event, Kind};
 use crate::inventory::GpuProcess;
 use crate::ledger::{GpuShare, Ledger, Reservation, StateDir};
-use crate::procfs::{self, Life, Liveness, ProcLiveness, ProcessIdentity};
+use crate::procfs::{self, CgroupMatch, Life, Liveness, ProcLiveness, ProcessIdentity};
 use crate::quantity::{format_bytes, Quantity};
 use crate::service::Service;
 use crate::status::StatusReport;
@@ -216,7 +222,8 @@ fn verified_owners<'l>(members: &[&'l Reservation], pid_namespace: &dyn Fn(u32) 
         .collect()
 }
 
-/// Whether process `pid` is one of `owners`' ([`Owner::owns`]).
+/// Whether process `pid` is one of `owners`' ([`Owner::owns`]); one whose cgroup cannot be
+/// compared ([`CgroupMatch::CannotTell`]) is not, and is never stopped.
 fn owned(owners: &[Owner], pid: u32, pid_namespace: &dyn Fn(u32) -> Option<u64>) -> bool {
     if owners.is_empty() {
         return false;
@@ -224,7 +231,9 @@ fn owned(owners: &[Owner], pid: u32, pid_namespace: &dyn Fn(u32) -> Option<u64>)
     let any_cgroup = owners.iter().any(|o| o.reservation.cgroup.is_some());
     let text = if any_cgroup { procfs::cgroups(pid) } else { None };
     let ns = pid_namespace(pid);
-    owners.iter().any(|o| o.owns(text.as_deref(), ns))
+    owners
+        .iter()
+        .any(|o| o.owns(text.as_deref(), ns) == CgroupMatch::Inside)
 }
 
 /// The GPU processes of the containers `members`: those attribution gives them (by cgroup
@@ -254,6 +263,11 @@ pub struct Pass {
     pub spared: Vec<(OverUse, String)>,
     /// The heartbeat could not be written: the service counts claim holders whole meanwhile.
     pub heartbeat_error: Option<crate::ledger::LedgerError>,
+    /// GPU processes whose cgroup could not be compared with the recorded ones
+    /// ([`crate::attribution::Attribution::unattributed`]): judged as no container's, stopped
+    /// with none. Filled the first time any are seen in this watch's life, for the caller to
+    /// say once.
+    pub unattributed: Vec<Unattributed>,
 }
 
 /// The watch's memory between passes: the episodes already reported, so that one stays one
@@ -263,6 +277,8 @@ pub struct Watch {
     reported: HashMap<(String, u64, String), ()>,
     /// Whether this watch has written its pid into the heartbeat file.
     heartbeat_written: bool,
+    /// Whether a pass has handed over [`Pass::unattributed`] already.
+    told_unattributed: bool,
 }
 
 impl Watch {
@@ -283,6 +299,10 @@ impl Watch {
         let found = over_use(&report, &ledger, config.enforce.over_use_margin);
         let now = SystemClock.now_unix_ms();
         let mut pass = Pass::default();
+        if !self.told_unattributed && !report.unattributed.is_empty() {
+            self.told_unattributed = true;
+            pass.unattributed = report.unattributed.clone();
+        }
         let mut log = Vec::new();
         let still: HashMap<(String, u64, String), ()> = found.iter().map(|o| (o.key(), ())).collect();
         self.reported.retain(|key, _| still.contains_key(key));
@@ -407,19 +427,27 @@ fn stop_group(
     Ok(killed)
 }
 
-/// Runs the watch until killed: one pass every `[enforce] over_use_interval`, the config read
-/// again each time (a changed action or margin applies at the next pass). A pass that fails
-/// (the ledger unreadable, NVML failing) is logged and the next one tried.
-pub fn run(config_path: &Path, mut log: impl FnMut(&str)) -> ! {
+/// Runs the watch: one pass every `[enforce] over_use_interval`, the config read again each
+/// time (a changed action or margin applies at the next pass). A pass that fails (the ledger
+/// unreadable, NVML failing) is logged and the next one tried. It returns only where it
+/// cannot judge at all: its inventory lists GPU processes and this process reads cgroups from
+/// a namespace of its own ([`crate::attribution::check_cgroup_namespace`], asked each time the
+/// inventory is opened: at the first pass, and when `[inventory]` changes), where running on
+/// would judge every container as using nothing, stop none, and keep a heartbeat that tells
+/// the service a watch holds claims to their limit.
+pub fn run(config_path: &Path, mut log: impl FnMut(&str)) -> ForeignCgroupView {
     let mut watch = Watch::default();
     let mut inventory: Option<(Box<dyn crate::inventory::Inventory>, crate::config::InventoryConfig)> = None;
     loop {
         let interval = match pass_once(config_path, &mut watch, &mut inventory, &mut log) {
             Ok(interval) => interval,
-            Err(e) => {
-                log(&format!("vramgate watch: {e}"));
-                Duration::from_secs(1)
-            }
+            Err(e) => match e.downcast::<ForeignCgroupView>() {
+                Ok(foreign) => return *foreign,
+                Err(e) => {
+                    log(&format!("vramgate watch: {e}"));
+                    Duration::from_secs(1)
+                }
+            },
         };
         std::thread::sleep(interval);
     }
@@ -435,7 +463,9 @@ fn pass_once(
     // NVML is opened once and kept (its init takes seconds on a cold multi-GPU host); a
     // changed [inventory] opens it again.
     if inventory.as_ref().is_none_or(|(_, seen)| *seen != config.inventory) {
-        *inventory = Some((crate::inventory::open(&config)?, config.inventory.clone()));
+        let opened = crate::inventory::open(&config)?;
+        crate::attribution::check_cgroup_namespace(opened.as_ref())?;
+        *inventory = Some((opened, config.inventory.clone()));
     }
     let Some(dir) = StateDir::open_existing(&config.state_dir)? else {
         return Ok(config.enforce.over_use_interval);
@@ -465,6 +495,23 @@ fn pass_once(
         log(&format!(
             "vramgate watch: stopped container {} (pids {pids:?})",
             over.container
+        ));
+    }
+    if !pass.unattributed.is_empty() {
+        let processes: Vec<String> = pass
+            .unattributed
+            .iter()
+            .map(|u| match u.cgroup.as_str() {
+                "" => format!("pid {} on {}", u.process.pid, u.process.gpu_uuid),
+                line => format!(
+                    "pid {} on {} (its cgroup read as {line:?})",
+                    u.process.pid, u.process.gpu_uuid
+                ),
+            })
+            .collect();
+        log(&format!(
+            "vramgate watch: cannot compare the cgroup of {} with the cgroups containers recorded, a path climbing out of this process's cgroup namespace (`..`): judged as no container's and stopped with none, their containers' reservations counted as not yet allocated (said once; the watch must run in the host's cgroup namespace)",
+            processes.join(", ")
         ));
     }
     Ok(config.enforce.over_use_interval)
@@ -968,5 +1015,46 @@ mod tests {
         let mut r = Reservation::for_test("host", "GPU-0", GI);
         r.init = me;
         assert!(container_processes(&[&r], &processes, &procfs::pid_namespace).is_empty());
+    }
+
+    /// A GPU process whose cgroup cannot be compared with the one its container recorded
+    /// (a path that climbs out of the reader's cgroup namespace: here the recorded one, as a
+    /// ledger edited by hand would have it; read from a namespace of the watch's own, every
+    /// process's would) is never the container's: not measured as its use, so not stopped under
+    /// `kill`, and not listed outside vramgate either; the pass hands it over once, for the log.
+    #[test]
+    fn a_process_whose_cgroup_cannot_be_compared_is_neither_stopped_nor_outside_and_is_said_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open_or_create(&tmp.path().join("state")).unwrap();
+        let container = Container::start();
+        reserve(&dir, "climbs", container.init, GI);
+        {
+            let mut tx = dir.begin().unwrap();
+            tx.ledger.reservations[0].cgroup = Some("0::/../elsewhere".into());
+            let _committed = tx.commit().unwrap();
+        }
+        // 4 GiB on a 1 GiB reservation: over, were it measured.
+        let inventory = listed(vec![on_gpu0(container.init, 4 * GI)]);
+        let config = watch_config(&dir, OverUseAction::Kill);
+        let service = Service::new(dir.clone(), &inventory, &SystemClock, &ProcLiveness, &config);
+        let report = service.snapshot_of(&dir.read().unwrap()).unwrap();
+        assert!(report.gpus[0].outside_processes.is_empty(), "{report:?}");
+        assert_eq!(report.gpus[0].reservations[0].used, Some(0), "{report:?}");
+        let mut watch = Watch::default();
+        let pass = watch.pass(&service, &dir, &config).unwrap();
+        assert!(pass.reported.is_empty() && pass.stopped.is_empty(), "{pass:?}");
+        assert_eq!(pass.unattributed.len(), 1, "{pass:?}");
+        assert_eq!(pass.unattributed[0].process.pid, container.init);
+        let ledger = dir.read().unwrap();
+        assert!(container_processes(
+            &[&ledger.reservations[0]],
+            &report.snapshot.processes,
+            &procfs::pid_namespace
+        )
+        .is_empty());
+        // Said once: the next pass hands nothing over.
+        let pass = watch.pass(&service, &dir, &config).unwrap();
+        assert!(pass.unattributed.is_empty() && pass.stopped.is_empty(), "{pass:?}");
+        assert!(container.alive());
     }
 }

@@ -11,6 +11,10 @@
 //!   `tests/fixtures/nvml_inventory_stub.c`, which lists the processes the test says hold
 //!   memory) stops the runc container that holds more than its reservation, and only it: its
 //!   neighbour on the same GPU, under its own reservation, runs on through later passes.
+//! - Every built binary that tells which container a GPU process is (`watch`, `exporter`,
+//!   `status`, `metrics`, the device plugin, the DRA driver) refuses to run in a cgroup
+//!   namespace of its own, where it would read every other process's cgroup as `/../..`, and
+//!   runs in the host's.
 
 mod support;
 
@@ -316,4 +320,299 @@ fn the_watch_under_kill_stops_only_the_container_over_its_reservation() {
     assert!(runc_kill_when_running(&bed, "under"));
     runs[0].wait().unwrap();
     wait_released(&bed, "under");
+}
+
+/// Where a binary runs in [`every_attributing_binary_refuses_a_cgroup_namespace_of_its_own`]:
+/// its cgroup namespace, and what it finds at /proc and /sys/fs/cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placing {
+    /// The test's own namespaces.
+    Host,
+    /// A cgroup namespace of its own (`unshare --cgroup`), made in a cgroup v2 directory of
+    /// the test's (as containerd makes one in the container's cgroup), the host's layout
+    /// otherwise: hybrid on the development VM.
+    OwnCgroupNamespace,
+    /// The same, with cgroup v2 at /sys/fs/cgroup, as on a GPU host (on a hybrid host: a
+    /// private mount namespace with the unified hierarchy bound over /sys/fs/cgroup).
+    OwnCgroupNamespaceOnV2,
+    /// A cgroup namespace of its own under a pid namespace whose pid 1 (a shell left in the
+    /// test's cgroup namespace) it may read: `/proc/1/ns/cgroup` is compared, whatever the
+    /// host's pid 1 lets a root process read.
+    OwnCgroupNamespaceReadablePid1,
+    /// The host's cgroup namespace under that pid namespace: the comparison finds one.
+    HostCgroupNamespaceReadablePid1,
+    /// The host's cgroup namespace with cgroup v2 at /sys/fs/cgroup: the layout alone is no
+    /// reason to refuse.
+    HostCgroupNamespaceOnV2,
+}
+
+/// A cgroup v2 directory of the test's own, whose processes are killed and which is removed
+/// when dropped: where a [`Placing`] makes its cgroup namespace.
+struct ScratchCgroup {
+    /// Its name under the v2 root.
+    name: String,
+    dir: PathBuf,
+}
+
+impl ScratchCgroup {
+    fn new(label: &str) -> ScratchCgroup {
+        let name = format!("vramgate-cgroupns-test-{}-{label}", std::process::id());
+        let dir = cgroup_v2_root().join(&name);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        ScratchCgroup { name, dir }
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err() && std::time::Instant::now() < deadline {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `program args` placed as `placing` says, its cgroup namespace (where one of its own) made in
+/// `cgroup`. The shell joins the cgroup first, so the namespace's root is that cgroup and pid 1
+/// lies outside it, as a container's namespace is rooted in the container's cgroup.
+fn placed(placing: Placing, cgroup: &ScratchCgroup, program: &Path, args: &[&str]) -> Command {
+    let v2_root = cgroup_v2_root();
+    let bind_v2 = if v2_root == Path::new("/sys/fs/cgroup") {
+        String::new()
+    } else {
+        format!("mount --bind {} /sys/fs/cgroup && ", v2_root.display())
+    };
+    let join = |root: &Path| format!("echo $$ > {}/cgroup.procs", root.join(&cgroup.name).display());
+    // `"$0" "$@"`: the program and its arguments, passed after the script.
+    let (wrapper, script): (&[&str], String) = match placing {
+        Placing::Host => {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            return cmd;
+        }
+        Placing::OwnCgroupNamespace => (
+            &[],
+            format!("{} && exec unshare --cgroup \"$0\" \"$@\"", join(&v2_root)),
+        ),
+        Placing::OwnCgroupNamespaceOnV2 => (
+            &["--mount", "--propagation", "private"],
+            format!(
+                "{bind_v2}{} && exec unshare --cgroup \"$0\" \"$@\"",
+                join(Path::new("/sys/fs/cgroup"))
+            ),
+        ),
+        // The shell stays pid 1 (no exec), in the cgroup it joined, in the test's namespace.
+        Placing::OwnCgroupNamespaceReadablePid1 => (
+            &["--pid", "--fork", "--mount-proc"],
+            format!("{} && unshare --cgroup \"$0\" \"$@\"; exit $?", join(&v2_root)),
+        ),
+        Placing::HostCgroupNamespaceReadablePid1 => (
+            &["--pid", "--fork", "--mount-proc"],
+            format!("{} && \"$0\" \"$@\"; exit $?", join(&v2_root)),
+        ),
+        Placing::HostCgroupNamespaceOnV2 => (
+            &["--mount", "--propagation", "private"],
+            format!("{bind_v2}exec \"$0\" \"$@\""),
+        ),
+    };
+    let mut cmd = Command::new("unshare");
+    cmd.args(wrapper).args(["sh", "-c"]).arg(script).arg(program).args(args);
+    cmd
+}
+
+/// Runs `cmd` to its end (20 s at most: each refusal comes before any wait), stdin and stdout
+/// closed; returns its exit code and stderr.
+fn run_to_end(mut cmd: Command, what: &str) -> (Option<i32>, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let exited = wait_until(&format!("{what} to exit"), Duration::from_secs(20), || {
+        let status = child.try_wait().unwrap();
+        (status.is_some(), status)
+    });
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (exited.and_then(|s| s.code()), err)
+}
+
+/// The one line every refusal ends with: what to set.
+const RUN_IN_THE_HOSTS: &str = "run it in the host's cgroup namespace: under Kubernetes a privileged container (securityContext.privileged: true; containerd and CRI-O give every other container on cgroup v2 a cgroup namespace of its own, hostPID or not), under docker or podman `run --cgroupns=host`";
+
+/// Seen from a cgroup namespace of its own (what containerd and CRI-O give every pod that is
+/// not privileged on cgroup v2), every other process's `/proc/<pid>/cgroup` climbs (`/../..`)
+/// and none lies in its container's recorded cgroup: the watch would stop no one, the exporter
+/// and status would show all GPU memory as used outside vramgate, the plugins would publish
+/// less than there is. Each built binary that attributes GPU processes (`vramgate watch`,
+/// `exporter`, `status`, `metrics`, `vramgate-device-plugin`, `vramgate-dra`), on an NVML
+/// inventory (the stub), refuses to run there: exit 1, and a last line that says what to set.
+/// On the host's layout and on cgroup v2 at /sys/fs/cgroup alike; where pid 1's namespace can
+/// be read (a pid namespace of the test's), by the comparison itself. In the host's cgroup
+/// namespace, the same config works (the watch measures, the exporter serves, status prints),
+/// with cgroup v2 at /sys/fs/cgroup and under that pid namespace too; and an inventory that
+/// lists no processes (the static one) runs even from a namespace of its own.
+#[test]
+fn every_attributing_binary_refuses_a_cgroup_namespace_of_its_own() {
+    let dir = tempfile::Builder::new().prefix("vg-cgroupns").tempdir().unwrap();
+    let (lib, host) = nvml_inventory_stub(dir.path());
+    std::fs::write(&host, format!("gpu GPU-zero {}\n", 16 * GIB)).unwrap();
+    let nvml_config = dir.path().join("nvml.toml");
+    std::fs::write(
+        &nvml_config,
+        Testbed::default_config(
+            dir.path(),
+            &format!(
+                "[inventory]\nbackend = \"nvml\"\nnvml_library = {:?}\n[enforce]\nover_use_interval = \"100ms\"\n",
+                lib.display().to_string()
+            ),
+        ),
+    )
+    .unwrap();
+    let static_config = dir.path().join("static.toml");
+    std::fs::write(&static_config, Testbed::default_config(dir.path(), ONE_GPU)).unwrap();
+    let plugin_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let plugin_dir = plugin_dir.display().to_string();
+    let (vramgate, device_plugin, dra) = (
+        PathBuf::from(VRAMGATE),
+        built_binary("vramgate-device-plugin"),
+        built_binary("vramgate-dra"),
+    );
+    let binaries: [(&str, &Path, Vec<&str>); 6] = [
+        ("vramgate watch", &vramgate, vec!["watch"]),
+        (
+            "vramgate exporter",
+            &vramgate,
+            vec!["exporter", "--listen", "127.0.0.1:0"],
+        ),
+        ("vramgate status", &vramgate, vec!["status"]),
+        ("vramgate metrics", &vramgate, vec!["metrics"]),
+        (
+            "vramgate-device-plugin",
+            &device_plugin,
+            vec!["--plugin-dir", &plugin_dir],
+        ),
+        ("vramgate-dra", &dra, vec!["--node-name", "node-1"]),
+    ];
+    let cgroup = ScratchCgroup::new("refused");
+    for placing in [
+        Placing::OwnCgroupNamespace,
+        Placing::OwnCgroupNamespaceOnV2,
+        Placing::OwnCgroupNamespaceReadablePid1,
+    ] {
+        for (name, program, args) in &binaries {
+            let what = format!("{name} ({placing:?})");
+            let mut cmd = placed(placing, &cgroup, program, args);
+            cmd.env("VRAMGATE_CONFIG", &nvml_config);
+            let (code, err) = run_to_end(cmd, &what);
+            let last = err.lines().last().unwrap_or_default();
+            assert_eq!(code, Some(1), "{what}: {err}");
+            assert!(last.ends_with(RUN_IN_THE_HOSTS), "{what}: {err}");
+            let compared = last.contains("is in a cgroup namespace of its own (/proc/self/ns/cgroup is cgroup:[");
+            // Where the host's pid 1 cannot be read (the development VM's), its cgroup as read
+            // from the namespace: the v2 root, above the namespace's.
+            let climbed = last.contains("/proc/1/cgroup reads \"")
+                && last.contains("a path above this process's cgroup namespace");
+            if placing == Placing::OwnCgroupNamespaceReadablePid1 {
+                assert!(compared, "{what}: {err}");
+            } else {
+                assert!(compared || climbed, "{what}: {err}");
+            }
+            let prefix = name.split(' ').next().unwrap();
+            assert!(last.starts_with(&format!("{prefix}: ")), "{what}: {err}");
+        }
+    }
+
+    // The host's cgroup namespace: status prints the GPU, whatever the layout and pid 1.
+    for placing in [
+        Placing::Host,
+        Placing::HostCgroupNamespaceOnV2,
+        Placing::HostCgroupNamespaceReadablePid1,
+    ] {
+        let mut cmd = placed(placing, &cgroup, &vramgate, &["status", "--json"]);
+        cmd.env("VRAMGATE_CONFIG", &nvml_config);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "status ({placing:?}): {}", stderr(&out));
+        assert!(stdout(&out).contains("\"uuid\": \"GPU-zero\""), "{}", stdout(&out));
+    }
+    // The watch measures (its heartbeat: a pass went through) and the exporter serves.
+    let state = vramgate::ledger::StateDir::open_or_create(&dir.path().join("state")).unwrap();
+    let mut watch = Command::new(VRAMGATE)
+        .arg("watch")
+        .env("VRAMGATE_CONFIG", &nvml_config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let heartbeat = state.path().join(vramgate::service::HEARTBEAT_FILE);
+    let measured = wait_until(
+        "the watch's first heartbeat, or its exit",
+        Duration::from_secs(10),
+        || {
+            let exited = watch.try_wait().unwrap();
+            (exited.is_some() || heartbeat.exists(), exited)
+        },
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(
+        measured.is_none() && heartbeat.exists(),
+        "the watch exited: {measured:?}"
+    );
+    let mut exporter = Command::new(VRAMGATE)
+        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .env("VRAMGATE_CONFIG", &nvml_config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(exporter.stderr.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let served = first
+        .trim()
+        .strip_prefix("vramgate exporter: serving http://")
+        .and_then(|url| url.strip_suffix("/metrics"))
+        .map(str::to_string);
+    let metrics = served.as_deref().map(|addr| http_get(addr, "/metrics"));
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+    let metrics = metrics.unwrap_or_else(|| panic!("the exporter did not start: {first}"));
+    assert!(
+        metrics.contains("vramgate_gpu_memory_total_bytes{") && metrics.contains("GPU-zero"),
+        "{metrics}"
+    );
+
+    // No process listed, nothing attributed: a static inventory runs from a namespace of its own.
+    let mut cmd = placed(Placing::OwnCgroupNamespace, &cgroup, &vramgate, &["status", "--json"]);
+    cmd.env("VRAMGATE_CONFIG", &static_config);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "status on a static inventory: {}", stderr(&out));
+    assert!(stdout(&out).contains("\"uuid\": \"GPU-zero\""), "{}", stdout(&out));
+}
+
+/// The body of `GET path` from `addr` (`host:port`), over plain HTTP/1.0.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    answer
 }

@@ -83,7 +83,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             // Keeps what attribution and stopping a container need, nothing else.
             vramgate::privilege::drop_for_watch()?;
             eprintln!("vramgate watch: watching {}", config_path.display());
-            vramgate::watch::run(config_path, |line| eprintln!("{line}"))
+            // It returns only where it cannot judge at all, with the line that says why.
+            Err(vramgate::watch::run(config_path, |line| eprintln!("{line}")).into())
         }
         Command::Ledger {
             command: LedgerCommand::Show,
@@ -134,7 +135,7 @@ fn status(
     note: &str,
 ) -> Result<ExitCode> {
     let config = Config::load_from(config_path)?;
-    let inventory = vramgate::inventory::open(&config)?;
+    let inventory = attributing_inventory(&config)?;
     let ledger = read_ledger(&config)?;
     if let Some(path) = record {
         let host = vramgate::inventory::RecordedHost::capture(inventory.as_ref(), &ledger, note)?;
@@ -151,6 +152,16 @@ fn status(
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The inventory of a command that shows who holds what (status, metrics), refused where this
+/// process cannot tell which container a GPU process is
+/// ([`vramgate::attribution::check_cgroup_namespace`]): it would show all of it as used
+/// outside vramgate.
+fn attributing_inventory(config: &Config) -> Result<Box<dyn vramgate::inventory::Inventory>> {
+    let inventory = vramgate::inventory::open(config)?;
+    vramgate::attribution::check_cgroup_namespace(inventory.as_ref())?;
+    Ok(inventory)
 }
 
 /// The ledger as it stands (an empty one when nothing was ever reserved on this host).
@@ -217,7 +228,7 @@ fn watch_status(
 ) -> Result<ExitCode> {
     use std::io::{IsTerminal, Write};
     let config = Config::load_from(config_path)?;
-    let inventory = vramgate::inventory::open(&config)?;
+    let inventory = attributing_inventory(&config)?;
     let terminal = std::io::stdout().is_terminal();
     let mut what = String::from("vramgate status");
     if let Some(who) = container {
@@ -245,7 +256,7 @@ fn ledger_service<'a>(config: &'a Config, dir: StateDir) -> Service<'a> {
 
 fn metrics(config_path: &Path, textfile_dir: Option<&Path>) -> Result<ExitCode> {
     let config = Config::load_from(config_path)?;
-    let inventory = vramgate::inventory::open(&config)?;
+    let inventory = attributing_inventory(&config)?;
     // On failure nothing is written: node_exporter keeps the last file, and its
     // vramgate_snapshot_timestamp_seconds stops advancing, which the shipped alerts watch.
     let text = vramgate::metrics::snapshot(&config, inventory.as_ref())?;

@@ -115,6 +115,8 @@ pub enum DevicePluginError {
     Ledger(#[from] crate::ledger::LedgerError),
     #[error(transparent)]
     Service(#[from] crate::service::ServiceError),
+    #[error(transparent)]
+    CgroupView(#[from] crate::attribution::ForeignCgroupView),
     #[error("device plugin directory {path}: {source}")]
     PluginDir { path: PathBuf, source: std::io::Error },
     #[error("cannot serve the device plugin on {socket}: {message}")]

@@ -40,6 +40,9 @@ impl Refresher {
     pub fn open(options: &Options, grants: Arc<Mutex<Grants>>) -> Result<Refresher> {
         let config = Config::load_from(&options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
+        // Where this process cannot tell which container holds which GPU memory, what
+        // containers allocated would count twice, and as many units show unhealthy.
+        crate::attribution::check_cgroup_namespace(inventory.as_ref())?;
         // Never created here: a directory the plugin made itself (a DaemonSet that mounts
         // another path than the config's state_dir) would hold an empty ledger, and every
         // unit would look free.

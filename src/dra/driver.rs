@@ -68,6 +68,8 @@ pub enum DriverError {
     Api(#[from] ApiError),
     #[error(transparent)]
     Service(#[from] crate::service::ServiceError),
+    #[error(transparent)]
+    CgroupView(#[from] crate::attribution::ForeignCgroupView),
     #[error("state directory {path} does not exist: run the driver where vramgate's hook keeps its ledger (the package creates /run/vramgate at boot; a DaemonSet must mount the host's state_dir at the same path)")]
     NoStateDir { path: PathBuf },
     #[error(transparent)]
@@ -137,6 +139,9 @@ impl Refresher {
         let config = Config::load_from(&options.config_path)?;
         checked_cdi_dir(&options.cdi_dir, &config, &options.config_path)?;
         let inventory = crate::inventory::open(&config)?;
+        // Where this process cannot tell which container holds which GPU memory, what
+        // containers allocated would count twice and the slice would offer less than there is.
+        crate::attribution::check_cgroup_namespace(inventory.as_ref())?;
         // Never created here: a directory the driver made itself would hold an empty ledger,
         // and every GPU would look free.
         let dir = StateDir::open_existing(&config.state_dir)?.ok_or_else(|| DriverError::NoStateDir {

@@ -56,6 +56,7 @@ fn report(reservations: Vec<ReservationStatus>, queue: Vec<TicketStatus>) -> Sta
         snapshot: Default::default(),
         allocated: Default::default(),
         shared: Vec::new(),
+        unattributed: Vec::new(),
         inventory: "test".into(),
         state_dir: "/run/vramgate".into(),
         generation: 1,
