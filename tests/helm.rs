@@ -691,7 +691,9 @@ fn the_node_setup_daemonset_is_off_by_default_and_valid_when_on() {
                 "--restart",
                 restart,
                 "--install-dir",
-                "/usr/local/lib/vramgate"
+                "/usr/local/lib/vramgate",
+                "--wait",
+                "60"
             ]),
             "{values}"
         );

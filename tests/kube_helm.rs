@@ -87,6 +87,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservations",
         the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservations,
     ),
+    (
+        "node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_pod_running",
+        node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_pod_running,
+    ),
 ];
 
 impl Setup {
@@ -812,6 +816,173 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
     );
 }
 
+/// 7. The chart's node set-up on a node laid out as kubeadm lays one out, and through a `helm
+/// upgrade`:
+///
+/// - the host's containerd config imports its drop-ins by absolute path
+///   (`<dir>/conf.d/*.toml`, a directory the set-up's pod sees only through `/host`), one of
+///   which sets runc's `SystemdCgroup = true`: the handler the pod writes takes it, as
+///   `containerd config dump` of that config shows (a config of the test's own, set up with
+///   `restart: none`: a runc under SystemdCgroup would start no pod on this machine, which has
+///   no systemd). Read in the pod's own file system, the import found nothing.
+/// - `helm upgrade` that rolls the set-up's pod while a pod of the RuntimeClass runs: the old
+///   pod undoes (containerd restarted without the handler), waits `waitSeconds` for the running
+///   pod, keeps the binaries; the new pod finishes that undo and sets up again (containerd
+///   restarted, the handler back), the kept binaries replaced; the running pod keeps its
+///   container and its 2 GiB throughout, and stops and releases through the new binaries; the
+///   uninstall gives the node's files back byte-for-byte.
+fn node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_pod_running(s: &Setup) {
+    let c = s.c();
+    let dra = s.release(json!({}));
+    if s.installed(&dra) {
+        s.uninstall(&dra);
+    }
+    let cri = c.cri();
+    let install_dir = c.tb().dir.join("node-lib-vramgate-7");
+
+    // The host's drop-ins, read through /host.
+    let host_etc = c.tb().dir.join("host-etc-containerd");
+    std::fs::create_dir_all(host_etc.join("conf.d")).unwrap();
+    let copied = host_etc.join("config.toml");
+    // The node's own settings, with the host's drop-ins as its only import (the suite's set-up
+    // imports its own drop-in, which the set-up would refuse to live beside).
+    let original: String = std::fs::read_to_string(&cri.main_config)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("imports") && !l.starts_with("# added by `vramgate setup containerd`"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let main = original.replacen(
+        "version = 3\n",
+        &format!("version = 3\nimports = [\"{}/conf.d/*.toml\"]\n", host_etc.display()),
+        1,
+    );
+    assert_ne!(main, original, "the node's config does not start with its version");
+    std::fs::write(&copied, &main).unwrap();
+    std::fs::write(
+        host_etc.join("conf.d/10-kubeadm.toml"),
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n",
+    )
+    .unwrap();
+    let drop_ins = s.release(json!({
+        "dra": {"enabled": false},
+        "nodeSetup": {
+            "enabled": true,
+            "engineConfig": copied.display().to_string(),
+            "engineSocket": cri.address.display().to_string(),
+            "installDir": install_dir.display().to_string(),
+            "restart": "none",
+        },
+    }));
+    let guard = SuiteSetupBack(s, drop_ins);
+    s.install(&guard.1);
+    let pod = daemon_pod(c, "vramgate-node-setup");
+    let log = wait_pod_log(c, &pod, "node set up; waiting for SIGTERM");
+    let dump = run_ok(
+        std::process::Command::new(cri_support::Containerd::Two.binary())
+            .arg("--config")
+            .arg(&copied)
+            .args(["config", "dump"]),
+    );
+    let dump: toml::Table = toml::from_str(&dump).unwrap();
+    let runtimes = &dump["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"];
+    assert_eq!(
+        runtimes["vramgate"]["options"]["SystemdCgroup"].as_bool(),
+        Some(true),
+        "the handler lost the host's drop-in: {runtimes}\n{log}"
+    );
+    assert_eq!(
+        runtimes["vramgate"]["options"]["BinaryName"].as_str(),
+        Some(install_dir.join("vramgate-runtime").to_str().unwrap())
+    );
+    s.uninstall(&guard.1);
+    assert_eq!(
+        std::fs::read_to_string(&copied).unwrap(),
+        main,
+        "the undo changed the host's config"
+    );
+    drop(guard);
+
+    // Through a helm upgrade with a pod of the RuntimeClass running.
+    let values = |wait: u64| {
+        json!({
+            "nodeSetup": {
+                "enabled": true,
+                "engineConfig": cri.main_config.display().to_string(),
+                "engineSocket": cri.address.display().to_string(),
+                "installDir": install_dir.display().to_string(),
+                "waitSeconds": wait,
+            },
+            "config": {"fromChart": true, "settings": chart_settings(c)},
+        })
+    };
+    suite_setup(c, true);
+    let guard = SuiteSetupBack(s, s.release(values(5)));
+    c.wait_node_ready();
+    let before = engine_files(s, &install_dir);
+    while_the_engine_restarts(c, "the set-up", || s.install(&guard.1));
+    let first = daemon_pod(c, "vramgate-node-setup");
+    wait_pod_log(c, &first, "node set up; waiting for SIGTERM");
+    let mut pod = test_pod("helm-up-rc");
+    pod["metadata"]["annotations"] = json!({"vramgate.dev/memory": "2Gi"});
+    pod["spec"]["containers"][0]["env"] = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]);
+    c.apply(&pod.to_string());
+    let running = container_id(&wait_running(c, "helm-up-rc"));
+    wait_ledger(c, "the pod's 2Gi is reserved", vec![(running.clone(), 2)]);
+
+    // waitSeconds 5 -> 6 rolls the DaemonSet: the undo, then the set-up, each restarting
+    // containerd (the test plays systemd twice).
+    let upgraded = s.release(values(6));
+    std::thread::scope(|scope| {
+        let manager = scope.spawn(|| {
+            (0..2)
+                .map(|_| cri.restart_after_exit(ENGINE_EXIT_LIMIT))
+                .collect::<Vec<_>>()
+        });
+        s.install(&upgraded);
+        let ended = manager
+            .join()
+            .unwrap_or_else(|e| panic!("containerd did not end twice on the upgrade: {}", panic_message(&e)));
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            ended.iter().all(|e| e.signal() == Some(nix::libc::SIGHUP)),
+            "containerd ended with {ended:?}"
+        );
+    });
+    let second = daemon_pod(c, "vramgate-node-setup");
+    assert_ne!(
+        second["metadata"]["uid"], first["metadata"]["uid"],
+        "the upgrade did not roll the pod"
+    );
+    let log = wait_pod_log(c, &second, "node set up; waiting for SIGTERM");
+    for line in [
+        "was left by an earlier run",
+        "installed ",
+        "restarted the engine: SIGHUP to pid",
+    ] {
+        assert!(log.contains(line), "no {line:?} in the new pod's log:\n{log}");
+    }
+    let old_log = c
+        .kubectl(&["logs", "-n", "kube-system", first["metadata"]["name"].as_str().unwrap()])
+        .output()
+        .map(|o| stdout(&o))
+        .unwrap_or_default();
+    let runtimes = cri.runtimes();
+    assert_eq!(
+        runtimes["vramgate"]["options"]["BinaryName"],
+        install_dir.join("vramgate-runtime").display().to_string(),
+        "{runtimes}\nold pod:\n{old_log}"
+    );
+    let still = container_id(&wait_running(c, "helm-up-rc"));
+    assert_eq!(still, running, "the pod's container was replaced");
+    wait_ledger(c, "the pod still holds its 2Gi", vec![(running, 2)]);
+    delete_pod(c, "helm-up-rc");
+    wait_ledger(c, "the pod's memory is released", vec![]);
+    while_the_engine_restarts(c, "the undo", || s.uninstall(&upgraded));
+    let after = engine_files(s, &install_dir);
+    assert!(after == before, "the undo did not give the node's files back");
+}
+
 /// One HTTP/1.0 GET of `path` on 127.0.0.1:`port` (std only): the status line and the body.
 fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
     use std::io::{Read, Write};
@@ -954,7 +1125,15 @@ fn main() {
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
-        for pod in ["helm-a", "helm-b", "helm-dp", "helm-ns", "helm-ns-rc", "helm-ex"] {
+        for pod in [
+            "helm-a",
+            "helm-b",
+            "helm-dp",
+            "helm-ns",
+            "helm-ns-rc",
+            "helm-ex",
+            "helm-up-rc",
+        ] {
             let _ = setup
                 .c()
                 .kubectl(&[
