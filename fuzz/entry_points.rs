@@ -1,5 +1,5 @@
 //! The fuzz targets' bodies, shared by the cargo-fuzz targets (`fuzz_targets/*.rs`) and the
-//! stable-Rust corpus replay in CI (`tests/fuzz_corpus.rs`), so that what CI replays is
+//! stable-Rust corpus replay in CI (`tests/it/fuzz_corpus.rs`), so that what CI replays is
 //! exactly what was fuzzed.
 //!
 //! Every entry point takes arbitrary bytes and must neither panic nor hang; on top of that it
@@ -149,7 +149,10 @@ pub fn request(data: &[u8]) {
             None => env.push(line.to_string()),
         }
     }
-    spec.process = Some(ProcessView { env });
+    spec.process = Some(ProcessView {
+        env,
+        ..Default::default()
+    });
     check_request(&spec);
 }
 

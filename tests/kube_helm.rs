@@ -1,5 +1,5 @@
 //! vramgate's chart (charts/vramgate) installed with the real Helm (scripts/fetch-helm) on a real
-//! one-node Kubernetes 1.36.3 (tests/support/kube.rs), its pods running the node image built
+//! one-node Kubernetes 1.36.3 (tests/support/cluster.rs), its pods running the node image built
 //! from this run's binaries (tests/support/node_image.rs), imported into the node's containerd
 //! and never pulled: `helm install` in DRA mode, a claim's pod reserved and released; `helm
 //! upgrade` with other values rolling the driver without losing a running claim's reservation;
@@ -18,16 +18,11 @@
 //! a time, in order: each leaves the release as the next expects, and makes it so when run
 //! alone), then tears the cluster down and fails when anything it made is left on the host.
 
-#[path = "support/cri.rs"]
-mod cri_support;
-#[path = "support/dra.rs"]
-mod dra_support;
-#[path = "support/helm.rs"]
-mod helm_support;
-#[path = "support/kube.rs"]
-mod kube_support;
-#[path = "support/node_image.rs"]
-mod node_image;
+use support::cluster as kube_support;
+use support::cri as cri_support;
+use support::dra as dra_support;
+use support::helm as helm_support;
+use support::node_image;
 mod support;
 
 use std::time::Instant;

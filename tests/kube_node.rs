@@ -1,4 +1,4 @@
-//! vramgate on a real one-node Kubernetes 1.36.3 (tests/support/kube.rs): etcd, kube-apiserver,
+//! vramgate on a real one-node Kubernetes 1.36.3 (tests/support/cluster.rs): etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler and kubelet built by `scripts/fetch-kubernetes`, on
 //! containerd 2.1 set up by the built `vramgate setup containerd`, with the built binaries as
 //! shipped. No stand-in: the fake kubelet and the Python API server of the other tests are not
@@ -10,12 +10,9 @@
 //! run one at a time whatever `--test-threads` says: they share the node, its one simulated GPU
 //! and its ledger, and each asserts what the whole node holds.
 
-#[path = "support/cri.rs"]
-mod cri_support;
-#[path = "support/dra.rs"]
-mod dra_support;
-#[path = "support/kube.rs"]
-mod kube_support;
+use support::cluster as kube_support;
+use support::cri as cri_support;
+use support::dra as dra_support;
 mod support;
 
 use std::process::Output;

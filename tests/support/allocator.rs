@@ -6,7 +6,7 @@
 //! scripts/install-deps). A machine without it fails the test that needs it, naming
 //! the script: an allocation a test invented would pass where the scheduler's would not.
 //!
-//! Included with `#[path = "support/allocator.rs"] mod allocator;`.
+//! `crate::support::dra::allocator`.
 
 #![allow(dead_code)]
 

@@ -1,11 +1,10 @@
 //! containerd's CRI plugin driven as kubelet drives it, shared by the tests that need it
-//! (tests/cri.rs, tests/device_plugin.rs): a private containerd with its CRI plugin on, the
+//! (tests/it/cri.rs, tests/it/device_plugin.rs): a private containerd with its CRI plugin on, the
 //! runtime handler `vramgate` configured by the built `vramgate setup containerd`, images built
 //! here and imported with `ctr` (nothing is pulled), and the CRI calls kubelet makes for a pod
 //! over gRPC on containerd's unix socket. Pods use the host's network, so no CNI plugin runs.
 //!
-//! Included with `#[path = "support/cri.rs"] mod cri_support;` by the tests that drive CRI
-//! only, so the others do not compile it; it uses `crate::support`.
+//! `crate::support::cri`; it uses `crate::support`.
 
 // Each test binary uses a part of it.
 #![allow(dead_code)]

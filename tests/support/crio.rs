@@ -8,7 +8,7 @@
 //!
 //! The hook runs from hooks.d alone: the package's `vramgate-prestart.json` and
 //! `vramgate-poststop.json`, pointed at the built hook and the testbed's config (as
-//! tests/podman.rs does), in crio's `hooks_dir`. Optionally crio also has the runtime handler
+//! tests/it/podman.rs does), in crio's `hooks_dir`. Optionally crio also has the runtime handler
 //! `vramgate` that the built `vramgate setup crio --runtime-handler` writes into its drop-in
 //! directory.
 //!
@@ -17,7 +17,7 @@
 //! container (what `pod_config` asks) runs without an infra container. Pods use the host's
 //! network, so no CNI plugin runs.
 //!
-//! Included with `#[path = "support/crio.rs"] mod crio_support;` beside `cri_support`.
+//! `crate::support::crio`, beside `crate::support::cri`.
 
 #![allow(dead_code)]
 
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use serde_json::Value;
 
-use crate::cri_support::*;
+use crate::support::cri::*;
 use crate::support::*;
 use vramgate::testbed::Testbed;
 

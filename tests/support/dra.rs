@@ -5,7 +5,7 @@
 //! allocator, [`allocator`], deciding each claim from the slices the driver published, its
 //! result written into the claim's status as kube-scheduler writes it), and the driver itself.
 //!
-//! Included with `#[path = "support/dra.rs"] mod dra_support;`; it uses `crate::support`.
+//! `crate::support::dra`; it uses `crate::support`.
 
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! Helm (scripts/fetch-helm's build) and vramgate's chart (charts/vramgate), for tests/helm.rs
+//! Helm (scripts/fetch-helm's build) and vramgate's chart (charts/vramgate), for tests/it/helm.rs
 //! and the tests that install the chart on the suite's one-node cluster: one place that finds
 //! the binary, keeps Helm's own files out of the user's home, and turns a test's values into
 //! the arguments `helm template`, `install`, `upgrade` and `uninstall` take.
@@ -16,7 +16,7 @@ pub fn root() -> PathBuf {
 
 /// tests/support/check_manifests.py (Kubernetes 1.36's strict schemas) on `files`, with
 /// Debian's python3 (python3-jsonschema and python3-yaml, scripts/install-deps); the schemas
-/// from $VRAMGATE_K8S_SCHEMAS or their cache. For tests/manifests.rs and tests/helm.rs.
+/// from $VRAMGATE_K8S_SCHEMAS or their cache. For tests/it/manifests.rs and tests/it/helm.rs.
 pub fn check_manifests(files: &[PathBuf]) -> Output {
     let python = if Path::new("/usr/bin/python3").exists() {
         "/usr/bin/python3"

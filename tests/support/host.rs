@@ -4,8 +4,7 @@
 //! `vramgate setup-node` and NVIDIA's toolkit both run to read the host's config as containerd
 //! reads it), `nvidia-ctk`, NVIDIA's toolkit installer.
 //!
-//! Included with `#[path = "support/host.rs"] mod host;` by the tests that need it; it uses
-//! `crate::support`.
+//! `crate::support::host`; it uses `crate::support`.
 
 // Each test binary uses a part of it.
 #![allow(dead_code)]

@@ -5,7 +5,7 @@
 //! 45 s deadline. It dials as kubelet 1.26 and later do: `unix://` target, `:authority`
 //! `localhost` (tonic's server must take it; older kubelets sent the socket path).
 //!
-//! Included with `#[path = "support/kubelet.rs"] mod kubelet;` by the tests that play kubelet.
+//! `crate::support::kubelet`, for the tests that play kubelet.
 
 #![allow(dead_code)]
 

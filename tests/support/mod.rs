@@ -3,8 +3,20 @@
 //! `vramgate status --json`, waiting with a bound, starting and stopping the daemons the
 //! engine tests drive, and a seeded random generator for the reliability tests.
 
-// Each test binary compiles this module and uses a part of it.
+// The integration binary (tests/it) and the two real-node binaries (tests/kube_node.rs,
+// tests/kube_helm.rs) compile this module; each uses a part of it.
 #![allow(dead_code)]
+
+// The engines' and Kubernetes' harnesses, each used by some of the tests.
+pub mod cluster;
+pub mod cri;
+pub mod crio;
+pub mod dra;
+pub mod helm;
+pub mod host;
+pub mod kubelet;
+pub mod node_image;
+pub mod registration_client;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,18 +1,17 @@
 //! The node image as a node gets it: `scripts/package --no-build` packs the binaries this
 //! `cargo test --release` built, `scripts/build-image` makes the OCI image of the .deb, and
 //! `ctr images import` puts it into a containerd's `k8s.io` namespace under the name the
-//! chart runs (registry.example/vramgate:<version>), never pulled. For tests/node_image.rs
+//! chart runs (registry.example/vramgate:<version>), never pulled. For tests/it/node_image.rs
 //! (a pod through CRI) and tests/kube_helm.rs (the chart's DaemonSets on the real cluster).
 //!
-//! Included with `#[path = "support/node_image.rs"] mod node_image;`; it uses `crate::support`
-//! and `crate::cri_support`.
+//! `crate::support::node_image`; it uses `crate::support` and `crate::support::cri`.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::cri_support::Cri;
+use crate::support::cri::Cri;
 use crate::support::*;
 
 /// The image name the chart and k8s/*.yaml run, under which the tests import the built image.
@@ -34,7 +33,7 @@ pub fn image() -> String {
 
 /// Packs this build into a .deb and the .deb into the image; returns the image's OCI tar.
 /// Fails unless the .deb's binaries are the ones this test run built (by build id).
-/// scripts/package rewrites target/debian and target/package, as tests/packaging.rs's tests
+/// scripts/package rewrites target/debian and target/package, as tests/it/packaging.rs's tests
 /// do: the host-wide flock "packages" keeps the binaries apart until the tar is copied to
 /// `dir` (another binary's package run would rewrite target/image).
 pub fn build(dir: &Path) -> PathBuf {

@@ -17,7 +17,7 @@ pub fn binary() -> PathBuf {
         "{}: no registration client; run scripts/fetch-registration-client (scripts/install-deps runs it)",
         binary.display()
     );
-    crate::dra_support::allocator::assert_built_from(
+    crate::support::dra::allocator::assert_built_from(
         &binary,
         "registration-client/main.go",
         "scripts/fetch-registration-client",
