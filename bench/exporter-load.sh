@@ -6,7 +6,7 @@
 # them, and after. The load is bench/exporter_load.rs's; it measures and writes the figures
 # down (bench/results/exporter-load-2core.txt on the 2-core VM), asserting nothing about them.
 # What must hold on any machine (no thread per connection, scrapes answered, stalled
-# connections closed at the request timeout) is tests/prometheus.rs's, on fewer connections.
+# connections closed at the request timeout) is tests/it/prometheus.rs's, on fewer connections.
 # Usage: bench/exporter-load.sh [CONNECTIONS (10000)] [SCRAPES (50)]. Loopback only. Needs an
 # open-files hard limit above CONNECTIONS + 256 (ulimit -Hn).
 set -euo pipefail

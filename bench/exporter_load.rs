@@ -9,7 +9,7 @@
 //! Run through `bench/exporter-load.sh`, which builds first and writes the figures down. It
 //! asserts nothing about them: what must hold whatever the machine (no thread per
 //! connection, scrapes answered, stalled connections closed at the request timeout) is
-//! tests/prometheus.rs's, on fewer connections. Loopback only; needs an open-files hard limit
+//! tests/it/prometheus.rs's, on fewer connections. Loopback only; needs an open-files hard limit
 //! above the connection count (ulimit -Hn).
 
 use std::io::{BufRead, BufReader, Read, Write};

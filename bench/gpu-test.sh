@@ -2,7 +2,7 @@
 # Tests against real NVML and real GPU containers (runc). Run as root on a GPU host; not CI.
 #   bench/gpu-test.sh [RECORD_DIR]
 # Prints PASS/FAIL per test; exits 1 when any failed. RECORD_DIR receives the recorded NVML
-# answers (fixtures for tests/nvml_fixtures.rs).
+# answers (fixtures for tests/it/nvml_fixtures.rs).
 set -u
 source "$(dirname "$0")/gpu-common.sh"
 RECORD_DIR=${1:-$WORK/records}

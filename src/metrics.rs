@@ -15,7 +15,7 @@
 //! `# UNIT` and `# EOF` lines; prometheus/client_rust#51, #293), which node_exporter's
 //! textfile collector reads as the 0.0.4 format (prometheus/node_exporter#1988): there the
 //! counters turn into untyped `x_total` series with a made-up HELP, and `promtool check
-//! metrics` fails on them. The 0.0.4 format is a few lines of code; tests/prometheus.rs holds
+//! metrics` fails on them. The 0.0.4 format is a few lines of code; tests/it/prometheus.rs holds
 //! this output to a real Prometheus, to `promtool check metrics` and to node_exporter.
 //!
 //! Conventions: base units (`_bytes`, `_seconds`), `_total` on counters, one `vramgate_`

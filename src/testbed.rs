@@ -16,7 +16,7 @@ use crate::config::CONFIG_ENV;
 
 pub mod bench;
 mod harness;
-// The kubelet side of the device plugin API, for tests/device_plugin.rs and its bench.
+// The kubelet side of the device plugin API, for tests/it/device_plugin.rs and its bench.
 #[cfg(feature = "device-plugin")]
 pub mod kubelet;
 pub use harness::{feed, oci_state, FakeContainer, HookHarness};

@@ -22,7 +22,7 @@
 //!
 //! The ABI below ([`SetMemoryLimitsV1`], [`GetMemoryLimitsV1`], [`SetLimitsFn`],
 //! [`GetLimitsFn`]) is NVIDIA's: CUDA 13.4's `nvml.h` (PyPI wheel `nvidia-nvml-dev==13.4.92`)
-//! declares both structs without a version field, and `tests/nvml_abi.rs` compiles a C file
+//! declares both structs without a version field, and `tests/it/nvml_abi.rs` compiles a C file
 //! against that header and compares every size, offset and signature with these definitions.
 //!
 //! Privilege: NVML documents the set call as "Requires root/admin permissions", and NVIDIA's
@@ -240,7 +240,7 @@ pub fn container_cgroup(init_pid: u32, proc_root: &Path, cgroup_root: &Path) -> 
 }
 
 /// The `nvmlReturn_t` values the driver limit's calls document, with nvml.h's names
-/// (`tests/nvml_abi.rs` checks each against the header).
+/// (`tests/it/nvml_abi.rs` checks each against the header).
 pub const NVML_ERRORS: &[(NvmlReturn, &str)] = &[
     (1, "NVML_ERROR_UNINITIALIZED"),
     (2, "NVML_ERROR_INVALID_ARGUMENT"),
@@ -427,7 +427,7 @@ impl Session {
             library: library.clone(),
             symbol: name,
         };
-        // SAFETY: nvml.h's signatures (`tests/nvml_abi.rs` checks them against the header);
+        // SAFETY: nvml.h's signatures (`tests/it/nvml_abi.rs` checks them against the header);
         // the pointers are used only while `lib` is loaded (see the struct).
         let (init, shutdown, by_uuid, set_limits) = unsafe {
             (

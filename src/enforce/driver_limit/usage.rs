@@ -39,7 +39,7 @@ impl DriverUsage {
     /// [`DriverUsage::open`] with the /proc and cgroup v2 mounts given (tests).
     pub fn open_at(nvml_library: &Path, proc_root: &Path, cgroup_root: &Path) -> Option<DriverUsage> {
         let (lib, _) = open_library(nvml_library).ok()?;
-        // SAFETY: nvml.h's signatures (`tests/nvml_abi.rs` checks them against the header);
+        // SAFETY: nvml.h's signatures (`tests/it/nvml_abi.rs` checks them against the header);
         // the pointers are used only while `lib` is loaded (see the struct).
         let (init, shutdown, by_uuid, get_limits) = unsafe {
             (
