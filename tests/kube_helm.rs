@@ -1120,6 +1120,7 @@ fn main() {
     let imported_in = import_start.elapsed();
     eprintln!("node image: built in {built_in:?}, imported in {imported_in:?}");
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
+        eprintln!("the cluster after the failure:\n{}", setup.c().state());
         for pod in [
             "helm-a",
             "helm-b",

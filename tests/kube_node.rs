@@ -365,6 +365,7 @@ fn main() {
     let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
     let (cluster, conclusion) = run_scenarios(&args, SCENARIOS, Cluster::start(&node_config()), |cluster| {
+        eprintln!("the cluster after the failure:\n{}", cluster.state());
         cluster.delete_all_pods()
     });
     let started_in = cluster.started_in;

@@ -742,6 +742,43 @@ runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
         stdout(&out)
     }
 
+    /// The cluster as a failed scenario left it, for its failure: the node's conditions, every
+    /// pod and claim, the last events, the slices, the node's ledger (`vramgate status`) and the
+    /// tails of kubelet's and containerd's logs. Each part is read with a bound; one that cannot
+    /// be read says why in its place.
+    pub fn state(&self) -> String {
+        let mut out = String::new();
+        let parts: [(&str, &[&str]); 5] = [
+            ("node", &["get", "nodes", "-o", "wide"]),
+            ("pods", &["get", "pods", "-A", "-o", "wide"]),
+            ("claims", &["get", "resourceclaims", "-A"]),
+            ("slices", &["get", "resourceslices", "-o", "wide"]),
+            ("events", &["get", "events", "-A", "--sort-by=.lastTimestamp"]),
+        ];
+        for (what, args) in parts {
+            let mut args = args.to_vec();
+            args.push("--request-timeout=10s");
+            let text = match self.kubectl(&args).output() {
+                Ok(o) => stdout(&o) + &stderr(&o),
+                Err(e) => format!("kubectl: {e}"),
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(40);
+            out += &format!("--- {what}\n{}\n", lines[from..].join("\n"));
+        }
+        let status = Command::new(VRAMGATE)
+            .arg("status")
+            .env("VRAMGATE_CONFIG", &self.tb().config_path)
+            .output()
+            .map(|o| stdout(&o) + &stderr(&o))
+            .unwrap_or_else(|e| format!("vramgate status: {e}"));
+        out += &format!("--- vramgate status\n{status}\n");
+        for log in [self.log("kubelet"), self.tb().dir.join("containerd/containerd.log")] {
+            out += &format!("--- {} (last 20 lines)\n{}\n", log.display(), tail(&log, 20));
+        }
+        out
+    }
+
     /// Deletes every pod and waits until they are gone (kubelet stopped their containers).
     pub fn delete_all_pods(&self) {
         let _ = self
@@ -999,7 +1036,8 @@ pub fn scenario_args<S>(scenarios: &[(&'static str, fn(&S))]) -> libtest_mimic::
 }
 
 /// Runs each scenario as a named trial on `state`, printing its time; after a failed one,
-/// `after_failure` removes what it left (its pods), so that it does not fail the next. Gives
+/// names it and runs `after_failure`, which prints the cluster's state and removes what it
+/// left (its pods), so that it does not fail the next. Gives
 /// `state` back for the binary's teardown.
 pub fn run_scenarios<S: Send + Sync + 'static>(
     args: &libtest_mimic::Arguments,
@@ -1016,10 +1054,12 @@ pub fn run_scenarios<S: Send + Sync + 'static>(
                 let start = Instant::now();
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&state)));
                 eprintln!("{name}: {:?}", start.elapsed());
-                if result.is_err() {
+                let result = result.map_err(|e| panic_message(&e));
+                if let Err(message) = &result {
+                    eprintln!("scenario {name} failed: {message}");
                     after_failure(&state);
                 }
-                result.map_err(|e| libtest_mimic::Failed::from(panic_message(&e)))
+                result.map_err(|message| libtest_mimic::Failed::from(format!("scenario {name}: {message}")))
             })
         })
         .collect();
