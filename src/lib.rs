@@ -30,6 +30,7 @@ pub mod inventory;
 pub mod kubelet;
 pub mod ledger;
 pub mod metrics;
+pub mod over_use;
 pub mod placement;
 pub mod privilege;
 pub mod procfs;
@@ -43,7 +44,6 @@ pub mod setup;
 pub mod spec;
 pub mod status;
 pub mod tier;
-pub mod watch;
 
 // The edge, behind the `cli` feature (on by default): the binaries' argument definitions, the
 // demo, and the scratch hosts the demo, the tests and the benches run on. They bring clap and

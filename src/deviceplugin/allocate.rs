@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::view::NodeView;
+use super::unit_view::NodeView;
 use super::{api, DeviceId, Unit, DEVICE_IDS_ENV};
 use crate::admission;
 use crate::ledger::Ledger;
@@ -169,7 +169,7 @@ pub fn preferred(
 mod tests {
     use super::*;
     use crate::admission::{Allocated, Rules};
-    use crate::deviceplugin::view::Facts;
+    use crate::deviceplugin::unit_view::Facts;
     use crate::inventory::{GpuMemory, Snapshot};
     use crate::ledger::Reservation;
     use crate::placement::Strategy;

@@ -13,13 +13,13 @@ use super::api::{v1, v1beta1};
 use super::kube::{ApiClient, ApiError};
 use super::plugin::Preparer;
 use super::service::{DraService, Registrar};
-use super::view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames, RequestPolicy};
+use super::slice_view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames, RequestPolicy};
 use super::{cdi, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::kubelet::socket::{self, inode, Signals};
-use crate::kubelet::views::{self, Change, Refresh, StartError};
+use crate::kubelet::view_thread::{self, Change, Refresh, StartError};
 use crate::kubelet::watchdog::StaleView;
 use crate::kubelet::{FileWatch, WatchError};
 use crate::ledger::StateDir;
@@ -199,13 +199,13 @@ impl Refresher {
         );
         let (ledger, report) = service.schedulable()?;
         let prepared = cdi::prepared(&self.cdi_dir);
-        let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
+        let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::slice_view::read_marker);
         let used = used_by_claims(
             &ledger,
             &report,
             &prepared,
             &mut self.markers,
-            &super::view::read_marker,
+            &super::slice_view::read_marker,
         );
         let uuids: std::collections::BTreeSet<String> = report.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
         if !uuids.is_subset(&self.named) {
@@ -261,9 +261,9 @@ pub fn run(options: Options) -> Result<()> {
 }
 
 /// Starts the view thread; returns once the first view is there (or what stopped it).
-fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, views::Stop)> {
+fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, view_thread::Stop)> {
     let opened = options.clone();
-    let (views, (), stop) = views::start(
+    let (views, (), stop) = view_thread::start(
         move || Refresher::open(&opened),
         options.poll_interval,
         options.startup_timeout,

@@ -7,7 +7,7 @@
 //! consumable capacity (KEP-5075, beta and on by default in 1.36) the scheduler keeps each
 //! GPU's sum of claims within that capacity and records what each claim consumed. The
 //! capacity is what Kubernetes may hold on the GPU, from the same service snapshot `vramgate
-//! status` and the metrics read ([`view`]):
+//! status` and the metrics read ([`slice_view`]):
 //!
 //! ```text
 //! capacity = floor_step(available + held by this driver's claims)
@@ -49,7 +49,7 @@
 
 pub mod cdi;
 pub mod claim;
-pub mod view;
+pub mod slice_view;
 
 #[cfg(feature = "dra")]
 pub mod api;

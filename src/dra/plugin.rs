@@ -19,7 +19,7 @@ use tokio::sync::{watch, Notify};
 use super::cdi::{self, ClaimDevice, HookSpec};
 use super::claim;
 use super::kube::ApiClient;
-use super::view::DraView;
+use super::slice_view::DraView;
 use super::DRIVER;
 
 /// One claim kubelet asks about.
