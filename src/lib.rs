@@ -35,7 +35,7 @@ pub mod placement;
 pub mod privilege;
 pub mod procfs;
 pub mod quantity;
-pub mod queue;
+pub mod queue_order;
 pub mod replay;
 pub mod request;
 pub mod runtime;

@@ -82,8 +82,8 @@ pub struct QueueConfig {
     pub backfill: bool,
     /// ...but never one that has waited longer than this.
     pub backfill_bound: Duration,
-    /// Which of the waiters that fit goes first (see [`crate::queue::BackfillOrder`]).
-    pub backfill_order: crate::queue::BackfillOrder,
+    /// Which of the waiters that fit goes first (see [`crate::queue_order::BackfillOrder`]).
+    pub backfill_order: crate::queue_order::BackfillOrder,
     /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
     pub poll_interval: Duration,
     /// How far the sum of the limits on a GPU may exceed its memory, in parts per million of
@@ -288,7 +288,7 @@ impl Default for QueueConfig {
         QueueConfig {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
-            backfill_order: crate::queue::BackfillOrder::Arrival,
+            backfill_order: crate::queue_order::BackfillOrder::Arrival,
             poll_interval: Duration::from_secs(1),
             limit_overcommit_ppm: 0,
         }

@@ -262,7 +262,7 @@ pub struct Ticket {
     pub choose: Option<u32>,
     /// How long the container said it would run (`vramgate.dev/expected-duration`), in
     /// milliseconds: what `[queue] backfill_order = "longest"` orders waiters that fit by
-    /// ([`crate::queue::claim`]), and nothing else. Absent when it declared none.
+    /// ([`crate::queue_order::claim`]), and nothing else. Absent when it declared none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_ms: Option<u64>,
     /// Which container of which pod waits, as its CRI runtime wrote it: what a retry of this
