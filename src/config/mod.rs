@@ -18,7 +18,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/vramgate/config.toml";
 /// Overrides the config path (for tests, demos and hosts that keep config elsewhere).
 pub const CONFIG_ENV: &str = "VRAMGATE_CONFIG";
 /// Where the toolkit's spec is looked for besides the driver's own CDI directory: `[enforce]
-/// cdi_spec_dirs`'s default, and where the DRA driver looks (`crate::dra::cdi::STATIC_DIRS`).
+/// cdi_spec_dirs`'s default, and where the DRA driver looks (`crate::dra::cdi_spec::STATIC_DIRS`).
 pub const CDI_STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_STATE_DIR: &str = "/run/vramgate";
 #[derive(Debug, thiserror::Error)]

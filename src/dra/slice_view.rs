@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use super::cdi::PreparedDevice;
+use super::cdi_spec::PreparedDevice;
 use super::device_name;
 use crate::inventory::GpuMemory;
 use crate::ledger::{Ledger, Reservation};
