@@ -16,11 +16,12 @@
 //!    is not admitted while an older live ticket shares one of its GPUs. With `backfill` on,
 //!    a request that fits may pass older tickets, but never one that has waited longer than
 //!    `backfill_bound`, so a large request cannot be starved by a stream of small ones.
-//!    Among the requests that fit, `backfill_order` chooses ([`crate::queue_order::BackfillOrder`]):
-//!    under `largest` or `longest`, a request that fits also lets go first every other
-//!    waiter on its GPUs that fits now, would be admitted itself, and claims more
-//!    ([`crate::queue_order::claim`]). Only a request that has not waited past the bound defers so;
-//!    the best of those that fit never defers, so memory that frees is always taken.
+//!    Among the requests that fit, `backfill_order` chooses
+//!    ([`crate::queue_order::BackfillOrder`]): under `largest` or `longest`, a request that
+//!    fits also lets go first every other waiter on its GPUs that fits now, would be admitted
+//!    itself, and claims more ([`crate::queue_order::claim`]). Only a request that has not
+//!    waited past the bound defers so; the best of those that fit never defers, so memory
+//!    that frees is always taken.
 //!
 //! 4. **Limits**: with `L` the container's limit on `g` (its request when it asked for no
 //!    more), `limits(g) + L <= total(g) - headroom + limit_overcommit(g)`, where `limits(g)` is

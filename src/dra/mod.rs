@@ -21,9 +21,9 @@
 //!
 //! **Preparing.** kubelet registers the plugin through `pluginregistration.Registration`
 //! and calls `NodePrepareResources` ([`plugin`]). For each claim the driver reads it from the
-//! API server (uid checked), takes this driver's allocation results ([`resource_claim`]) and writes a
-//! CDI spec for it ([`cdi_spec`]), one CDI device per device of the slice (results on one device
-//! added up), whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never the request),
+//! API server (uid checked), takes this driver's allocation results ([`resource_claim`]) and
+//! writes a CDI spec for it ([`cdi_spec`]), one CDI device per device of the slice (results on
+//! one device added up), whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never the request),
 //! `VRAMGATE_GPUS` (the device's GPU), the device's marker ([`claim_device_env`]) and share
 //! ([`claim_share_env`]), and give the GPU's device nodes. A container given several devices
 //! (`count`, `allocationMode: All`, several requests) is reserved from their shares: the same
@@ -42,8 +42,8 @@
 //!
 //! **Checking and holding.** Before they reserve, the hook and `vramgate-runtime` check every
 //! marker and share a container carries against the claim's spec file in `[enforce]
-//! cdi_spec_dirs` ([`crate::request::prepared_claims`]), and refuse one the driver did not write; so
-//! the driver refuses a `--cdi-dir` not listed there. The containers of one pod given the same
+//! cdi_spec_dirs` ([`crate::request::prepared_claims`]), and refuse one the driver did not
+//! write; so the driver refuses a `--cdi-dir` not listed there. The containers of one pod given the same
 //! checked devices hold the claim once ([`crate::ledger::ClaimHold`]), as the scheduler counts
 //! it.
 

@@ -1,5 +1,5 @@
 //! The node side of claims: prepare turns a claim's allocation into CDI devices, unprepare
-//! removes them ([`Preparer`]); kubelet's gRPC services over it are in [`super::service`].
+//! removes them ([`Preparer`]); kubelet's gRPC services over it are in [`super::server`].
 //!
 //! After a prepare, the claim's `status.devices[]` says what the node did with each of its
 //! devices ([`StatusDevice::entry`]): the tier that holds its containers, the request and

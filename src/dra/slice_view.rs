@@ -240,7 +240,7 @@ impl Markers {
 
 /// Each reservation held for a prepared claim device, with the device's CDI name and its
 /// marker, once per device its container was given: the reservation's marker is the device's
-/// own (its name and the secret only its spec file holds, see [`super::cdi`]). A marker that
+/// own (its name and the secret only its spec file holds, see [`super::cdi_spec`]). A marker that
 /// names a device without its secret (forged from the claim's name) matches nothing. The one
 /// matching that both the published capacity ([`held_by_claims`]) and the claims' usage
 /// ([`used_by_claims`]) use.
