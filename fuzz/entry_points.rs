@@ -203,7 +203,7 @@ pub fn ledger(data: &[u8]) {
         backfill: true,
         backfill_bound: std::time::Duration::from_secs(30),
         // Not arrival: a decision then also weighs every other waiter on hostile tickets.
-        backfill_order: vramgate::queue::BackfillOrder::Longest,
+        backfill_order: vramgate::queue_order::BackfillOrder::Longest,
         strategy: vramgate::placement::Strategy::BestFit,
         limit_overcommit_ppm: 0,
     };

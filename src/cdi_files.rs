@@ -1,6 +1,6 @@
 //! The node's CDI spec files, read as a CDI runtime finds them and with care for what else a
 //! writable CDI directory may hold (a FIFO, a device node, a huge file). At the bottom: the
-//! toolkit's hook probe ([`crate::enforce::toolkit`]) and the DRA driver ([`crate::dra::cdi`])
+//! toolkit's hook probe ([`crate::enforce::toolkit`]) and the DRA driver ([`crate::dra::cdi_spec`])
 //! both read through it, and neither reaches the other.
 
 use std::path::{Path, PathBuf};

@@ -1,10 +1,23 @@
 //! vramgate: GPU memory (VRAM) admission control for containers.
 //!
-//! A container declares the VRAM it needs; an OCI hook reserves it in a file-locked ledger
-//! before the container starts, and refuses (or queues) the start when the GPU cannot hold it.
-//! The modules follow that path: [`spec`] reads what the runtime hands over, [`request`] turns
-//! it into a request, [`inventory`] says what the GPUs hold, [`ledger`] keeps the
-//! reservations, [`admission`] decides, and [`hook`] ties them together at each stage.
+//! A container declares the VRAM it needs; vramgate reserves it in a file-locked ledger before
+//! the container starts, and refuses (or queues) the start when the GPU cannot hold it.
+//!
+//! At the centre is the reservation [`service`], the one place that decides: it admits a
+//! request (the admission rule, the queue, and placement on the GPUs for `auto`), releases,
+//! cancels and reclaims, each as one locked transaction on the ledger, and its snapshot is the
+//! one view of the node that `vramgate status`, the metrics, the device plugin and the DRA
+//! driver read. It is given the inventory, a clock and a liveness check as traits, so its
+//! decisions run in unit tests on fakes, and it returns outcomes as data
+//! ([`service::Admission`], [`service::Refusal`]); every way in (the OCI hook, the runtime
+//! wrapper, the CLI, the kubelet plugins, replay) only turns its input into a request and the
+//! outcome into its output.
+//!
+//! A request takes this path: [`spec`] reads what the runtime hands over, [`request`] turns it
+//! into a request, [`inventory`] says what the GPUs hold, [`ledger`] keeps the reservations,
+//! [`admission`] decides on the GPUs' numbers; [`hook`] (at each stage of the container) and
+//! [`runtime`] (the runc wrapper, at `create`) put the request to the service and act on its
+//! answer.
 
 pub mod admission;
 pub mod atomic_file;
@@ -30,11 +43,12 @@ pub mod inventory;
 pub mod kubelet;
 pub mod ledger;
 pub mod metrics;
+pub mod over_use;
 pub mod placement;
 pub mod privilege;
 pub mod procfs;
 pub mod quantity;
-pub mod queue;
+pub mod queue_order;
 pub mod replay;
 pub mod request;
 pub mod runtime;
@@ -43,7 +57,6 @@ pub mod setup;
 pub mod spec;
 pub mod status;
 pub mod tier;
-pub mod watch;
 
 // The edge, behind the `cli` feature (on by default): the binaries' argument definitions, the
 // demo, and the scratch hosts the demo, the tests and the benches run on. They bring clap and

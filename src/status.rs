@@ -312,7 +312,7 @@ pub fn build_report(
                 .iter()
                 .filter_map(|t| Some((t, t.gpus.iter().find(|s| s.uuid == gpu.uuid)?)))
                 .map(|(t, share)| TicketStatus {
-                    position: crate::queue::position(ledger, Some(t.ticket), &this_gpu),
+                    position: crate::queue_order::position(ledger, Some(t.ticket), &this_gpu),
                     ticket: t.ticket,
                     container_id: t.container_id.clone(),
                     name: shown_name(&t.name),

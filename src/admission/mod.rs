@@ -16,11 +16,12 @@
 //!    is not admitted while an older live ticket shares one of its GPUs. With `backfill` on,
 //!    a request that fits may pass older tickets, but never one that has waited longer than
 //!    `backfill_bound`, so a large request cannot be starved by a stream of small ones.
-//!    Among the requests that fit, `backfill_order` chooses ([`crate::queue::BackfillOrder`]):
-//!    under `largest` or `longest`, a request that fits also lets go first every other
-//!    waiter on its GPUs that fits now, would be admitted itself, and claims more
-//!    ([`crate::queue::claim`]). Only a request that has not waited past the bound defers so;
-//!    the best of those that fit never defers, so memory that frees is always taken.
+//!    Among the requests that fit, `backfill_order` chooses
+//!    ([`crate::queue_order::BackfillOrder`]): under `largest` or `longest`, a request that
+//!    fits also lets go first every other waiter on its GPUs that fits now, would be admitted
+//!    itself, and claims more ([`crate::queue_order::claim`]). Only a request that has not
+//!    waited past the bound defers so; the best of those that fit never defers, so memory
+//!    that frees is always taken.
 //!
 //! 4. **Limits**: with `L` the container's limit on `g` (its request when it asked for no
 //!    more), `limits(g) + L <= total(g) - headroom + limit_overcommit(g)`, where `limits(g)` is
@@ -65,7 +66,7 @@ pub struct Rules {
     pub headroom: crate::quantity::Quantity,
     pub backfill: bool,
     pub backfill_bound: Duration,
-    pub backfill_order: crate::queue::BackfillOrder,
+    pub backfill_order: crate::queue_order::BackfillOrder,
     pub strategy: Strategy,
     /// `[queue] limit_overcommit`, in parts per million of a GPU's memory (rule 4).
     pub limit_overcommit_ppm: u32,
@@ -165,9 +166,9 @@ pub fn decide(
     if !matches!(decision, Decision::Admit { .. }) {
         return decision;
     }
-    let Some(mine) = crate::queue::claim(
+    let Some(mine) = crate::queue_order::claim(
         rules.backfill_order,
-        crate::queue::request_bytes(shares, choose),
+        crate::queue_order::request_bytes(shares, choose),
         expected_ms,
     ) else {
         return decision;
@@ -297,12 +298,12 @@ fn held_back(share: &GpuShare, memory: u64, limits: u64) -> Option<(u64, Bound)>
 /// forward would end backfill for every waiter at once.
 fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Option<u64>, now: Stamp) -> usize {
     let bound = u64::try_from(rules.backfill_bound.as_millis()).unwrap_or(u64::MAX);
-    crate::queue::ahead_of(ledger, ticket, shares)
+    crate::queue_order::ahead_of(ledger, ticket, shares)
         .filter(|t| !rules.backfill || now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound)
         .count()
 }
 
-/// The waiters that a request which fits (claiming `mine`, see [`crate::queue::claim`]) lets
+/// The waiters that a request which fits (claiming `mine`, see [`crate::queue_order::claim`]) lets
 /// go first under a backfill order: each other ticket on one of its GPUs that claims more (or
 /// as much and is older), fits now and would itself be admitted by arrival order. None once the
 /// request has waited past the bound: from then on nothing passes it, and it passes nothing.
@@ -350,9 +351,9 @@ fn better_waiters_that_fit(
         if Some(t.ticket) == ticket || !t.shares_gpu_with(shares) {
             continue;
         }
-        let claim = crate::queue::claim(
+        let claim = crate::queue_order::claim(
             rules.backfill_order,
-            crate::queue::request_bytes(&t.gpus, t.choose),
+            crate::queue_order::request_bytes(&t.gpus, t.choose),
             t.expected_ms,
         );
         if !claim.is_some_and(|c| outranks(t, c)) {

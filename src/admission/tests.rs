@@ -20,7 +20,7 @@ fn rules() -> Rules {
         headroom: Quantity::Bytes(0),
         backfill: false,
         backfill_bound: Duration::from_secs(30),
-        backfill_order: crate::queue::BackfillOrder::Arrival,
+        backfill_order: crate::queue_order::BackfillOrder::Arrival,
     }
 }
 

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use vramgate::cli::DraCli;
 use vramgate::dra::driver::{self, Options};
-use vramgate::dra::view::RequestPolicy;
+use vramgate::dra::slice_view::RequestPolicy;
 use vramgate::quantity::{parse_quantity, Quantity};
 
 fn main() -> ExitCode {

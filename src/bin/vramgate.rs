@@ -84,7 +84,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             vramgate::privilege::drop_for_watch()?;
             eprintln!("vramgate watch: watching {}", config_path.display());
             // It returns only where it cannot judge at all, with the line that says why.
-            Err(vramgate::watch::run(config_path, |line| eprintln!("{line}")).into())
+            Err(vramgate::over_use::run(config_path, |line| eprintln!("{line}")).into())
         }
         Command::Ledger {
             command: LedgerCommand::Show,

@@ -18,7 +18,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/vramgate/config.toml";
 /// Overrides the config path (for tests, demos and hosts that keep config elsewhere).
 pub const CONFIG_ENV: &str = "VRAMGATE_CONFIG";
 /// Where the toolkit's spec is looked for besides the driver's own CDI directory: `[enforce]
-/// cdi_spec_dirs`'s default, and where the DRA driver looks (`crate::dra::cdi::STATIC_DIRS`).
+/// cdi_spec_dirs`'s default, and where the DRA driver looks (`crate::dra::cdi_spec::STATIC_DIRS`).
 pub const CDI_STATIC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_STATE_DIR: &str = "/run/vramgate";
 #[derive(Debug, thiserror::Error)]
@@ -82,8 +82,8 @@ pub struct QueueConfig {
     pub backfill: bool,
     /// ...but never one that has waited longer than this.
     pub backfill_bound: Duration,
-    /// Which of the waiters that fit goes first (see [`crate::queue::BackfillOrder`]).
-    pub backfill_order: crate::queue::BackfillOrder,
+    /// Which of the waiters that fit goes first (see [`crate::queue_order::BackfillOrder`]).
+    pub backfill_order: crate::queue_order::BackfillOrder,
     /// How often a waiter re-reads GPU memory (ledger changes wake it at once).
     pub poll_interval: Duration,
     /// How far the sum of the limits on a GPU may exceed its memory, in parts per million of
@@ -288,7 +288,7 @@ impl Default for QueueConfig {
         QueueConfig {
             backfill: false,
             backfill_bound: Duration::from_secs(30),
-            backfill_order: crate::queue::BackfillOrder::Arrival,
+            backfill_order: crate::queue_order::BackfillOrder::Arrival,
             poll_interval: Duration::from_secs(1),
             limit_overcommit_ppm: 0,
         }

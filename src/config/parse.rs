@@ -202,11 +202,11 @@ impl QueueConfig {
             queue.backfill_bound = keys.duration("queue.backfill_bound", &v)?;
         }
         if let Some(v) = raw.backfill_order {
-            queue.backfill_order = crate::queue::BackfillOrder::parse(&v).ok_or_else(|| {
+            queue.backfill_order = crate::queue_order::BackfillOrder::parse(&v).ok_or_else(|| {
                 keys.bad(
                     "queue.backfill_order",
                     &v,
-                    &format!("must be {}", crate::queue::BackfillOrder::VALUES),
+                    &format!("must be {}", crate::queue_order::BackfillOrder::VALUES),
                 )
             })?;
         }

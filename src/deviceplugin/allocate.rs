@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::view::NodeView;
+use super::unit_view::NodeView;
 use super::{api, DeviceId, Unit, DEVICE_IDS_ENV};
 use crate::admission;
 use crate::ledger::Ledger;
@@ -169,7 +169,7 @@ pub fn preferred(
 mod tests {
     use super::*;
     use crate::admission::{Allocated, Rules};
-    use crate::deviceplugin::view::Facts;
+    use crate::deviceplugin::unit_view::Facts;
     use crate::inventory::{GpuMemory, Snapshot};
     use crate::ledger::Reservation;
     use crate::placement::Strategy;
@@ -183,7 +183,7 @@ mod tests {
             headroom: Quantity::Bytes(0),
             backfill: false,
             backfill_bound: Duration::from_secs(30),
-            backfill_order: crate::queue::BackfillOrder::Arrival,
+            backfill_order: crate::queue_order::BackfillOrder::Arrival,
             strategy: Strategy::BestFit,
             limit_overcommit_ppm: 0,
         }

@@ -73,14 +73,14 @@ pub mod origin;
 pub mod refresh;
 pub mod server;
 pub mod unit;
-pub mod view;
+pub mod unit_view;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use allocate::{AllocateError, Grants};
 pub use unit::{DeviceId, Unit, UnitError};
-pub use view::NodeView;
+pub use unit_view::NodeView;
 
 /// The device plugin API version this plugin speaks.
 pub const API_VERSION: &str = "v1beta1";
@@ -139,9 +139,9 @@ pub enum DevicePluginError {
 
 pub type Result<T> = std::result::Result<T, DevicePluginError>;
 
-impl From<crate::kubelet::views::StartError<DevicePluginError>> for DevicePluginError {
-    fn from(e: crate::kubelet::views::StartError<DevicePluginError>) -> Self {
-        use crate::kubelet::views::StartError;
+impl From<crate::kubelet::view_thread::StartError<DevicePluginError>> for DevicePluginError {
+    fn from(e: crate::kubelet::view_thread::StartError<DevicePluginError>) -> Self {
+        use crate::kubelet::view_thread::StartError;
         match e {
             StartError::Open(e) => e,
             StartError::Thread(e) => DevicePluginError::Runtime(e),

@@ -9,13 +9,13 @@ use std::time::Instant;
 
 use super::checkpoint;
 use super::origin::Origins;
-use super::view::{Facts, GpuUnits, NodeView};
+use super::unit_view::{Facts, GpuUnits, NodeView};
 use super::{DeviceId, DevicePluginError, Grants, Options, Result, GRANT_GRACE};
 use crate::admission::Rules;
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
-use crate::kubelet::views::{Change, Refresh};
+use crate::kubelet::view_thread::{Change, Refresh};
 use crate::ledger::StateDir;
 use crate::procfs::ProcLiveness;
 use crate::service::Service;

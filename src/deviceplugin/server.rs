@@ -13,11 +13,11 @@ use tonic::{Request, Response, Status};
 use super::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::api::registration_client::RegistrationClient;
 use super::refresh::Refresher;
-use super::view::NodeView;
+use super::unit_view::NodeView;
 use super::{allocate, api, DevicePluginError, Grants, Options, Result, API_VERSION, KUBELET_SOCKET};
 use crate::kubelet::socket::{self, connect, inode, Signals};
 use crate::kubelet::watchdog::StaleView;
-use crate::kubelet::{views, FileWatch, WatchError};
+use crate::kubelet::{view_thread, FileWatch, WatchError};
 use crate::ledger::StateDir;
 
 /// How often the plugin checks that its socket is still there (a restarting kubelet removes
@@ -164,7 +164,7 @@ pub fn run(options: Options) -> Result<()> {
 fn start_refresher(
     options: &Options,
     grants: Arc<Mutex<Grants>>,
-) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir, views::Stop)> {
+) -> Result<(watch::Receiver<Arc<NodeView>>, StateDir, view_thread::Stop)> {
     let opened = options.clone();
     let open = move || -> Result<(Refresher, FileWatch, StateDir)> {
         let refresher = Refresher::open(&opened, grants)?;
@@ -172,7 +172,7 @@ fn start_refresher(
         let dir = refresher.state_dir().clone();
         Ok((refresher, watch, dir))
     };
-    Ok(views::start(
+    Ok(view_thread::start(
         open,
         options.poll_interval,
         options.startup_timeout,

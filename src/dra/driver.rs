@@ -12,14 +12,14 @@ use super::api::registration::registration_server::RegistrationServer;
 use super::api::{v1, v1beta1};
 use super::kube::{ApiClient, ApiError};
 use super::plugin::Preparer;
-use super::service::{DraService, Registrar};
-use super::view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames, RequestPolicy};
-use super::{cdi, slice, DRIVER};
+use super::server::{DraService, Registrar};
+use super::slice_view::{held_by_claims, used_by_claims, DraView, Markers, ProductNames, RequestPolicy};
+use super::{cdi_spec, slice, DRIVER};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::kubelet::socket::{self, inode, Signals};
-use crate::kubelet::views::{self, Change, Refresh, StartError};
+use crate::kubelet::view_thread::{self, Change, Refresh, StartError};
 use crate::kubelet::watchdog::StaleView;
 use crate::kubelet::{FileWatch, WatchError};
 use crate::ledger::StateDir;
@@ -102,7 +102,7 @@ impl From<StartError<DriverError>> for DriverError {
 
 /// Refuses a `--cdi-dir` the hook and the runtime wrapper would not look in: each claim's
 /// container is checked against the spec the driver writes there
-/// ([`crate::request::claim_specs::verified_claim_devices`]), so a driver writing elsewhere
+/// ([`crate::request::prepared_claims::verified_claim_devices`]), so a driver writing elsewhere
 /// would see every pod placed and none started. Compared as written and as resolved (a link).
 fn checked_cdi_dir(cdi_dir: &Path, config: &Config, config_path: &Path) -> Result<()> {
     let resolved = |p: &Path| std::fs::canonicalize(p).ok();
@@ -198,14 +198,14 @@ impl Refresher {
             &config,
         );
         let (ledger, report) = service.schedulable()?;
-        let prepared = cdi::prepared(&self.cdi_dir);
-        let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::view::read_marker);
+        let prepared = cdi_spec::prepared(&self.cdi_dir);
+        let held = held_by_claims(&ledger, &prepared, &mut self.markers, &super::slice_view::read_marker);
         let used = used_by_claims(
             &ledger,
             &report,
             &prepared,
             &mut self.markers,
-            &super::view::read_marker,
+            &super::slice_view::read_marker,
         );
         let uuids: std::collections::BTreeSet<String> = report.gpus.iter().map(|g| g.gpu.uuid.clone()).collect();
         if !uuids.is_subset(&self.named) {
@@ -224,7 +224,7 @@ impl Refresher {
 /// Runs the driver until SIGTERM or SIGINT.
 pub fn run(options: Options) -> Result<()> {
     let config = Config::load_from(&options.config_path)?;
-    let hook = super::cdi::HookSpec {
+    let hook = super::cdi_spec::HookSpec {
         path: options.hook_path.clone(),
         config: options.config_path.clone(),
         timeout_secs: crate::runtime::hook_timeout_secs(&config),
@@ -261,9 +261,9 @@ pub fn run(options: Options) -> Result<()> {
 }
 
 /// Starts the view thread; returns once the first view is there (or what stopped it).
-fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, views::Stop)> {
+fn start_refresher(options: &Options) -> Result<(watch::Receiver<Arc<DraView>>, view_thread::Stop)> {
     let opened = options.clone();
-    let (views, (), stop) = views::start(
+    let (views, (), stop) = view_thread::start(
         move || Refresher::open(&opened),
         options.poll_interval,
         options.startup_timeout,

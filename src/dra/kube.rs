@@ -88,7 +88,8 @@ impl ApiClient {
         Ok(ApiClient { client })
     }
 
-    /// The ResourceClaim `namespace`/`name` as the API server's JSON, for [`super::claim::shares`].
+    /// The ResourceClaim `namespace`/`name` as the API server's JSON, for
+    /// [`super::resource_claim::shares`].
     pub async fn claim_json(&self, namespace: &str, name: &str) -> Result<Vec<u8>, ApiError> {
         let what = || format!("reading ResourceClaim {namespace}/{name}");
         let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");

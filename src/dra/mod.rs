@@ -7,7 +7,7 @@
 //! consumable capacity (KEP-5075, beta and on by default in 1.36) the scheduler keeps each
 //! GPU's sum of claims within that capacity and records what each claim consumed. The
 //! capacity is what Kubernetes may hold on the GPU, from the same service snapshot `vramgate
-//! status` and the metrics read ([`view`]):
+//! status` and the metrics read ([`slice_view`]):
 //!
 //! ```text
 //! capacity = floor_step(available + held by this driver's claims)
@@ -21,9 +21,9 @@
 //!
 //! **Preparing.** kubelet registers the plugin through `pluginregistration.Registration`
 //! and calls `NodePrepareResources` ([`plugin`]). For each claim the driver reads it from the
-//! API server (uid checked), takes this driver's allocation results ([`claim`]) and writes a
-//! CDI spec for it ([`cdi`]), one CDI device per device of the slice (results on one device
-//! added up), whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never the request),
+//! API server (uid checked), takes this driver's allocation results ([`resource_claim`]) and
+//! writes a CDI spec for it ([`cdi_spec`]), one CDI device per device of the slice (results on
+//! one device added up), whose edits set `VRAMGATE_MEMORY` (the consumed capacity, never the request),
 //! `VRAMGATE_GPUS` (the device's GPU), the device's marker ([`claim_device_env`]) and share
 //! ([`claim_share_env`]), and give the GPU's device nodes. A container given several devices
 //! (`count`, `allocationMode: All`, several requests) is reserved from their shares: the same
@@ -42,14 +42,14 @@
 //!
 //! **Checking and holding.** Before they reserve, the hook and `vramgate-runtime` check every
 //! marker and share a container carries against the claim's spec file in `[enforce]
-//! cdi_spec_dirs` ([`crate::request::claim_specs`]), and refuse one the driver did not write; so
-//! the driver refuses a `--cdi-dir` not listed there. The containers of one pod given the same
+//! cdi_spec_dirs` ([`crate::request::prepared_claims`]), and refuse one the driver did not
+//! write; so the driver refuses a `--cdi-dir` not listed there. The containers of one pod given the same
 //! checked devices hold the claim once ([`crate::ledger::ClaimHold`]), as the scheduler counts
 //! it.
 
-pub mod cdi;
-pub mod claim;
-pub mod view;
+pub mod cdi_spec;
+pub mod resource_claim;
+pub mod slice_view;
 
 #[cfg(feature = "dra")]
 pub mod api;
@@ -60,7 +60,7 @@ pub mod kube;
 #[cfg(feature = "dra")]
 pub mod plugin;
 #[cfg(feature = "dra")]
-pub mod service;
+pub mod server;
 #[cfg(feature = "dra")]
 pub mod slice;
 
@@ -69,7 +69,7 @@ pub mod slice;
 pub const DRIVER: &str = "gpu-memory.vramgate.dev";
 /// The capacity the slices publish and claims consume.
 pub const MEMORY_CAPACITY: &str = "memory";
-pub use crate::request::claim_specs::{claim_device_env, claim_share_env};
+pub use crate::request::prepared_claims::{claim_device_env, claim_share_env};
 
 use crate::inventory::GpuMemory;
 

@@ -1,5 +1,5 @@
 //! The node side of claims: prepare turns a claim's allocation into CDI devices, unprepare
-//! removes them ([`Preparer`]); kubelet's gRPC services over it are in [`super::service`].
+//! removes them ([`Preparer`]); kubelet's gRPC services over it are in [`super::server`].
 //!
 //! After a prepare, the claim's `status.devices[]` says what the node did with each of its
 //! devices ([`StatusDevice::entry`]): the tier that holds its containers, the request and
@@ -16,10 +16,10 @@ use serde_json::json;
 
 use tokio::sync::{watch, Notify};
 
-use super::cdi::{self, ClaimDevice, HookSpec};
-use super::claim;
+use super::cdi_spec::{self, ClaimDevice, HookSpec};
 use super::kube::ApiClient;
-use super::view::DraView;
+use super::resource_claim;
+use super::slice_view::DraView;
 use super::DRIVER;
 
 /// One claim kubelet asks about.
@@ -41,7 +41,7 @@ pub struct PreparedDevice {
 }
 
 /// The `kind` of the `data` of this driver's entries in a claim's `status.devices[]`
-/// (`apiVersion` [`claim::CONFIG_API_VERSION`]).
+/// (`apiVersion` [`resource_claim::CONFIG_API_VERSION`]).
 pub const STATUS_KIND: &str = "GpuMemoryStatus";
 /// How soon a status write that failed is tried again.
 const STATUS_RETRY: Duration = Duration::from_secs(5);
@@ -80,7 +80,7 @@ impl StatusDevice {
         }];
         let tier = crate::enforce::planned_tier(&view.enforce, &placed);
         let mut data = json!({
-            "apiVersion": claim::CONFIG_API_VERSION,
+            "apiVersion": resource_claim::CONFIG_API_VERSION,
             "kind": STATUS_KIND,
             "tier": tier.as_str(),
             "request": self.request,
@@ -130,7 +130,7 @@ pub struct Preparer {
     /// and unprepared at once must end as the later call says.
     serial: tokio::sync::Mutex<()>,
     /// NVIDIA's specs as last read; only used under `serial`, from a blocking thread.
-    nvidia_specs: Arc<std::sync::Mutex<cdi::NvidiaSpecs>>,
+    nvidia_specs: Arc<std::sync::Mutex<cdi_spec::NvidiaSpecs>>,
     /// The claims prepared since this driver started, by uid, whose status it keeps; only
     /// changed under `serial`.
     claims: std::sync::Mutex<HashMap<String, PreparedClaim>>,
@@ -280,7 +280,7 @@ impl Preparer {
             .claim_json(&c.namespace, &c.name)
             .await
             .map_err(|e| e.to_string())?;
-        let shares = claim::shares(&json, &c.namespace, &c.name, &c.uid).map_err(|e| e.to_string())?;
+        let shares = resource_claim::shares(&json, &c.namespace, &c.name, &c.uid).map_err(|e| e.to_string())?;
         if shares.is_empty() {
             // Nothing of this driver's to prepare; a spec without devices would be one the
             // runtime's CDI loader complains about at every rescan.
@@ -344,7 +344,7 @@ impl Preparer {
             ));
         }
         let ours: Vec<ClaimDevice> = devices.iter().map(|(d, _)| d.clone()).collect();
-        let ids = cdi::write_spec(&self.cdi_dir, &c.uid, &ours, &self.hook).map_err(|e| e.to_string())?;
+        let ids = cdi_spec::write_spec(&self.cdi_dir, &c.uid, &ours, &self.hook).map_err(|e| e.to_string())?;
         // What kubelet is told, and the claim's status, stay one entry per result (each
         // result's request and share ID), naming its device's CDI ids.
         let cdi_ids = |device: &str| -> Vec<String> {
@@ -398,7 +398,7 @@ impl Preparer {
     fn nvidia_cdi_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = vec![self.cdi_dir.clone()];
         dirs.extend(
-            cdi::STATIC_DIRS
+            cdi_spec::STATIC_DIRS
                 .iter()
                 .map(PathBuf::from)
                 .filter(|d| *d != self.cdi_dir),
@@ -414,7 +414,7 @@ impl Preparer {
             .map(|c| {
                 // Its status is left as it was last written (see the module documentation).
                 self.lock_claims().remove(&c.uid);
-                let answer = cdi::remove_spec(&self.cdi_dir, &c.uid).map_err(|e| e.to_string());
+                let answer = cdi_spec::remove_spec(&self.cdi_dir, &c.uid).map_err(|e| e.to_string());
                 if let Err(e) = &answer {
                     eprintln!(
                         "vramgate-dra: unprepare of claim {}/{} ({}): {e}",

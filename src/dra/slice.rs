@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::view::{DraView, Published, RequestPolicy};
+use super::slice_view::{DraView, Published, RequestPolicy};
 use super::{DRIVER, MEMORY_CAPACITY};
 
 /// The API server's limit on a string attribute.

@@ -3,8 +3,8 @@
 //! plumbing around them is here, once, so a hung NVML call, a kubelet restart or a signal is
 //! handled the same way whichever plugin a cluster runs.
 //!
-//! - [`views`]: the view thread, recomputing a plugin's view when the ledger or the config
-//!   changes ([`watch`]) and every poll interval, and handing it to the gRPC side;
+//! - [`view_thread`]: the view thread, recomputing a plugin's view when the ledger or the config
+//!   changes ([`file_watch`]) and every poll interval, and handing it to the gRPC side;
 //! - [`watchdog`]: a view that stops being recomputed offers nothing, and the first view has
 //!   a bounded wait;
 //! - [`socket`]: the plugin's unix sockets (replacing a stale one, noticing a removed one,
@@ -14,10 +14,10 @@
 
 #[cfg(feature = "dra")]
 pub mod authority;
+pub mod file_watch;
 pub mod socket;
-pub mod views;
-pub mod watch;
+pub mod view_thread;
 pub mod watchdog;
 
+pub use file_watch::{FileWatch, WatchError};
 pub use socket::connect;
-pub use watch::{FileWatch, WatchError};

@@ -149,7 +149,7 @@ pub struct Reservation {
 
 /// A Kubernetes resource claim's devices, as one container of a pod holds them: the containers
 /// of one pod sandbox given the same claim devices (checked against the DRA driver's record,
-/// [`crate::request::claim_specs::verified_claim_devices`]) hold their memory once, as the
+/// [`crate::request::prepared_claims::verified_claim_devices`]) hold their memory once, as the
 /// scheduler counted the claim once. Each holder's reservation carries the claim's whole share,
 /// so a stop or a reclaim of any one of them leaves the others holding all of it, and nothing
 /// needs moving from one entry to another ([`Ledger::held_on`] counts them once).
@@ -262,7 +262,7 @@ pub struct Ticket {
     pub choose: Option<u32>,
     /// How long the container said it would run (`vramgate.dev/expected-duration`), in
     /// milliseconds: what `[queue] backfill_order = "longest"` orders waiters that fit by
-    /// ([`crate::queue::claim`]), and nothing else. Absent when it declared none.
+    /// ([`crate::queue_order::claim`]), and nothing else. Absent when it declared none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_ms: Option<u64>,
     /// Which container of which pod waits, as its CRI runtime wrote it: what a retry of this

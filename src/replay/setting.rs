@@ -146,8 +146,8 @@ pub fn apply_setting(setting: &mut Setting, key: &str, value: &str) -> Result<()
             config.queue.backfill_bound = crate::quantity::parse_duration(value).map_err(|e| bad(&e.to_string()))?;
         }
         "backfill-order" => {
-            config.queue.backfill_order = crate::queue::BackfillOrder::parse(value)
-                .ok_or_else(|| bad(&format!("give {}", crate::queue::BackfillOrder::VALUES)))?;
+            config.queue.backfill_order = crate::queue_order::BackfillOrder::parse(value)
+                .ok_or_else(|| bad(&format!("give {}", crate::queue_order::BackfillOrder::VALUES)))?;
         }
         "policy" => config.policy = Policy::parse(value).ok_or_else(|| bad("give wait or reject"))?,
         "headroom" => config.headroom = crate::quantity::parse_quantity(value).map_err(|e| bad(&e.to_string()))?,
@@ -200,7 +200,7 @@ pub fn describe(setting: &Setting) -> String {
         .collect();
     let backfill = match config.queue.backfill_order {
         _ if !config.queue.backfill => String::new(),
-        crate::queue::BackfillOrder::Arrival => " backfill".to_string(),
+        crate::queue_order::BackfillOrder::Arrival => " backfill".to_string(),
         order => format!(" backfill {order}"),
     };
     format!(

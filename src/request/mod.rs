@@ -35,11 +35,11 @@
 //! sum of limits on a GPU (see [`crate::admission`]). No limit means limit = request; a limit
 //! below the request is refused.
 
-pub mod claim_specs;
-mod claims;
+mod claim_env;
 mod gpus;
 pub mod name;
 mod nvidia;
+pub mod prepared_claims;
 
 use std::time::Duration;
 
@@ -48,7 +48,7 @@ use crate::inventory::{GpuMemory, Snapshot};
 pub(crate) use crate::inventory::{mig_cap_minor, nvidia_minor};
 use crate::quantity::{self, Quantity};
 use crate::spec::SpecView;
-pub use claims::{claim_devices, claim_marker_device, claim_markers, claim_shares, ClaimShares};
+pub use claim_env::{claim_devices, claim_marker_device, claim_markers, claim_shares, ClaimShares};
 pub use gpus::{DeviceRef, GpuSelection, GpuSelector};
 pub use name::{checked as checked_name, container_name, NAME_ANNOTATION};
 use nvidia::nvidia_sources;
@@ -639,7 +639,7 @@ impl Request {
     /// [`Request::from_spec`] on a node: the claim devices the container carries are checked
     /// first against the DRA driver's record in `cdi_dirs` (`[enforce] cdi_spec_dirs`), so that
     /// a forged one is refused as such before its share is read, and kept in the request
-    /// ([`claim_specs::verified_claim_devices`]). What the hook and the runtime wrapper read; a
+    /// ([`prepared_claims::verified_claim_devices`]). What the hook and the runtime wrapper read; a
     /// container without claim markers reads no spec file.
     pub fn from_spec_on_node(
         spec: &SpecView,
@@ -649,7 +649,7 @@ impl Request {
         if !has_request(spec) {
             return Ok(None);
         }
-        let claim_devices = claim_specs::verified_claim_devices(spec, cdi_dirs)?;
+        let claim_devices = prepared_claims::verified_claim_devices(spec, cdi_dirs)?;
         Ok(Request::from_spec_with(spec, toolkit)?.map(|request| Request {
             claim_devices,
             ..request

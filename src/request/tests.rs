@@ -687,7 +687,7 @@ fn a_claim_marker_written_twice_under_one_name_is_one_device() {
 /// in no directory the config names: refused with one line naming the device, never the secret.
 #[test]
 fn claim_devices_are_checked_against_the_drivers_spec_files() {
-    use crate::dra::cdi::{write_spec, ClaimDevice, HookSpec};
+    use crate::dra::cdi_spec::{write_spec, ClaimDevice, HookSpec};
     let dir = tempfile::tempdir().unwrap();
     let hook = HookSpec {
         path: "/usr/bin/vramgate-hook".into(),
@@ -810,7 +810,7 @@ fn claim_devices_are_checked_against_the_drivers_spec_files() {
 }
 
 /// Issue 43 item 6: the marker scan was quadratic in the number of `VRAMGATE_DRA_*`
-/// variables. Past [`claims::MAX_CLAIM_DEVICES`] markers, or shares, a container is refused
+/// variables. Past [`claim_env::MAX_CLAIM_DEVICES`] markers, or shares, a container is refused
 /// with one line naming the count, the limit and what to remove, before any spec file is read
 /// (a directory holding the named claim's spec would otherwise refuse it as not prepared); up
 /// to it, the markers are read as before.
@@ -863,7 +863,7 @@ fn more_claim_markers_or_shares_than_any_container_is_given_are_refused_first() 
 }
 
 fn verified_claim(spec: &SpecView, dirs: &[std::path::PathBuf]) -> Result<Vec<String>, RequestError> {
-    claim_specs::verified_claim_devices(spec, dirs)
+    prepared_claims::verified_claim_devices(spec, dirs)
 }
 
 /// The pod sandbox is read under the key of the runtime that marked the container: one

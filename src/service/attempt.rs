@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::queue::Progress;
-use super::{wait, Admission, AdmitRequest, Refusal, Result, Service, ServiceError};
+use super::queue_wait::Progress;
+use super::{wake, Admission, AdmitRequest, Refusal, Result, Service, ServiceError};
 use crate::config::Policy;
 use crate::events::{self, Event, Kind};
 use crate::inventory::Snapshot;
@@ -48,7 +48,7 @@ impl Service<'_> {
         let mut queued = false;
         // The watcher exists before a ticket can be committed, so a release that lands between
         // the commit and the first sleep still wakes this waiter.
-        let new_watcher = || wait::LedgerWatcher::new(self.dir.path(), req.pending.then_some(req.bundle).flatten());
+        let new_watcher = || wake::LedgerWatcher::new(self.dir.path(), req.pending.then_some(req.bundle).flatten());
         let mut watcher = (req.policy == Policy::Wait).then(new_watcher);
         loop {
             match self.attempt(req, &mut progress)? {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::attempt::{At, Step};
-use super::queue::Progress;
+use super::queue_wait::Progress;
 use super::{Admission, AdmitRequest, Refusal, Result, Service, ServiceError, Shortage};
 use crate::admission::{self, Decision};
 use crate::attribution;
@@ -240,7 +240,7 @@ impl Service<'_> {
         };
         let position = match shortage {
             Shortage::Queue { ahead } => ahead + 1,
-            Shortage::Memory { .. } => crate::queue::position(ledger, progress.ticket, &shares),
+            Shortage::Memory { .. } => crate::queue_order::position(ledger, progress.ticket, &shares),
         };
         progress.last = Some((shortage.clone(), position));
         if req.policy == Policy::Reject {
@@ -292,7 +292,7 @@ impl Service<'_> {
                 None => format!("ticket {ticket}, number {position}: {shortage}"),
                 Some(k) => format!(
                     "ticket {ticket}, number {}, the place of its earlier attempt (waiting {}): {shortage}",
-                    crate::queue::position(ledger, Some(ticket), &shares),
+                    crate::queue_order::position(ledger, Some(ticket), &shares),
                     format_duration(Duration::from_millis(
                         at.now.ms_since(k.enqueued_unix_ms, k.enqueued_boot_ms)
                     ))

@@ -15,10 +15,10 @@ mod attempt;
 mod decide;
 mod heartbeat;
 mod outcome;
-mod queue;
+mod queue_wait;
 mod release;
 mod snapshot;
-mod wait;
+mod wake;
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,7 +26,7 @@ use std::time::Duration;
 pub use attempt::Step;
 pub use heartbeat::{beat, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
-pub use queue::{wait_for, Progress, CONTAINER_CHECK};
+pub use queue_wait::{wait_for, Progress, CONTAINER_CHECK};
 pub use release::Released;
 
 use crate::admission::Rules;

@@ -30,7 +30,7 @@ fn rules() -> Rules {
         headroom: Quantity::Bytes(0),
         backfill: false,
         backfill_bound: Duration::from_secs(30),
-        backfill_order: vramgate::queue::BackfillOrder::Arrival,
+        backfill_order: vramgate::queue_order::BackfillOrder::Arrival,
         strategy: vramgate::placement::Strategy::BestFit,
         limit_overcommit_ppm: 0,
     }

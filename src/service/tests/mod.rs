@@ -9,7 +9,7 @@ use super::*;
 use crate::inventory::{GpuMemory, Snapshot};
 use crate::procfs::Life;
 use crate::quantity::Quantity;
-use crate::queue::BackfillOrder;
+use crate::queue_order::BackfillOrder;
 use crate::request::GpuSelector;
 
 mod fit;

@@ -241,7 +241,7 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
     let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
     let r = request(GI, "0");
     let req = admit_req("c", 1, &r, Policy::Wait);
-    let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
+    let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
     let started = std::time::Instant::now();
     service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -261,7 +261,7 @@ fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
         // The sleeping waiter notices within CONTAINER_CHECK (a second), whatever the poll
         // interval: it woke before its 10 s poll, which is all that tells the check from the
         // poll, and leaves a loaded machine the rest of those 10 s.
-        let mut watcher = wait::LedgerWatcher::new(w.state.path(), None);
+        let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
         let started = std::time::Instant::now();
         service.sleep_until_worth_trying(&req, &progress, &mut watcher);
         assert!(CONTAINER_CHECK < w.config.queue.poll_interval);

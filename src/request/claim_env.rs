@@ -8,7 +8,7 @@ use crate::quantity;
 use crate::spec::SpecView;
 
 /// The DRA claim markers the container was given ([`CLAIM_DEVICE_ENV_PREFIX`]): each value
-/// whole, the device's secret included (see [`crate::dra::cdi`]).
+/// whole, the device's secret included (see [`crate::dra::cdi_spec`]).
 pub fn claim_markers(spec: &SpecView) -> impl Iterator<Item = &str> {
     marker_vars(spec).into_iter().map(|(_, value)| value)
 }

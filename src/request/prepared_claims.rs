@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::claims::{claim_marker_device, claim_vars, ClaimVars};
+use super::claim_env::{claim_marker_device, claim_vars, ClaimVars};
 use super::{RequestError, CLAIM_DEVICE_ENV_PREFIX, CLAIM_SHARE_ENV_PREFIX, GPUS_ENV, MEMORY_ENV};
 use crate::cdi_files::read_regular;
 use crate::spec::SpecView;
@@ -42,7 +42,7 @@ fn env_suffix(cdi_device: &str) -> String {
 
 /// One device of a prepared claim, as its spec file says: what the claim may hold, where, the
 /// marker value its containers carry (the device's name and a secret drawn at its first
-/// prepare, see [`crate::dra::cdi`]), and its share, where the file has one.
+/// prepare, see [`crate::dra::cdi_spec`]), and its share, where the file has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedDevice {
     pub uuid: String,
@@ -144,7 +144,7 @@ fn claim_uid(device: &str) -> Option<&str> {
 /// for a container that shares a claim with others, a hold it never had
 /// ([`crate::ledger::ClaimHold`]). Such a container is refused with one line naming the
 /// device, never the secret. A container without markers reads nothing, and one with more than
-/// [`super::claims::MAX_CLAIM_DEVICES`] markers or shares is refused before any file is read.
+/// [`super::claim_env::MAX_CLAIM_DEVICES`] markers or shares is refused before any file is read.
 pub fn verified_claim_devices(spec: &SpecView, dirs: &[PathBuf]) -> Result<Vec<String>, RequestError> {
     let ClaimVars { markers, shares } = claim_vars(spec)?;
     if markers.is_empty() {

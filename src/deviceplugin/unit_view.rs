@@ -239,7 +239,7 @@ mod tests {
             headroom: Quantity::Bytes(headroom_gib * GIB),
             backfill: false,
             backfill_bound: Duration::from_secs(30),
-            backfill_order: crate::queue::BackfillOrder::Arrival,
+            backfill_order: crate::queue_order::BackfillOrder::Arrival,
             strategy: Strategy::BestFit,
             limit_overcommit_ppm: 0,
         }

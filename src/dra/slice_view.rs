@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use super::cdi::PreparedDevice;
+use super::cdi_spec::PreparedDevice;
 use super::device_name;
 use crate::inventory::GpuMemory;
 use crate::ledger::{Ledger, Reservation};
@@ -240,7 +240,7 @@ impl Markers {
 
 /// Each reservation held for a prepared claim device, with the device's CDI name and its
 /// marker, once per device its container was given: the reservation's marker is the device's
-/// own (its name and the secret only its spec file holds, see [`super::cdi`]). A marker that
+/// own (its name and the secret only its spec file holds, see [`super::cdi_spec`]). A marker that
 /// names a device without its secret (forged from the claim's name) matches nothing. The one
 /// matching that both the published capacity ([`held_by_claims`]) and the claims' usage
 /// ([`used_by_claims`]) use.

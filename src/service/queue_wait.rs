@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{wait, AdmitRequest, GoneProcess, Service, Shortage};
+use super::{wake, AdmitRequest, GoneProcess, Service, Shortage};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::ledger::Ledger;
@@ -70,7 +70,7 @@ impl Service<'_> {
         &self,
         req: &AdmitRequest,
         progress: &Progress,
-        watcher: &mut wait::LedgerWatcher,
+        watcher: &mut wake::LedgerWatcher,
     ) {
         let deadline = progress.started + req.wait_for;
         let mut next_poll = self.clock.monotonic() + self.poll_interval;
@@ -111,7 +111,7 @@ impl Service<'_> {
             return true;
         };
         let mut any_ahead = false;
-        for t in crate::queue::ahead_of(ledger, Some(mine.ticket), &mine.gpus) {
+        for t in crate::queue_order::ahead_of(ledger, Some(mine.ticket), &mine.gpus) {
             if self.liveness.life(&t.waiter) == procfs::Life::Gone {
                 return true;
             }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-pub use crate::request::claim_specs::KIND;
+pub use crate::request::prepared_claims::KIND;
 /// Device names start with the claim's UID, which may start with a digit: CDI 0.5.0 allows it,
 /// and `env` and `deviceNodes` need nothing newer (containerd 1.7 and 2.x read it).
 pub const CDI_VERSION: &str = "0.5.0";
@@ -81,7 +81,7 @@ pub struct ClaimDevice {
     /// The device's name in the slice (`gpu-0`).
     pub device: String,
     pub bytes: u64,
-    /// The limit the claim's configuration asks ([`super::claim::Share::limit`]).
+    /// The limit the claim's configuration asks ([`super::resource_claim::Share::limit`]).
     pub limit: Option<u64>,
     pub uuid: String,
     pub device_nodes: Vec<PathBuf>,
@@ -96,7 +96,7 @@ fn checked(uid: &str) -> Result<&str, CdiError> {
     }
 }
 
-use crate::request::claim_specs::SPEC_PREFIX;
+use crate::request::prepared_claims::SPEC_PREFIX;
 
 /// The spec file of claim `uid` in `dir`.
 pub fn spec_path(dir: &Path, uid: &str) -> Result<PathBuf, CdiError> {
@@ -164,8 +164,8 @@ pub fn write_spec(dir: &Path, uid: &str, devices: &[ClaimDevice], hook: &HookSpe
     Ok(names.iter().map(|n| format!("{KIND}={n}")).collect())
 }
 
-pub use crate::request::claim_specs::{prepared, PreparedDevice};
-use crate::request::claim_specs::{prepared_in, read_claim_spec as read_spec};
+pub use crate::request::prepared_claims::{prepared, PreparedDevice};
+use crate::request::prepared_claims::{prepared_in, read_claim_spec as read_spec};
 
 /// NVIDIA's CDI kind, as `nvidia-ctk cdi generate` (the NVIDIA Container Toolkit) writes it.
 pub const NVIDIA_KIND: &str = "nvidia.com/gpu";

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::watch::FileWatch;
+use super::file_watch::FileWatch;
 use super::watchdog::{self, FirstViewError, StaleView};
 
 /// What a new view changes for the plugin's readers.
