@@ -975,7 +975,35 @@ fn node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_p
     wait_ledger(c, "the pod's memory is released", vec![]);
     while_the_engine_restarts(c, "the undo", || s.uninstall(&upgraded));
     let after = engine_files(s, &install_dir);
-    assert!(after == before, "the undo did not give the node's files back");
+    assert!(
+        after == before,
+        "the undo did not give the node's files back: {}",
+        files_differing(&before, &after)
+    );
+}
+
+/// The paths of two `engine_files` lists that differ, each with what it was and what it is,
+/// for a failure message.
+fn files_differing(
+    before: &[(std::path::PathBuf, Option<Vec<u8>>)],
+    after: &[(std::path::PathBuf, Option<Vec<u8>>)],
+) -> String {
+    let show = |b: Option<&Option<Vec<u8>>>| match b {
+        None => "(not listed)".to_string(),
+        Some(None) => "(absent)".to_string(),
+        Some(Some(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+    };
+    let mut paths: Vec<&std::path::PathBuf> = before.iter().chain(after).map(|(p, _)| p).collect();
+    paths.sort();
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let was = before.iter().find(|(q, _)| q == p).map(|(_, b)| b);
+            let is = after.iter().find(|(q, _)| q == p).map(|(_, b)| b);
+            (was != is).then(|| format!("\n--- {}\nbefore:\n{}\nafter:\n{}", p.display(), show(was), show(is)))
+        })
+        .collect()
 }
 
 /// One HTTP/1.0 GET of `path` on 127.0.0.1:`port` (std only): the status line and the body.
