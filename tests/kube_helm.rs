@@ -107,7 +107,7 @@ impl Setup {
             "helm install: {}{}\n{}",
             stdout(&out),
             stderr(&out),
-            self.pods_state()
+            self.c().state()
         );
     }
 
@@ -118,23 +118,6 @@ impl Setup {
 
     fn installed(&self, release: &Release) -> bool {
         self.helm.manifest(&self.c().admin, release).status.success()
-    }
-
-    /// The release's DaemonSet pods and their last events, for a failure message.
-    fn pods_state(&self) -> String {
-        let pods = self
-            .c()
-            .kubectl(&["get", "pods", "-n", "kube-system", "-o", "wide"])
-            .output()
-            .map(|o| stdout(&o) + &stderr(&o))
-            .unwrap_or_default();
-        let events = self
-            .c()
-            .kubectl(&["get", "events", "-n", "kube-system"])
-            .output()
-            .map(|o| stdout(&o))
-            .unwrap_or_default();
-        format!("{pods}\n{events}\n{}", tail(&self.c().log("kubelet"), 20))
     }
 }
 
@@ -772,37 +755,12 @@ fn node_setup_sets_up_a_bare_node_from_the_chart_and_uninstall_gives_its_files_b
     );
     delete_pod(c, "helm-ns-rc");
     wait_ledger(c, "the pod's memory is released", vec![]);
-    c.wait("the node set-up's pod is gone", POD_LIMIT, "kubelet", || {
-        let left = c
-            .get_json(&[
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "app.kubernetes.io/name=vramgate-node-setup",
-            ])
-            .and_then(|l| l["items"].as_array().cloned())
-            .unwrap_or_default();
-        (left.is_empty(), left)
-    });
+    wait_node_setup_pods_gone(c);
     let after = engine_files(s, &install_dir);
     assert!(
         after == before,
-        "the undo did not give the node's files back:
-{}",
-        before
-            .iter()
-            .zip(&after)
-            .filter(|(b, a)| b != a)
-            .map(|(b, a)| format!(
-                "  {}: before {:?}, after {:?}",
-                b.0.display(),
-                b.1.as_deref().map(String::from_utf8_lossy),
-                a.1.as_deref().map(String::from_utf8_lossy)
-            ))
-            .chain((before.len() != after.len()).then(|| format!("  before {before:?}\n  after {after:?}")))
-            .collect::<Vec<_>>()
-            .join("\n")
+        "the undo did not give the node's files back: {}",
+        files_differing(&before, &after)
     );
     let runtimes = cri.runtimes();
     assert!(
@@ -974,12 +932,33 @@ fn node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_p
     delete_pod(c, "helm-up-rc");
     wait_ledger(c, "the pod's memory is released", vec![]);
     while_the_engine_restarts(c, "the undo", || s.uninstall(&upgraded));
+    // The undo removes the binaries and the install directory after the engine is back:
+    // the files are compared once its pod is gone, as in scenario 5.
+    wait_node_setup_pods_gone(c);
     let after = engine_files(s, &install_dir);
     assert!(
         after == before,
         "the undo did not give the node's files back: {}",
         files_differing(&before, &after)
     );
+}
+
+/// Waits until no pod of the node set-up's DaemonSet is left: its undo has ended (the binaries
+/// and the install directory it removes after the engine is back included).
+fn wait_node_setup_pods_gone(c: &Cluster) {
+    c.wait("the node set-up's pod is gone", POD_LIMIT, "kubelet", || {
+        let left = c
+            .get_json(&[
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "app.kubernetes.io/name=vramgate-node-setup",
+            ])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default();
+        (left.is_empty(), left)
+    });
 }
 
 /// The paths of two `engine_files` lists that differ, each with what it was and what it is,

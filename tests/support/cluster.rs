@@ -774,7 +774,7 @@ runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
             .unwrap_or_else(|e| format!("vramgate status: {e}"));
         out += &format!("--- vramgate status\n{status}\n");
         for log in [self.log("kubelet"), self.tb().dir.join("containerd/containerd.log")] {
-            out += &format!("--- {} (last 20 lines)\n{}\n", log.display(), tail(&log, 20));
+            out += &format!("{}\n", tail(&log, 20));
         }
         out
     }
