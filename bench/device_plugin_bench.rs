@@ -17,8 +17,8 @@ use vramgate::deviceplugin::api;
 use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
 use vramgate::ledger::{GpuShare, Reservation, StateDir};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::bench::{arg, built_binary, gpu_uuid as uuid, report, static_config};
-use vramgate::testbed::kubelet::{list_and_watch, Kubelet};
+use vramgate_testbed::bench::{arg, built_binary, gpu_uuid as uuid, report, static_config};
+use vramgate_testbed::kubelet::{list_and_watch, Kubelet};
 
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;

@@ -33,7 +33,7 @@ use vramgate::dra::api::v1;
 use vramgate::dra::DRIVER;
 use vramgate::ledger::{GpuShare, Reservation, StateDir};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::bench::{arg, built_binary, report, static_config};
+use vramgate_testbed::bench::{arg, built_binary, report, static_config};
 
 const GIB: u64 = 1 << 30;
 const GPUS: usize = 8;

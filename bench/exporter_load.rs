@@ -17,7 +17,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vramgate::testbed::bench::{arg, built_binary as bin, static_config};
+use vramgate_testbed::bench::{arg, built_binary as bin, static_config};
 
 /// What /proc says of a process: its threads, resident memory and open files (printed with
 /// `{:?}`, which the dead-code lint does not count as a read).

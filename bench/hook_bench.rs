@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use vramgate::ledger::{GpuShare, Ledger, Reservation};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness, Testbed};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness, Testbed};
 
 /// A binary of this build: an example runs from target/<profile>/examples/, and cargo sets no
 /// `CARGO_BIN_EXE_*` for examples.
-use vramgate::testbed::bench::{arg, built_binary as bin, report};
+use vramgate_testbed::bench::{arg, built_binary as bin, report};
 
 /// A scratch host under `root` with one static GPU of `total`, a bundle that requests 1 GiB
 /// on it, and a realistic one that requests nothing.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir, Ticket};
 use vramgate::procfs::ProcessIdentity;
 
-use vramgate::testbed::bench::{arg, built_binary as bin, report};
+use vramgate_testbed::bench::{arg, built_binary as bin, report};
 
 /// One scrape as Prometheus does it: connect, GET, read the whole body.
 fn scrape(addr: SocketAddr) -> usize {

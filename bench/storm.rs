@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use vramgate::ledger::{GpuShare, Reservation};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
 const STORM: usize = 64;

@@ -16,9 +16,6 @@ _vramgate() {
             ",$1")
                 cmd="vramgate"
                 ;;
-            vramgate,demo)
-                cmd="vramgate__subcmd__demo"
-                ;;
             vramgate,doctor)
                 cmd="vramgate__subcmd__doctor"
                 ;;
@@ -54,9 +51,6 @@ _vramgate() {
                 ;;
             vramgate,watch)
                 cmd="vramgate__subcmd__watch"
-                ;;
-            vramgate__subcmd__help,demo)
-                cmd="vramgate__subcmd__help__subcmd__demo"
                 ;;
             vramgate__subcmd__help,doctor)
                 cmd="vramgate__subcmd__help__subcmd__doctor"
@@ -125,54 +119,12 @@ _vramgate() {
 
     case "${cmd}" in
         vramgate)
-            opts="-h -V --config --help --version status doctor release gc metrics exporter watch ledger demo setup setup-node replay help"
+            opts="-h -V --config --help --version status doctor release gc metrics exporter watch ledger setup setup-node replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --config)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        vramgate__subcmd__demo)
-            opts="-h -V --policy --containers --memory --seconds --runc --bin-dir --json --keep --config --help --version"
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
-                --policy)
-                    COMPREPLY=($(compgen -W "wait reject both" -- "${cur}"))
-                    return 0
-                    ;;
-                --containers)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --memory)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --seconds)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --runc)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --bin-dir)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -243,22 +195,8 @@ _vramgate() {
             return 0
             ;;
         vramgate__subcmd__help)
-            opts="status doctor release gc metrics exporter watch ledger demo setup setup-node replay help"
+            opts="status doctor release gc metrics exporter watch ledger setup setup-node replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        vramgate__subcmd__help__subcmd__demo)
-            opts=""
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -130,8 +130,6 @@ pub enum Command {
         #[command(subcommand)]
         command: LedgerCommand,
     },
-    /// Replay the published failure on a simulated GPU with real runc containers
-    Demo(DemoArgs),
     /// Wire vramgate into an engine: docker, containerd, podman or crio
     Setup(SetupArgs),
     /// Set up the node this runs on from a privileged container with the host's root mounted
@@ -291,44 +289,6 @@ pub enum LedgerCommand {
     Show,
     /// Set an unreadable ledger aside (renamed, never deleted) and start an empty one
     Repair,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DemoPolicy {
-    /// Queue containers that do not fit until memory frees up
-    Wait,
-    /// Refuse containers that do not fit
-    Reject,
-    /// Run both, one after the other
-    Both,
-}
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
-    /// Which policy to demonstrate
-    #[arg(long, value_enum, default_value_t = DemoPolicy::Both)]
-    pub policy: DemoPolicy,
-    /// How many containers start at once
-    #[arg(long, default_value_t = 25)]
-    pub containers: u32,
-    /// What each container requests
-    #[arg(long, default_value = "1205Mi")]
-    pub memory: String,
-    /// How long each container runs, in seconds
-    #[arg(long, default_value_t = 3)]
-    pub seconds: u32,
-    /// The runc binary to use
-    #[arg(long, default_value = "runc")]
-    pub runc: String,
-    /// Directory holding vramgate-hook (default: next to this binary)
-    #[arg(long, value_name = "DIR")]
-    pub bin_dir: Option<PathBuf>,
-    /// Print the summary as JSON (for tests and scripts)
-    #[arg(long)]
-    pub json: bool,
-    /// Keep the demo's work directory instead of deleting it
-    #[arg(long)]
-    pub keep: bool,
 }
 
 /// The OCI hook. The runtime runs it with the container state on stdin.

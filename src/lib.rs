@@ -58,18 +58,15 @@ pub mod spec;
 pub mod status;
 pub mod tier;
 
-// The edge, behind the `cli` feature (on by default): the binaries' argument definitions, the
-// demo, and the scratch hosts the demo, the tests and the benches run on. They bring clap and
-// anyhow, and they start runc and hook processes; nothing above uses them, so a crate that
-// embeds the decisions builds without them (`--no-default-features`).
+// The edge, behind the `cli` feature (on by default): the binaries' argument definitions and
+// the exporter. They bring clap, anyhow and an HTTP server; nothing above uses them, so a crate
+// that embeds the decisions builds without them (`--no-default-features`). The demo and the
+// scratch hosts the tests and the benches run on are not here: they are the crate
+// `vramgate-testbed` (testbed/), which the shipped binaries never link.
 #[cfg(feature = "cli")]
 pub mod cli;
 #[cfg(feature = "cli")]
-pub mod demo;
-#[cfg(feature = "cli")]
 pub mod exporter;
-#[cfg(feature = "cli")]
-pub mod testbed;
 
 /// Makes a message from a parser one line: control characters (a newline inside an unknown
 /// key that serde or toml quotes verbatim) are escaped. A hook's error is one line on the

@@ -117,13 +117,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Setup(args) => setup(config_path, &args),
         Command::SetupNode(args) => setup_node(config_path, &args),
         Command::Replay(args) => replay(config_path, &args),
-        Command::Demo(args) => {
-            let summaries = vramgate::demo::run(&args)?;
-            let ok = summaries
-                .iter()
-                .all(|s| s.failed == 0 && s.max_reserved_bytes <= s.capacity_bytes);
-            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
-        }
     }
 }
 

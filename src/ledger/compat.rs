@@ -287,6 +287,16 @@ mod tests {
     use std::cell::Cell;
     use std::path::Path;
 
+    /// `sleep` as PATH finds it: a binary to copy and run as a waiter.
+    fn sleep_on_path() -> std::path::PathBuf {
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+            .map(|dir| dir.join("sleep"))
+            .find(|p| p.is_file())
+            .expect("sleep on PATH")
+    }
+
     /// Pids in `replaced` run a replaced binary; counts the questions asked.
     struct Table {
         replaced: Vec<u32>,
@@ -495,7 +505,7 @@ mod tests {
     #[test]
     fn a_waiter_whose_exe_cannot_be_read_is_told_by_its_start_time() {
         let dir = tempfile::tempdir().unwrap();
-        let sleep = crate::testbed::which("sleep").expect("sleep on PATH");
+        let sleep = sleep_on_path();
         let exe = dir.path().join("vramgate-waiter");
         std::fs::copy(&sleep, &exe).unwrap();
         // Past the margin after the copy's ctime (the process must start after it by that
@@ -541,7 +551,7 @@ mod tests {
         let me = ProcessIdentity::current().unwrap();
         assert!(!ProcBinaries.runs_replaced_binary(&me));
         let dir = tempfile::tempdir().unwrap();
-        let sleep = crate::testbed::which("sleep").expect("sleep on PATH");
+        let sleep = sleep_on_path();
         for how in ["replaced", "removed"] {
             let exe = dir.path().join(format!("sleep-{how}"));
             std::fs::copy(&sleep, &exe).unwrap();

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vramgate::testbed::{oci_state, HookHarness};
+use vramgate_testbed::{oci_state, HookHarness};
 
 use crate::support;
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use support::*;
 use vramgate::ledger::{Ledger, AUDIT_LOG_ENV};
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 const WORKERS: usize = 32;
 const OPS_PER_WORKER: usize = 500;

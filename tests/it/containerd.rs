@@ -130,12 +130,12 @@ struct Containerd {
     child: Option<Child>,
     address: PathBuf,
     state: PathBuf,
-    tb: vramgate::testbed::Testbed,
+    tb: vramgate_testbed::Testbed,
     _host: HostDirs,
 }
 
 impl Containerd {
-    fn start(tb: vramgate::testbed::Testbed) -> Containerd {
+    fn start(tb: vramgate_testbed::Testbed) -> Containerd {
         // ctr and the runc shim keep fifos and runc state under /run/containerd whatever
         // containerd's --state is.
         let host = HostDirs::note(&[

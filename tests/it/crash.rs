@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::*;
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 const LANES: usize = 4;
 const MIN_KILLS: usize = 2000;

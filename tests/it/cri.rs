@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use cri_support::*;
 use support::*;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// The host's vramgate config: one simulated 24,265 MiB GPU.
 const STATIC_GPU: &str = "[inventory]\nbackend = \"static\"";

@@ -30,8 +30,8 @@ use cri_support::*;
 use support::*;
 use vramgate::deviceplugin::api;
 use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
-use vramgate::testbed::kubelet::{list_and_watch, Kubelet};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::kubelet::{list_and_watch, Kubelet};
+use vramgate_testbed::Testbed;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_vramgate-device-plugin");
 const RESOURCE: &str = "vramgate.dev/gpu-memory-gib";

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::*;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const IMAGE: &str = "vramgate-busybox:test";
 

@@ -145,7 +145,7 @@ fn prepare(
 /// as a CDI runtime applies the driver's spec: its env, device nodes and hooks (vramgate's
 /// hooks come from the spec, as on a node; none are added here).
 fn claim_bundle(
-    tb: &vramgate::testbed::Testbed,
+    tb: &vramgate_testbed::Testbed,
     id: &str,
     args: &[&str],
     annotations: &[(&str, &str)],
@@ -159,7 +159,7 @@ fn claim_bundle(
 
 /// `runc run` of a container given the CDI devices `ids` (env and hooks from the driver's spec)
 /// in the background.
-fn start(tb: &vramgate::testbed::Testbed, id: &str, args: &[&str], ids: &[String]) -> std::process::Child {
+fn start(tb: &vramgate_testbed::Testbed, id: &str, args: &[&str], ids: &[String]) -> std::process::Child {
     let bundle = claim_bundle(tb, id, args, &[], &[], ids);
     tb.runc_run(&bundle, id)
         .stdout(std::process::Stdio::null())
@@ -168,7 +168,7 @@ fn start(tb: &vramgate::testbed::Testbed, id: &str, args: &[&str], ids: &[String
         .unwrap()
 }
 
-fn stop(tb: &vramgate::testbed::Testbed, id: &str, child: &mut std::process::Child) {
+fn stop(tb: &vramgate_testbed::Testbed, id: &str, child: &mut std::process::Child) {
     tb.runc(&["kill", id, "KILL"]).status().unwrap();
     let _ = child.wait();
     wait_released(tb, id);
@@ -176,7 +176,7 @@ fn stop(tb: &vramgate::testbed::Testbed, id: &str, child: &mut std::process::Chi
 
 /// Removes every container of a wrapper testbed however the test ends: its `runc` is
 /// vramgate-runtime, which reads the testbed's config to pass `list` and `delete` on.
-struct WrapperCleanup<'a>(&'a vramgate::testbed::Testbed);
+struct WrapperCleanup<'a>(&'a vramgate_testbed::Testbed);
 
 impl Drop for WrapperCleanup<'_> {
     fn drop(&mut self) {
@@ -208,7 +208,7 @@ fn wait_capacities(rt: &tokio::runtime::Runtime, api: &ApiServer, want: &[(&str,
 }
 
 /// The shares of reservation `id` in the ledger: (GPU, bytes), by GPU.
-fn shares_of(tb: &vramgate::testbed::Testbed, id: &str) -> Vec<(String, u64)> {
+fn shares_of(tb: &vramgate_testbed::Testbed, id: &str) -> Vec<(String, u64)> {
     reservations_by_gpu(tb)
         .into_iter()
         .filter_map(|(gpu, list)| {

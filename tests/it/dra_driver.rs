@@ -97,7 +97,7 @@ fn registered_driver(
     name: &str,
 ) -> (
     tempfile::TempDir,
-    vramgate::testbed::Testbed,
+    vramgate_testbed::Testbed,
     tokio::runtime::Runtime,
     ApiServer,
     std::path::PathBuf,
@@ -1451,7 +1451,7 @@ fn a_claims_status_says_the_tier_request_and_limit_and_a_bad_limit_fails_its_pre
 /// `runc ARGS` against the testbed's root with cgroup v2 at /sys/fs/cgroup ([`in_cgroup_v2`]),
 /// where the hook sets the driver limit on the container's cgroup. Output goes to files: a
 /// created container keeps the stdio it inherited, and a pipe would never reach its end.
-fn runc_v2(tb: &vramgate::testbed::Testbed, args: &[&str]) -> std::process::Output {
+fn runc_v2(tb: &vramgate_testbed::Testbed, args: &[&str]) -> std::process::Output {
     let mut all: Vec<&std::ffi::OsStr> = vec![std::ffi::OsStr::new("--root"), tb.runc_root.as_os_str()];
     all.extend(args.iter().map(std::ffi::OsStr::new));
     let (key, value) = tb.env();

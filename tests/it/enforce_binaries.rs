@@ -18,7 +18,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::{json, Value};
 use support::{in_cgroup_v2, nvml_stub, stderr, stdout, HOOK, RUNTIME};
 use vramgate::config::SIMULATED_GPU_UUID;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const GIB: u64 = 1 << 30;
 

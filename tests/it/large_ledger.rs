@@ -7,7 +7,7 @@ use std::process::Command;
 
 use vramgate::ledger::{GpuShare, Ledger, Reservation, StateDir, RECLAIM_WINDOW};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 use crate::support;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{runc_testbed, wrapper, wrapper_testbed, Cleanup, HOOK, RUNTIME};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// A tmpfs of `size` mounted at a directory for the length of a test, unmounted on drop.
 struct Tmpfs(PathBuf);

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use support::*;
 use vramgate::ledger::{LEDGER_FILE, MAX_LEDGER_BYTES};
 use vramgate::procfs::ProcessIdentity;
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 const GPUS: &str = "[inventory]\nbackend = \"static\"\n\
     [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n\

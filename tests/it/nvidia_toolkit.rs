@@ -46,7 +46,7 @@ use cri_support::*;
 use host::*;
 use support::*;
 use vramgate::config::SIMULATED_GPU_UUID;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const WAIT: Duration = Duration::from_secs(60);
 /// Where `vramgate setup-node` puts the wrapper on the host, as containerd names it.

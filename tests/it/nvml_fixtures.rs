@@ -14,7 +14,7 @@ use vramgate::inventory::{Inventory, RecordedHost, RecordedInventory};
 use vramgate::ledger::GpuShare;
 use vramgate::quantity::Quantity;
 use vramgate::request::{GpuSelector, RequestError};
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness, Testbed};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness, Testbed};
 
 const MI: u64 = 1 << 20;
 

@@ -25,7 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 use crate::support;
 
@@ -152,7 +152,7 @@ fn require_tools() {
         ("systemd-analyze", "apt-get install systemd"),
     ] {
         assert!(
-            vramgate::testbed::which(tool).is_some(),
+            vramgate_testbed::which(tool).is_some(),
             "{tool} is not installed: {hint} (scripts/install-deps installs it)"
         );
     }
@@ -812,7 +812,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     let _turn = dpkg_turn();
     require_tools();
     for tool in ["unshare", "git", "tar"] {
-        assert!(vramgate::testbed::which(tool).is_some(), "{tool} is not installed");
+        assert!(vramgate_testbed::which(tool).is_some(), "{tool} is not installed");
     }
     require_not_installed();
     assert!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::*;
 use vramgate::placement::{self, Strategy};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// GiB used outside vramgate on each of the 8 GPUs; available = 80 - this.
 const USED_OUTSIDE: [u64; 8] = [0, 60, 30, 70, 0, 10, 50, 75];

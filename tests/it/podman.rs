@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use support::*;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const IMAGE: &str = "localhost/vramgate-busybox:test";
 

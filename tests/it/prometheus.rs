@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{daemon, require, stderr, wait_until, GIB, HOOK, VRAMGATE as CLI};
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness as Scratch};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness as Scratch};
 
 const LIMIT: Duration = Duration::from_secs(60);
 

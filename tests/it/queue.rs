@@ -12,8 +12,8 @@ use support::{
     array_field, eventually, field, runc_testbed, spawn_container, status, str_field, u64_field, Cleanup, GIB, HOOK,
     LOADED_MACHINE_BOUND,
 };
-use vramgate::cli::{DemoArgs, DemoPolicy};
-use vramgate::testbed::{scratch_config, Testbed};
+use vramgate_testbed::demo::{DemoArgs, DemoPolicy};
+use vramgate_testbed::{scratch_config, Testbed};
 
 /// The ledger as the hooks wrote it; before the first hook made it, an empty one. Any other
 /// failure to read it fails the test (it is not "nothing reserved").
@@ -69,7 +69,7 @@ fn paper_replay_with_wait_and_reject() {
         // Kept, to read its event log here; removed below.
         keep: true,
     };
-    let summaries = vramgate::demo::run(&args).unwrap();
+    let summaries = vramgate_testbed::demo::run(&args).unwrap();
     let work = std::env::temp_dir().join(format!("vramgate-demo-{}", std::process::id()));
     let events = support::events_in(&work.join("wait/state"));
     std::fs::remove_dir_all(&work).unwrap();

@@ -10,7 +10,7 @@ use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vramgate::testbed::{feed, oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{feed, oci_state, FakeContainer, HookHarness};
 
 use crate::support;
 

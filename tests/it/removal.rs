@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use support::*;
 use vramgate::enforce::lifecycle::{record_name, LimitRecord};
-use vramgate::testbed::{oci_state, FakeContainer, HookHarness};
+use vramgate_testbed::{oci_state, FakeContainer, HookHarness};
 
 const INVENTORY: &str = "policy = \"wait\"\n[inventory]\nbackend = \"static\"\n\
     [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-removal\"\ntotal = \"8Gi\"\n";

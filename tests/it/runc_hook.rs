@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::{runc_testbed, spawn_container as spawn, status, Cleanup, GIB, VRAMGATE};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// (container id, bytes, alive) of each reservation on GPU 0.
 fn reservations(bed: &Testbed) -> Vec<(String, u64, bool)> {

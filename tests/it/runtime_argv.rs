@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_vramgate-runtime");
 const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::{wrapper, wrapper_testbed as testbed, Cleanup, LOADED_MACHINE_BOUND, VRAMGATE as CLI};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// The container's state as runc reports it through the wrapper (`state` passes through).
 fn container_status(bed: &Testbed, id: &str) -> Option<String> {

@@ -15,7 +15,7 @@ use std::process::Stdio;
 
 use serde_json::{json, Value};
 use support::{reservations, runc_testbed, wrapper, wrapper_testbed, Cleanup};
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const TWO_GPUS: &str = "[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n[[inventory.gpus]]\nindex = 1\nuuid = \"GPU-one\"\ntotal = \"16Gi\"\n";
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::*;
 use vramgate::procfs;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 const ONE_GPU: &str =
     "[inventory]\nbackend = \"static\"\n[[inventory.gpus]]\nindex = 0\nuuid = \"GPU-zero\"\ntotal = \"16Gi\"\n";

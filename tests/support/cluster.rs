@@ -396,7 +396,7 @@ impl Cluster {
         self.cri.as_ref().expect("containerd runs")
     }
 
-    pub fn tb(&self) -> &vramgate::testbed::Testbed {
+    pub fn tb(&self) -> &vramgate_testbed::Testbed {
         &self.cri().tb
     }
 
@@ -527,7 +527,7 @@ impl Cluster {
 
     /// containerd 2.1 set up by the built `vramgate setup containerd` (tests/support/cri.rs),
     /// with a CNI bridge config, so that the node reports its network ready.
-    fn start_containerd(&self, tb: vramgate::testbed::Testbed) -> Cri {
+    fn start_containerd(&self, tb: vramgate_testbed::Testbed) -> Cri {
         let cni = tb.dir.join("containerd/cni");
         std::fs::create_dir_all(cni.join("bin")).unwrap();
         std::fs::create_dir_all(cni.join("net.d")).unwrap();

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::support::*;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 pub type RuntimeClient = cri::runtime_service_client::RuntimeServiceClient<Channel>;
 pub type ImageClient = cri::image_service_client::ImageServiceClient<Channel>;

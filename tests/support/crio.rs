@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use crate::support::cri::*;
 use crate::support::*;
-use vramgate::testbed::Testbed;
+use vramgate_testbed::Testbed;
 
 /// The CRI-O that scripts/fetch-crio builds.
 pub const CRIO_VERSION: &str = "1.36.3";

@@ -1,5 +1,5 @@
-//! What the integration tests share beyond the library's scratch hosts
-//! (`vramgate::testbed`, which the benches use too): the built binaries, reading
+//! What the integration tests share beyond the scratch hosts of the crate `vramgate_testbed`
+//! (testbed/, which the benches use too): the built binaries, reading
 //! `vramgate status --json`, waiting with a bound, starting and stopping the daemons the
 //! engine tests drive, and a seeded random generator for the reliability tests.
 
@@ -23,7 +23,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vramgate::testbed::{HookHarness, Testbed};
+use vramgate_testbed::{HookHarness, Testbed};
 
 pub const VRAMGATE: &str = env!("CARGO_BIN_EXE_vramgate");
 pub const HOOK: &str = env!("CARGO_BIN_EXE_vramgate-hook");
@@ -321,7 +321,7 @@ pub struct RunningWatch(std::process::Child);
 impl RunningWatch {
     /// Starts the watch and returns once a pass has measured (its heartbeat is in the state
     /// directory, which is made first as the first hook would make it).
-    pub fn start(bed: &vramgate::testbed::Testbed) -> RunningWatch {
+    pub fn start(bed: &vramgate_testbed::Testbed) -> RunningWatch {
         let state = vramgate::ledger::StateDir::open_or_create(&bed.state_dir).unwrap();
         let (key, value) = bed.env();
         let child = Command::new(VRAMGATE)

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
-use crate::deviceplugin::api;
-use crate::deviceplugin::api::device_plugin_client::DevicePluginClient;
-use crate::deviceplugin::api::registration_server::{Registration, RegistrationServer};
+use vramgate::deviceplugin::api;
+use vramgate::deviceplugin::api::device_plugin_client::DevicePluginClient;
+use vramgate::deviceplugin::api::registration_server::{Registration, RegistrationServer};
 
 /// kubelet's side of ListAndWatch on the plugin's `socket`, kept open on a thread of its own
 /// as kubelet keeps it: each list the plugin sends, with when it arrived. The channel ends
@@ -25,7 +25,7 @@ pub fn list_and_watch(socket: &Path) -> mpsc::Receiver<(Instant, Vec<api::Device
             .build()
             .unwrap();
         rt.block_on(async move {
-            let channel = crate::kubelet::connect(socket).await.unwrap();
+            let channel = vramgate::kubelet::connect(socket).await.unwrap();
             let mut stream = DevicePluginClient::new(channel)
                 .list_and_watch(api::Empty {})
                 .await
@@ -106,7 +106,7 @@ impl Kubelet {
     /// container's devices in its checkpoint, `kubelet_internal_checkpoint` (the layout of
     /// Kubernetes 1.20 and later, NUMA node -1), replacing the file by a rename.
     pub fn checkpoint_allocation(&self, pod_uid: &str, container: &str, resource: &str, ids: &[String]) {
-        use crate::deviceplugin::checkpoint::KUBELET_CHECKPOINT;
+        use vramgate::deviceplugin::checkpoint::KUBELET_CHECKPOINT;
         let path = self.dir.join(KUBELET_CHECKPOINT);
         let mut checkpoint: serde_json::Value = std::fs::read(&path)
             .ok()
@@ -134,7 +134,7 @@ impl Kubelet {
     pub fn stop_and_clear(mut self) {
         self.shut_down();
         for entry in std::fs::read_dir(&self.dir).unwrap().flatten() {
-            if entry.file_name() != crate::deviceplugin::checkpoint::KUBELET_CHECKPOINT {
+            if entry.file_name() != vramgate::deviceplugin::checkpoint::KUBELET_CHECKPOINT {
                 let _ = std::fs::remove_file(entry.path());
             }
         }

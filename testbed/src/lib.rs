@@ -1,5 +1,6 @@
 //! Scratch hosts for the demo, the integration tests and the benches. Nothing here touches
-//! the host's own `/etc/vramgate` or `/run/vramgate`.
+//! the host's own `/etc/vramgate` or `/run/vramgate`. A crate beside the library, not in it:
+//! the library and the binaries it ships use none of this.
 //!
 //! - [`Testbed`]: for real runc: a config with a simulated GPU, a private state directory, a
 //!   busybox root filesystem, and runc bundles whose `config.json` runs the vramgate hooks.
@@ -12,12 +13,12 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::config::CONFIG_ENV;
+use vramgate::config::CONFIG_ENV;
 
 pub mod bench;
+pub mod demo;
 mod harness;
 // The kubelet side of the device plugin API, for tests/it/device_plugin.rs and its bench.
-#[cfg(feature = "device-plugin")]
 pub mod kubelet;
 pub use harness::{feed, oci_state, FakeContainer, HookHarness};
 
@@ -86,7 +87,7 @@ impl Testbed {
         let dir = dir.canonicalize()?;
         let config_path = dir.join("config.toml");
         std::fs::write(&config_path, config_toml).with_context(|| format!("writing {}", config_path.display()))?;
-        let config = crate::config::Config::load_from(&config_path)?;
+        let config = vramgate::config::Config::load_from(&config_path)?;
 
         let rootfs = dir.join("rootfs");
         let bin = rootfs.join("bin");
@@ -138,7 +139,7 @@ impl Testbed {
     /// The hooks entry vramgate adds to a spec, for `hook` run with this testbed's config.
     pub fn hooks(&self, timeout_seconds: u64) -> Value {
         // The same entries vramgate-runtime injects, so the demo and tests run exactly those.
-        let entry = |stage| crate::runtime::hook_entry(&self.hook, stage, timeout_seconds, Some(&self.config_path));
+        let entry = |stage| vramgate::runtime::hook_entry(&self.hook, stage, timeout_seconds, Some(&self.config_path));
         json!({ "createRuntime": [entry("createRuntime")], "poststop": [entry("poststop")] })
     }
 

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{json, Value};
 
-use crate::config::CONFIG_ENV;
-use crate::ledger::{Ledger, StateDir};
+use vramgate::config::CONFIG_ENV;
+use vramgate::ledger::{Ledger, StateDir};
 
 /// A scratch host for `vramgate-hook`: its own directory (removed on drop) holding
 /// `config.toml`, the state directory that config names, and `bundles/<name>/config.json`.

@@ -1,4 +1,5 @@
-//! `vramgate demo`: the published failure, replayed on the simulated 24,265 MiB card.
+//! `vramgate-demo`, which scripts/demo runs: the published failure, replayed on the simulated
+//! 24,265 MiB card.
 //!
 //! In the paper, 25 TensorFlow containers of 1,205 MiB each started at once on an RTX 3090
 //! and 15 of them died of out-of-memory. Here 25 real runc containers, each requesting
@@ -13,13 +14,51 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use clap::ValueEnum;
 use serde::Serialize;
+use vramgate::config::{Policy, SIMULATED_GPU_TOTAL};
+use vramgate::ledger::StateDir;
+use vramgate::quantity::{format_bytes, format_duration, parse_quantity};
 
-use crate::cli::{DemoArgs, DemoPolicy};
-use crate::config::{Policy, SIMULATED_GPU_TOTAL};
-use crate::ledger::StateDir;
-use crate::quantity::{format_bytes, format_duration, parse_quantity};
-use crate::testbed::Testbed;
+use crate::Testbed;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DemoPolicy {
+    /// Queue containers that do not fit until memory frees up
+    Wait,
+    /// Refuse containers that do not fit
+    Reject,
+    /// Run both, one after the other
+    Both,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Which policy to demonstrate
+    #[arg(long, value_enum, default_value_t = DemoPolicy::Both)]
+    pub policy: DemoPolicy,
+    /// How many containers start at once
+    #[arg(long, default_value_t = 25)]
+    pub containers: u32,
+    /// What each container requests
+    #[arg(long, default_value = "1205Mi")]
+    pub memory: String,
+    /// How long each container runs, in seconds
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u32,
+    /// The runc binary to use
+    #[arg(long, default_value = "runc")]
+    pub runc: String,
+    /// Directory holding vramgate-hook (default: next to this binary)
+    #[arg(long, value_name = "DIR")]
+    pub bin_dir: Option<PathBuf>,
+    /// Print the summary as JSON (for tests and scripts)
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the demo's work directory instead of deleting it
+    #[arg(long)]
+    pub keep: bool,
+}
 
 #[derive(Debug, Serialize)]
 pub struct DemoSummary {
@@ -220,7 +259,7 @@ fn replay(bed: &Testbed, policy: Policy, args: &DemoArgs, request: u64) -> Resul
     }
     let wall = started.elapsed();
 
-    let (waited, longest_wait_ms, fifo) = queue_order(&state.path().join(crate::events::EVENTS_FILE))?;
+    let (waited, longest_wait_ms, fifo) = queue_order(&state.path().join(vramgate::events::EVENTS_FILE))?;
     let refused = running
         .iter()
         .filter(|r| exit.get(&r.name) == Some(&false))
