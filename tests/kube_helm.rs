@@ -34,14 +34,12 @@ use kube_support::*;
 use support::*;
 
 /// The node's one simulated GPU: 8 GiB, nothing used outside vramgate.
-const GPU: &str = "GPU-4b000000-0000-0000-0000-000000000046";
-const GPU_GIB: u64 = 8;
+const GPU: &str = SIMULATED_GPU;
 
 fn node_config() -> String {
-    format!(
-        "[inventory]\nbackend = \"static\"\n\
-         [[inventory.gpus]]\nindex = 0\nuuid = \"{GPU}\"\ntotal = \"{GPU_GIB}Gi\"\nused_outside = \"0\"\n"
-    )
+    // The test node's default inventory: one simulated GPU (`testnode up` without
+    // --config-extra), so that a developer's node serves these tests as it is.
+    default_config_extra()
 }
 
 /// What `helm install`/`upgrade`/`uninstall` may wait for the release's pods.
@@ -1116,6 +1114,8 @@ fn the_exporter_and_the_watch_run_as_the_charts_pods_and_see_the_nodes_reservati
 }
 
 fn main() {
+    // Re-run as the test node's tool (support::cluster::start_node).
+    testnode::cli::run_if_requested();
     let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
     let cluster = Cluster::start(&node_config());

@@ -24,14 +24,13 @@ use kube_support::*;
 use support::*;
 
 /// The node's one simulated GPU: 8 GiB, nothing used outside vramgate.
-const GPU: &str = "GPU-4b000000-0000-0000-0000-000000000045";
-const GPU_GIB: u64 = 8;
+const GPU: &str = SIMULATED_GPU;
+const GPU_GIB: u64 = SIMULATED_GPU_GIB;
 
 fn node_config() -> String {
-    format!(
-        "[inventory]\nbackend = \"static\"\n\
-         [[inventory.gpus]]\nindex = 0\nuuid = \"{GPU}\"\ntotal = \"{GPU_GIB}Gi\"\nused_outside = \"0\"\n"
-    )
+    // The test node's default inventory: one simulated GPU (`testnode up` without
+    // --config-extra), so that a developer's node serves these tests as it is.
+    default_config_extra()
 }
 
 type Scenario = fn(&Cluster);
@@ -362,6 +361,8 @@ fn every_manifest_applies_server_side(c: &Cluster) {
 }
 
 fn main() {
+    // Re-run as the test node's tool (support::cluster::start_node).
+    testnode::cli::run_if_requested();
     let args = scenario_args(SCENARIOS);
     let whole = Instant::now();
     let (cluster, conclusion) = run_scenarios(&args, SCENARIOS, Cluster::start(&node_config()), |cluster| {

@@ -131,6 +131,32 @@ impl Testbed {
         })
     }
 
+    /// The testbed [`Testbed::create`] set up in `dir` earlier (another process's, which may be
+    /// using it): its config is read, nothing is written.
+    pub fn open(dir: &Path, runc: &str, hook: &Path) -> Result<Testbed> {
+        let runc =
+            which(runc).with_context(|| format!("{runc} not found on PATH: install it with `apt-get install runc`"))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("resolving {}", dir.display()))?;
+        let config_path = dir.join("config.toml");
+        let config = vramgate::config::Config::load_from(&config_path)?;
+        let template_json = dir.join("template/config.json");
+        let template: Value = serde_json::from_slice(
+            &std::fs::read(&template_json).with_context(|| format!("reading {}", template_json.display()))?,
+        )?;
+        Ok(Testbed {
+            rootfs: dir.join("rootfs"),
+            runc_root: dir.join("runc"),
+            hook: hook.to_path_buf(),
+            state_dir: config.state_dir,
+            config_path,
+            dir,
+            runc,
+            template,
+        })
+    }
+
     /// A config for a testbed in `dir`: a private state dir and the given static GPUs section.
     pub fn default_config(dir: &Path, extra: &str) -> String {
         scratch_config(&dir.join("state"), extra)

@@ -20,15 +20,12 @@ use serde_json::{json, Value};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::support::*;
+pub use testnode::containerd::{build_images, Containerd, APP_IMAGE, HANDLER, PAUSE_IMAGE};
 use vramgate_testbed::Testbed;
 
 pub type RuntimeClient = cri::runtime_service_client::RuntimeServiceClient<Channel>;
 pub type ImageClient = cri::image_service_client::ImageServiceClient<Channel>;
 
-pub const PAUSE_IMAGE: &str = "vramgate.test/pause:1";
-pub const APP_IMAGE: &str = "vramgate.test/busybox:1";
-/// The runtime handler `vramgate setup containerd` configures (a RuntimeClass's `handler`).
-pub const HANDLER: &str = "vramgate";
 /// kubelet's default `--runtime-request-timeout`, the deadline it puts on each CRI call.
 pub const CRI_DEADLINE: Duration = Duration::from_secs(120);
 /// The grace period kubelet would give StopContainer; the app containers exit on SIGTERM.
@@ -60,34 +57,15 @@ pub struct Cri {
     pub pod_cgroups: Mutex<Vec<String>>,
     /// The scratch directory, removed last (after containerd and its mounts are gone).
     pub dir: Option<tempfile::TempDir>,
+    /// The test node's supervisor, when this containerd is the node's (tools/testnode): it
+    /// restarts containerd and owns its pods; `Cri` is then only a client.
+    pub node: Option<NodeControl>,
 }
 
-/// The runc shim keeps its sockets and runc state, and ctr its fifos, under /run/containerd
-/// whatever containerd's --state is. The tests of a file run side by side, so the paths
-/// are noted when the first containerd starts and removed (those that were not there, when
-/// empty) when the last one stops.
-pub static HOST_DIRS: Mutex<(usize, Option<HostDirs>)> = Mutex::new((0, None));
-
-pub fn host_dirs_enter() {
-    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
-    if host.0 == 0 {
-        host.1 = Some(HostDirs::note(&[
-            "/run/containerd/runc/k8s.io",
-            "/run/containerd/runc",
-            "/run/containerd/fifo",
-            "/run/containerd/s",
-            "/run/containerd",
-        ]));
-    }
-    host.0 += 1;
-}
-
-pub fn host_dirs_leave() {
-    let mut host = HOST_DIRS.lock().unwrap_or_else(|e| e.into_inner());
-    host.0 -= 1;
-    if host.0 == 0 {
-        drop(host.1.take());
-    }
+/// A test node's control socket, and how many of its containerd's ends this client has seen.
+pub struct NodeControl {
+    pub socket: PathBuf,
+    pub seen_exits: Mutex<usize>,
 }
 
 /// Where the pods' cgroups go, as kubelet puts them under `kubepods`.
@@ -100,146 +78,6 @@ pub struct Pod {
     pub name: String,
     pub config: cri::PodSandboxConfig,
     pub sandbox: String,
-}
-
-/// Which containerd a CRI host runs: Debian 12's 1.6 (config version 2); 1.7 from Debian
-/// trixie (config version 2), unpacked with Docker 26 by `scripts/fetch-docker-next`; or 2.1
-/// from Debian sid (config version 3, what current Kubernetes distributions ship), unpacked by
-/// `scripts/fetch-containerd-2`. None is installed over the host's; all run the host's runc.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Containerd {
-    Debian,
-    Seven,
-    Two,
-}
-
-impl Containerd {
-    /// The PATH containerd runs with: sid's containerd, shim and ctr first for 2.1.
-    pub fn path(self) -> String {
-        match self {
-            Containerd::Debian => path_with_sbin(),
-            Containerd::Seven => {
-                let dir = std::env::var("VRAMGATE_DOCKER_NEXT")
-                    .unwrap_or_else(|_| "/var/cache/vramgate-tests/docker-trixie".into());
-                let bin = Path::new(&dir).join("usr/bin");
-                assert!(
-                    bin.join("containerd").is_file() && bin.join("containerd-shim-runc-v2").is_file(),
-                    "containerd 1.7 is not unpacked in {dir}: run scripts/install-deps (or scripts/fetch-docker-next)"
-                );
-                format!("{}:{}", bin.display(), path_with_sbin())
-            }
-            Containerd::Two => {
-                let dir = std::env::var("VRAMGATE_CONTAINERD_2")
-                    .unwrap_or_else(|_| "/var/cache/vramgate-tests/containerd-sid".into());
-                let bin = Path::new(&dir).join("usr/bin");
-                assert!(
-                    bin.join("containerd").is_file(),
-                    "containerd 2.1 is not unpacked in {dir}: run scripts/install-deps (or scripts/fetch-containerd-2)"
-                );
-                format!("{}:{}", bin.display(), path_with_sbin())
-            }
-        }
-    }
-
-    /// The host's own containerd config: the CRI plugin with the settings this VM needs,
-    /// before `vramgate setup containerd` adds its import.
-    /// The containerd binary itself.
-    pub fn binary(self) -> PathBuf {
-        let path = self.path();
-        Path::new(path.split(':').next().unwrap()).join("containerd")
-    }
-
-    pub fn host_config(self, dir: &Path) -> String {
-        let opt = containerd_opt_section(dir);
-        let cni_bin = dir.join("cni/bin").display().to_string();
-        let cni_conf = dir.join("cni/net.d").display().to_string();
-        let cdi = dir.join("cdi").display().to_string();
-        match self {
-            // 1.7 reads version 2 as 1.6 does; its CDI and NRI stay off, as they are by default.
-            Containerd::Debian | Containerd::Seven => format!(
-                // No CDI in 1.6.
-                r#"version = 2
-{opt}
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  # This VM lacks CAP_SYS_RESOURCE: containerd may only raise a container's oom_score_adj.
-  restrict_oom_score_adj = true
-  # kubectl exec/logs streaming: loopback only, on a port the kernel picks.
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    # Empty: the pods use the host's network, and the host's CNI config stays unread.
-    bin_dir = {cni_bin:?}
-    conf_dir = {cni_conf:?}
-"#
-            ),
-            // The same settings where version 3 keeps them. NRI (on by default in 2.x) would
-            // listen on one host-wide socket for every test's containerd.
-            Containerd::Two => format!(
-                r#"version = 3
-disabled_plugins = ["io.containerd.nri.v1.nri"]
-{opt}
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "{PAUSE_IMAGE}"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  # CDI specs (a DRA driver's) come from the test's own directory, not the host's.
-  enable_cdi = true
-  cdi_spec_dirs = [{cdi:?}]
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [{cni_bin:?}]
-  conf_dir = {cni_conf:?}
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#
-            ),
-        }
-    }
-}
-
-/// containerd's name for this machine's architecture, for the image config.
-pub fn go_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
-/// A docker-archive tar with two single-layer images on the testbed's busybox rootfs: the
-/// sandbox image (a `sleep` standing in for `pause`) and the app image.
-pub fn build_images(tb: &Testbed) -> PathBuf {
-    let layer = rootfs_tar(tb);
-    let sum = run_ok(Command::new("sha256sum").arg(&layer));
-    let diff_id = format!("sha256:{}", sum.split_whitespace().next().unwrap());
-    let archive = tb.dir.join("images");
-    std::fs::create_dir_all(&archive).unwrap();
-    std::fs::rename(&layer, archive.join("layer.tar")).unwrap();
-    let image = |file: &str, entrypoint: &[&str]| {
-        let config = json!({
-            "architecture": go_arch(),
-            "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint},
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        });
-        std::fs::write(archive.join(file), config.to_string()).unwrap();
-    };
-    image("pause.json", &["/bin/sleep", "86400"]);
-    image("app.json", &[]);
-    let manifest = json!([
-        {"Config": "pause.json", "RepoTags": [PAUSE_IMAGE], "Layers": ["layer.tar"]},
-        {"Config": "app.json", "RepoTags": [APP_IMAGE], "Layers": ["layer.tar"]},
-    ]);
-    std::fs::write(archive.join("manifest.json"), manifest.to_string()).unwrap();
-    let tar = tb.dir.join("images.tar");
-    run_ok(Command::new("tar").arg("-C").arg(&archive).arg("-cf").arg(&tar).args([
-        "manifest.json",
-        "pause.json",
-        "app.json",
-        "layer.tar",
-    ]));
-    tar
 }
 
 /// A CRI request with kubelet's deadline (sent as `grpc-timeout`; containerd cancels the
@@ -453,6 +291,37 @@ impl Cri {
             path,
             pod_cgroups: Mutex::new(Vec::new()),
             dir: None,
+            node: None,
+        };
+        cri.wait_ready();
+        cri
+    }
+
+    /// A CRI client of the test node's containerd (tools/testnode), which its supervisor runs.
+    pub fn attach(tb: Testbed, info: &testnode::node::NodeFile) -> Cri {
+        let ctd = &info.containerd;
+        let (rt, channel) = cri_channel(ctd.address.clone());
+        let socket = info.control_socket.clone();
+        let exits = testnode::node::control(&socket, "containerd exits", Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("the test node's supervisor: {e}"));
+        let cri = Cri {
+            runtime: RuntimeClient::new(channel.clone()),
+            images: ImageClient::new(channel),
+            rt,
+            child: Mutex::new(None),
+            config_dir: ctd.dir.clone(),
+            main_config: ctd.main_config.clone(),
+            address: ctd.address.clone(),
+            state: ctd.state.clone(),
+            tb,
+            containerd: Containerd::Two,
+            path: ctd.path.clone(),
+            pod_cgroups: Mutex::new(Vec::new()),
+            dir: None,
+            node: Some(NodeControl {
+                socket,
+                seen_exits: Mutex::new(exits.parse().unwrap()),
+            }),
         };
         cri.wait_ready();
         cri
@@ -461,6 +330,21 @@ impl Cri {
     /// Plays the engine's service manager: waits (at most `timeout`) for containerd to exit,
     /// starts it again with the same config, and returns how the old one ended.
     pub fn restart_after_exit(&self, timeout: Duration) -> std::process::ExitStatus {
+        if let Some(node) = &self.node {
+            // The node's supervisor is the service manager: it waits for the next end this
+            // client has not seen, and answers once containerd runs again.
+            let mut seen = node.seen_exits.lock().unwrap();
+            let request = format!("containerd wait-exit {} {}", *seen, timeout.as_secs().max(1));
+            let reply = testnode::node::control(&node.socket, &request, timeout + Duration::from_secs(90))
+                .unwrap_or_else(|e| panic!("{e}"));
+            *seen += 1;
+            let raw = reply.strip_prefix("exited ").and_then(|r| r.parse().ok());
+            use std::os::unix::process::ExitStatusExt;
+            let status = std::process::ExitStatus::from_raw(raw.unwrap_or_else(|| panic!("{request}: {reply}")));
+            drop(seen);
+            self.wait_ready();
+            return status;
+        }
         let mut child = self.child.lock().unwrap();
         let started = Instant::now();
         let status = loop {
@@ -482,7 +366,13 @@ impl Cri {
 
     /// `systemctl restart containerd`: SIGTERM, then started again once it has exited.
     pub fn restart(&self, timeout: Duration) {
-        let pid = self.child.lock().unwrap().as_ref().expect("containerd runs").id();
+        let pid = match &self.node {
+            Some(node) => testnode::node::control(&node.socket, "containerd pid", Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .parse()
+                .unwrap(),
+            None => self.child.lock().unwrap().as_ref().expect("containerd runs").id(),
+        };
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -678,6 +568,10 @@ impl Drop for Cri {
     /// Whatever a test left (it may have panicked halfway): every pod is stopped and removed
     /// through CRI, so the shims exit, then containerd is stopped and its mounts undone.
     fn drop(&mut self) {
+        if self.node.is_some() {
+            // The node's supervisor owns containerd and its pods.
+            return;
+        }
         kill_queued_hooks(&self.tb);
         let mut client = self.runtime.clone();
         let listed = self.block_on(async move {
@@ -741,26 +635,7 @@ pub fn events_of(tb: &Testbed) -> Vec<Value> {
 /// reads the pids it can and never panics (a panic in a drop while unwinding would abort and
 /// hide the test's own failure).
 pub fn kill_queued_hooks(tb: &Testbed) {
-    let Ok(out) = Command::new(VRAMGATE)
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &tb.config_path)
-        .output()
-    else {
-        return;
-    };
-    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let pids = status["gpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["queue"].as_array().into_iter().flatten())
-        .filter_map(|t| t["waiter_pid"].as_u64());
-    for pid in pids {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    testnode::node::kill_queued_hooks(Path::new(VRAMGATE), &tb.config_path)
 }
 
 /// Each pod cgroup parent in `parents` from every hierarchy (v1 controllers or the v2 root),
@@ -778,18 +653,6 @@ pub fn remove_pod_cgroups(parents: &[String]) {
         }
         let _ = std::fs::remove_dir(hierarchy.join(CGROUP_ROOT));
     }
-}
-
-/// Removes a cgroup and those below it, deepest first; rmdir removes only cgroups with no
-/// process left. A pod's own containers' cgroups are normally gone already (runc removes
-/// them); one whose `runc create` was killed (a cancelled start) is not.
-pub fn remove_cgroup(dir: &Path) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_cgroup(&entry.path());
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 /// A scratch host (config with the static simulated GPU, private state, in a new temporary

@@ -19,10 +19,14 @@ pub mod node_image;
 pub mod registration_client;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
+// The engines' process plumbing, shared with the test node's supervisor (tools/testnode).
+pub use testnode::containerd::*;
+pub use testnode::host_dirs::*;
+pub use testnode::process::*;
 use vramgate_testbed::{HookHarness, Testbed};
 
 pub const VRAMGATE: &str = env!("CARGO_BIN_EXE_vramgate");
@@ -40,22 +44,6 @@ pub const LOADED_MACHINE_BOUND: Duration = Duration::from_secs(10);
 /// The simulated GPU of the default static inventory: 24,265 MiB.
 pub const GPU_MIB: u64 = 24_265;
 pub const GIB: u64 = 1 << 30;
-
-/// The engines and runc live in sbin on Debian; cargo's PATH may not have it.
-pub fn path_with_sbin() -> String {
-    let path = std::env::var("PATH").unwrap_or_default();
-    format!("{path}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-}
-
-/// Fails (never skips) when a tool the test drives is missing: CI installs them.
-pub fn require(tool: &str) {
-    let found = std::env::split_paths(&path_with_sbin()).any(|d| d.join(tool).is_file());
-    assert!(found, "{tool} is not installed: run scripts/install-deps (as root)");
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the engine tests run as root: sudo scripts/test"
-    );
-}
 
 /// A testbed (private state dir, busybox rootfs) on the static simulated GPU.
 pub fn testbed(dir: &Path) -> Testbed {
@@ -129,21 +117,6 @@ pub fn spawn_container(bed: &Testbed, id: &str, args: &[&str], annotations: &[(&
 /// A scratch host for running the built `vramgate-hook` directly (see `HookHarness`).
 pub fn harness(config_extra: &str) -> HookHarness {
     HookHarness::new(HOOK, config_extra)
-}
-
-/// The busybox rootfs as a tar, for `docker import` / `podman import`.
-pub fn rootfs_tar(tb: &Testbed) -> PathBuf {
-    let tar = tb.dir.join("rootfs.tar");
-    let out = Command::new("tar")
-        .arg("-C")
-        .arg(&tb.rootfs)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "tar: {}", String::from_utf8_lossy(&out.stderr));
-    tar
 }
 
 /// What `vramgate status --json` reports for the host whose config is `config`.
@@ -309,11 +282,6 @@ pub fn config_keys(text: &str) -> Vec<String> {
     keys
 }
 
-/// Polls `check` every 100 ms for at most `limit`; panics with `what` and the last state.
-pub fn wait_until<T: std::fmt::Debug>(what: &str, limit: Duration, check: impl FnMut() -> (bool, T)) -> T {
-    poll(what, limit, Duration::from_millis(100), check).0
-}
-
 /// `vramgate watch` on a testbed's config, as vramgate-watch.service runs it: stopped (by its
 /// own pid) when dropped.
 pub struct RunningWatch(std::process::Child);
@@ -423,25 +391,6 @@ pub fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) 
     poll(what, limit, Duration::from_millis(25), || (check(), ())).1
 }
 
-fn poll<T: std::fmt::Debug>(
-    what: &str,
-    limit: Duration,
-    period: Duration,
-    mut check: impl FnMut() -> (bool, T),
-) -> (T, Duration) {
-    let start = Instant::now();
-    loop {
-        let (done, state) = check();
-        if done {
-            return (state, start.elapsed());
-        }
-        if start.elapsed() > limit {
-            panic!("timed out after {limit:?} waiting until {what}; last: {state:?}");
-        }
-        std::thread::sleep(period);
-    }
-}
-
 pub fn wait_released(tb: &Testbed, id: &str) {
     wait_until(&format!("{id} is released"), Duration::from_secs(15), || {
         let r = reservations(tb);
@@ -479,54 +428,6 @@ pub fn write_packaged_hooks(hooks_d: &Path, tb: &Testbed) {
     }
 }
 
-pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// SIGTERM, up to `grace` to exit, then SIGKILL. `pid` is a child of this process or not.
-pub fn stop_pid(pid: i32, grace: Duration) {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    let pid = Pid::from_raw(pid);
-    if kill(pid, Signal::SIGTERM).is_err() {
-        return;
-    }
-    let start = Instant::now();
-    while start.elapsed() < grace {
-        // Reaps it if it is our child; a non-child disappears from /proc by itself.
-        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-        if kill(pid, None).is_err() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = kill(pid, Signal::SIGKILL);
-    let _ = nix::sys::wait::waitpid(pid, None);
-}
-
-/// Unmounts whatever a daemon left mounted under `dir` (deepest first), so it can be removed.
-pub fn unmount_under(dir: &Path) {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
-        return;
-    };
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(1))
-        .filter(|p| Path::new(p).starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    for p in points {
-        let _ = Command::new("umount").arg("-l").arg(p).status();
-    }
-}
-
 /// Which vramgate hook stages a bundle's `config.json` carries.
 pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
     let spec: Value = serde_json::from_slice(&std::fs::read(config_json).unwrap()).unwrap();
@@ -544,184 +445,6 @@ pub fn vramgate_hook_stages(config_json: &Path) -> Vec<String> {
         }
     }
     stages
-}
-
-/// Host paths an engine creates at fixed places whatever its flags (`/run/containerd/s` for
-/// shim sockets, `/run/docker/plugins`, dockerd 20.10's `/etc/docker/key.json`, podman's
-/// blob-info cache): those that no test's engine had made before are removed once the last
-/// test that uses any of them is done, deepest first (files, then empty directories).
-///
-/// Test binaries run side by side (two `cargo test` runs, or the tests of one binary), and one
-/// test's engine may be using a directory another's made: each test holds a shared flock on
-/// [`HOST_DIRS_LOCK`] while its engine runs, and removes only when it can take the lock
-/// exclusively, that is when no other test holds it. Noting never waits for the exclusive
-/// lock: a test that holds a shared one (its engine running) and notes again, or one whose
-/// neighbour in the same binary holds one for the binary's whole run, would wait forever.
-/// What tests made is kept in [`HOST_DIRS_MADE`] (a path there existed before no test),
-/// edited under [`HOST_DIRS_MADE_LOCK`], so a test that finds a directory another test made
-/// does not take it for the host's own.
-pub struct HostDirs {
-    _shared: Option<nix::fcntl::Flock<std::fs::File>>,
-}
-
-/// The lock every [`HostDirs`] holder shares; /run/lock is the host's, and so is the lock.
-pub const HOST_DIRS_LOCK: &str = "/run/lock/vramgate-tests-host-dirs.lock";
-/// The host paths tests made, one a line, changed only under [`HOST_DIRS_LOCK`] held exclusively.
-pub const HOST_DIRS_MADE: &str = "/run/lock/vramgate-tests-host-dirs.made";
-/// Held exclusively, briefly, while [`HOST_DIRS_MADE`] is read and rewritten.
-pub const HOST_DIRS_MADE_LOCK: &str = "/run/lock/vramgate-tests-host-dirs.made.lock";
-
-fn host_dirs_lock(arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
-    flock_at(HOST_DIRS_LOCK, arg)
-}
-
-fn flock_at(path: &str, arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
-    nix::fcntl::Flock::lock(file, arg).map_err(|(_, errno)| errno)
-}
-
-fn host_dirs_made() -> Vec<PathBuf> {
-    std::fs::read_to_string(HOST_DIRS_MADE)
-        .unwrap_or_default()
-        .lines()
-        .map(PathBuf::from)
-        .collect()
-}
-
-impl HostDirs {
-    pub fn note(paths: &[&str]) -> HostDirs {
-        // Shared first: from here no cleanup can run (it needs the lock exclusively), so what
-        // is noted below is never removed from under this test.
-        let shared = host_dirs_lock(nix::fcntl::FlockArg::LockShared).unwrap();
-        let _editing = flock_at(HOST_DIRS_MADE_LOCK, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        let mut made = host_dirs_made();
-        for path in paths.iter().map(PathBuf::from) {
-            if !path.exists() && !made.contains(&path) {
-                made.push(path);
-            }
-        }
-        let listed: String = made.iter().map(|p| format!("{}\n", p.display())).collect();
-        std::fs::write(HOST_DIRS_MADE, listed).unwrap_or_else(|e| panic!("{HOST_DIRS_MADE}: {e}"));
-        HostDirs { _shared: Some(shared) }
-    }
-}
-
-impl Drop for HostDirs {
-    fn drop(&mut self) {
-        drop(self._shared.take());
-        // Another test still holds it: the last one out removes.
-        let Ok(_exclusive) = host_dirs_lock(nix::fcntl::FlockArg::LockExclusiveNonblock) else {
-            return;
-        };
-        let _editing = flock_at(HOST_DIRS_MADE_LOCK, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        let mut made = host_dirs_made();
-        made.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-        for path in &made {
-            if path.is_dir() {
-                let _ = std::fs::remove_dir(path); // only when empty
-            } else {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        let _ = std::fs::remove_file(HOST_DIRS_MADE);
-    }
-}
-
-/// An exclusive flock on `/run/lock/vramgate-tests-<name>.lock`, held until dropped: for tests
-/// of different binaries that must not overlap on a host-wide path none of them can make
-/// private (dpkg installs into /usr and /etc; `scripts/package` writes target/debian). Blocks
-/// until the holder is done; a holder that died let go with its process.
-pub fn host_lock(name: &str) -> nix::fcntl::Flock<std::fs::File> {
-    let path = format!("/run/lock/vramgate-tests-{name}.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .unwrap_or_else(|(_, e)| panic!("flock {path}: {e}"))
-}
-
-/// A private containerd (its own root, state, socket and opt dir under `dir`, no CRI plugin,
-/// which would set up CNI) whose shims, and so the wrapper and the hooks, see
-/// `VRAMGATE_CONFIG` = `config`, found on `path` (the PATH it runs with; its shims are looked
-/// up there too). Returns the process, its socket and its state dir.
-pub fn start_containerd(dir: &Path, config: &Path, path: &str) -> (Child, PathBuf, PathBuf) {
-    std::fs::create_dir_all(dir).unwrap();
-    let ctd_config = dir.join("containerd.toml");
-    std::fs::write(
-        &ctd_config,
-        format!(
-            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n{}",
-            containerd_opt_section(dir)
-        ),
-    )
-    .unwrap();
-    spawn_containerd_on(dir, &ctd_config, config, path)
-}
-
-/// containerd's opt plugin section, keeping its directory under `dir` (it is /opt/containerd
-/// otherwise).
-pub fn containerd_opt_section(dir: &Path) -> String {
-    format!(
-        "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = {:?}\n",
-        dir.join("opt").display().to_string()
-    )
-}
-
-/// `program` as a daemon the test starts: with every signal's disposition at its default and
-/// none blocked, whatever the test runner inherited (under `nohup`, SIGHUP is ignored, and a Go
-/// daemon such as containerd keeps an ignored signal ignored: a SIGHUP meant to restart it would
-/// do nothing). A service manager starts daemons this way.
-pub fn daemon(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(program);
-    // SAFETY: sigaction and sigprocmask are async-signal-safe; nothing else runs between fork
-    // and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
-            for sig in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
-                let _ = signal(sig, SigHandler::SigDfl);
-            }
-            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(std::io::Error::from)
-        });
-    }
-    cmd
-}
-
-/// containerd with the config file `ctd_config` and its root, state, socket and log under
-/// `dir`, as [`start_containerd`] describes.
-pub fn spawn_containerd(dir: &Path, ctd_config: &Path, config: &Path) -> (Child, PathBuf, PathBuf) {
-    spawn_containerd_on(dir, ctd_config, config, &path_with_sbin())
-}
-
-/// [`spawn_containerd`] with the containerd (and shims) found on `path`.
-pub fn spawn_containerd_on(dir: &Path, ctd_config: &Path, config: &Path, path: &str) -> (Child, PathBuf, PathBuf) {
-    let socket = dir.join("containerd.sock");
-    let state = dir.join("ctd-state");
-    let child = daemon("containerd")
-        .arg("--config")
-        .arg(ctd_config)
-        .arg("--root")
-        .arg(dir.join("ctd-root"))
-        .arg("--state")
-        .arg(&state)
-        .arg("--address")
-        .arg(&socket)
-        .env("VRAMGATE_CONFIG", config)
-        .env("PATH", path)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap())
-        .spawn()
-        .expect("starting containerd");
-    (child, socket, state)
 }
 
 /// A small deterministic generator (xorshift64*): reproducible runs from a printed seed,
@@ -756,14 +479,6 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
-}
-
-pub fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).trim().to_string()
-}
-
-pub fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// Compiles the stub NVML library (`tests/fixtures/nvml_limit_stub.c`) into `dir`: with the
