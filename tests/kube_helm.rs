@@ -291,19 +291,35 @@ fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_rese
     // prepare yet is retried after kubelet's back-off (85 s here), not when the driver comes.
     wait_pod_log(c, &driver, "registered with kubelet as");
     // The slice's owner is the node: the driver, not a stand-in, published it.
-    apply_template(c);
-    c.apply(&claim_pod("helm-a"));
+    // The README's quick start: the example as a user reads it (its image the node's).
+    c.apply(&example("dra-pod.yaml"));
     // kubelet registered the pod's driver and had it prepare the claim: else the pod waits
     // with "DRA driver gpu-memory.vramgate.dev is not registered".
-    let running = wait_running(c, "helm-a");
-    let env = c.kubectl_ok(&["exec", "helm-a", "--", "env"]);
+    let running = wait_running(c, "trainer");
+    let allocated = c.kubectl_ok(&[
+        "get",
+        "resourceclaims",
+        "-o",
+        "jsonpath={.items[*].status.allocation.devices.results[*].device}",
+    ]);
+    assert_eq!(allocated, "gpu-0", "kubectl get resourceclaims: the claim is allocated");
+    // On the node, `vramgate status` shows its 6 GiB by the pod's name.
+    let shown = status_output(&c.tb().config_path, &[]);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("default/trainer/main") && l.contains(&vramgate::quantity::format_bytes(6 * GIB))),
+        "{shown}"
+    );
+    assert_eq!(reserved_as(c, "default/trainer/main"), Some(6 * GIB));
+    let env = c.kubectl_ok(&["exec", "trainer", "--", "env"]);
     assert!(
         env.lines().any(|l| l == format!("VRAMGATE_MEMORY={}", 6 * GIB)),
         "{env}"
     );
     assert!(env.lines().any(|l| l == format!("VRAMGATE_GPUS={GPU}")), "{env}");
     wait_ledger(c, "the claim's 6Gi is reserved", vec![(container_id(&running), 6)]);
-    delete_pod(c, "helm-a");
+    delete_pod(c, "trainer");
     c.wait(
         "the pod's claim is deleted",
         POD_LIMIT,
@@ -495,12 +511,12 @@ fn helm_install_in_device_plugin_mode_offers_the_resource_and_uninstall_removes_
             .and_then(|n| n["status"]["allocatable"][RESOURCE].as_str().map(str::to_string));
         (a.as_deref() == Some("8"), a)
     });
-    let mut pod = test_pod("helm-dp");
-    pod["spec"]["containers"][0]["resources"] = json!({"limits": {(RESOURCE): "5"}});
-    c.apply(&pod.to_string());
-    let running = wait_running(c, "helm-dp");
-    wait_ledger(c, "the plugin's 5 GiB are reserved", vec![(container_id(&running), 5)]);
-    delete_pod(c, "helm-dp");
+    // The shipped example, as a user reads it (its image the node's).
+    c.apply(&example("pod-gpu-memory.yaml"));
+    let running = wait_running(c, "inference-6gib");
+    wait_ledger(c, "the plugin's 6 GiB are reserved", vec![(container_id(&running), 6)]);
+    assert_eq!(reserved_as(c, "default/inference-6gib/model"), Some(6 * GIB));
+    delete_pod(c, "inference-6gib");
     wait_ledger(c, "the pod's memory is released", vec![]);
     let objects = manifest_objects(s, &release);
     assert!(
@@ -1129,9 +1145,9 @@ fn main() {
     let (setup, conclusion) = run_scenarios(&args, SCENARIOS, prepare(cluster), |setup| {
         eprintln!("the cluster after the failure:\n{}", setup.c().state());
         for pod in [
-            "helm-a",
+            "trainer",
             "helm-b",
-            "helm-dp",
+            "inference-6gib",
             "helm-ns",
             "helm-ns-rc",
             "helm-ex",
@@ -1157,6 +1173,7 @@ fn main() {
         }
     }
     let Setup { cluster, .. } = setup;
+    unprepare(&cluster);
     let started_in = cluster.started_in;
     let left = cluster.teardown();
     eprintln!(
@@ -1171,6 +1188,16 @@ fn main() {
     conclusion.exit();
 }
 
+/// The node given back as [`prepare`] found it (it may be a developer's node, which the next
+/// run uses): the RuntimeClass applied again, the label and the node's config directories gone.
+fn unprepare(c: &Cluster) {
+    c.apply_file(&testnode::node::repo().join("k8s/runtimeclass.yaml"));
+    c.kubectl_ok(&["label", "node", &c.node, "vramgate.dev/ready-"]);
+    for dir in ["etc-vramgate", "etc-cdi"] {
+        let _ = std::fs::remove_dir_all(c.tb().dir.join(dir));
+    }
+}
+
 /// The node as the chart's pods find it, and the values that point them at it: the node
 /// labelled vramgate.dev/ready=true; the RuntimeClass the cluster applied from
 /// k8s/runtimeclass.yaml removed (the release makes its own, and Helm adopts nothing); the
@@ -1179,7 +1206,13 @@ fn main() {
 fn prepare(cluster: Cluster) -> Setup {
     let c = &cluster;
     c.kubectl_ok(&["label", "node", &c.node, "vramgate.dev/ready=true", "--overwrite"]);
-    c.kubectl_ok(&["delete", "runtimeclass", "vramgate", "--wait=true"]);
+    c.kubectl_ok(&[
+        "delete",
+        "runtimeclass",
+        "vramgate",
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
     vramgate::ledger::StateDir::open_or_create(&c.tb().state_dir).unwrap();
     let cdi = c.cdi_dir();
     dra_support::lists_cdi_dir(&c.tb().config_path, &cdi);
@@ -1188,6 +1221,7 @@ fn prepare(cluster: Cluster) -> Setup {
     // directory holds the whole cluster (kubelet's root among it), which no pod should see.
     let config_dir = c.tb().dir.join("etc-vramgate");
     std::fs::create_dir_all(&config_dir).unwrap();
+    let _ = std::fs::remove_file(config_dir.join("config.toml"));
     std::fs::hard_link(&c.tb().config_path, config_dir.join("config.toml")).unwrap();
     let static_cdi = c.tb().dir.join("etc-cdi");
     std::fs::create_dir_all(&static_cdi).unwrap();

@@ -230,13 +230,38 @@ impl Cluster {
     /// start stays up, its pods deleted.
     pub fn teardown(mut self) -> Vec<String> {
         let Some(child) = self.supervisor.take() else {
-            self.delete_all_pods();
+            self.give_back();
             return Vec::new();
         };
         stop_node(child, &self.info);
         let mut left = self.host.take().map(|h| h.differences()).unwrap_or_default();
         left.extend(testnode::host::leftovers(Some(&self.info.dir), &self.bin));
         left
+    }
+
+    /// Removes what the scenarios make on a node they share with the next run (one
+    /// `VRAMGATE_TESTNODE` names): every pod, claim, claim template and slice, and the objects
+    /// of the manifests they apply (k8s/dra.yaml, k8s/device-plugin.yaml). Cleanup: what
+    /// cannot be removed is printed, not failed.
+    pub fn give_back(&self) {
+        self.delete_all_pods();
+        let k8s = testnode::node::repo().join("k8s");
+        let mut deletes: Vec<Vec<String>> = ["resourceclaims", "resourceclaimtemplates"]
+            .iter()
+            .map(|kind| vec![kind.to_string(), "--all".into(), "--all-namespaces".into()])
+            .collect();
+        deletes.push(vec!["resourceslices".into(), "--all".into()]);
+        for manifest in ["dra.yaml", "device-plugin.yaml"] {
+            deletes.push(vec!["-f".into(), k8s.join(manifest).display().to_string()]);
+        }
+        for what in deletes {
+            let mut args = vec!["delete", "--ignore-not-found", "--wait=true", "--timeout=60s"];
+            args.extend(what.iter().map(String::as_str));
+            let out = self.kubectl(&args).output().unwrap();
+            if !out.status.success() {
+                eprintln!("giving the node back: kubectl {}: {}", args.join(" "), stderr(&out));
+            }
+        }
     }
 
     /// containerd's task directory (its `--state`'s io.containerd.runtime.v2.task): each
@@ -389,6 +414,74 @@ pub fn ledger(c: &Cluster) -> Vec<(String, u64)> {
     let mut held: Vec<(String, u64)> = reservations(c.tb()).into_iter().map(|(id, b)| (id, b / GIB)).collect();
     held.sort();
     held
+}
+
+/// A workload manifest of k8s/ as a user reads it, ready for this node: each placeholder image
+/// (`registry.example/…`, "your CUDA image", which no registry here serves) becomes the node's
+/// imported busybox image, running until stopped (its `command` replaced, or given one). Every
+/// other line is the file's. Fails when the file has no placeholder: then it needs no change.
+pub fn example(file: &str) -> String {
+    let path = testnode::node::repo().join("k8s").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out: Vec<String> = Vec::new();
+    let mut replaced = 0;
+    // The indentation of the container whose image was replaced, until its command is seen.
+    let mut in_container: Option<usize> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim_start();
+        if let Some(at) = in_container {
+            if indent == at && trimmed.starts_with("command:") {
+                out.push(format!(
+                    "{}command: {}",
+                    " ".repeat(at),
+                    serde_json::json!(RUN_UNTIL_STOPPED_ARGV)
+                ));
+                in_container = None;
+                continue;
+            }
+            if indent < at || (indent == at && trimmed.starts_with("- ")) || trimmed.starts_with("---") {
+                out.push(format!(
+                    "{}command: {}",
+                    " ".repeat(at),
+                    serde_json::json!(RUN_UNTIL_STOPPED_ARGV)
+                ));
+                in_container = None;
+            }
+        }
+        if trimmed.starts_with("image: registry.example/") && !trimmed.starts_with("image: registry.example/vramgate:")
+        {
+            out.push(format!("{}image: {APP_IMAGE}", " ".repeat(indent)));
+            replaced += 1;
+            in_container = Some(indent);
+            continue;
+        }
+        out.push(line.to_string());
+    }
+    if let Some(at) = in_container {
+        out.push(format!(
+            "{}command: {}",
+            " ".repeat(at),
+            serde_json::json!(RUN_UNTIL_STOPPED_ARGV)
+        ));
+    }
+    assert!(replaced > 0, "{}: no placeholder image to replace", path.display());
+    out.join("\n") + "\n"
+}
+
+/// [`RUN_UNTIL_STOPPED`] as a container's command.
+pub const RUN_UNTIL_STOPPED_ARGV: [&str; 3] = ["/bin/sh", "-c", RUN_UNTIL_STOPPED];
+
+/// `vramgate status --json`'s reservation named `name` (`namespace/pod/container`): its bytes.
+pub fn reserved_as(c: &Cluster, name: &str) -> Option<u64> {
+    let status = status(&c.tb().config_path);
+    status["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["reservations"].as_array().into_iter().flatten())
+        .find(|r| r["name"] == name)
+        .and_then(|r| r["bytes"].as_u64())
 }
 
 /// Waits until the ledger holds exactly `want` (any order).
