@@ -863,10 +863,19 @@ fn node_setup_reads_the_hosts_drop_ins_and_lives_through_a_helm_upgrade_with_a_p
         Some(install_dir.join("vramgate-runtime").to_str().unwrap())
     );
     s.uninstall(&guard.1);
+    // The set-up pod's undo still removes the binaries and the install directory after helm
+    // returns: the second part's "before" must not see them (it once did, on a node reused
+    // by a second run).
+    wait_node_setup_pods_gone(c);
     assert_eq!(
         std::fs::read_to_string(&copied).unwrap(),
         main,
         "the undo changed the host's config"
+    );
+    assert!(
+        !install_dir.exists(),
+        "the first set-up's undo left {}",
+        install_dir.display()
     );
     drop(guard);
 
