@@ -125,6 +125,21 @@ impl Kube {
         stdout(&out)
     }
 
+    /// Deletes every pod and waits (at most 90 s) until they are gone: kubelet stopped their
+    /// containers. Cleanup: a failure is not one.
+    pub fn delete_all_pods(&self) {
+        let _ = self
+            .kubectl(&[
+                "delete",
+                "pods",
+                "--all",
+                "--all-namespaces",
+                "--wait=true",
+                "--timeout=90s",
+            ])
+            .output();
+    }
+
     /// Whether node `name` reports Ready, and its conditions.
     pub fn node_ready(&self, name: &str) -> (bool, Value) {
         let node = self.get_json(&["node", name]);
