@@ -213,16 +213,7 @@ impl Cluster {
 
     /// Deletes every pod and waits until they are gone (kubelet stopped their containers).
     pub fn delete_all_pods(&self) {
-        let _ = self
-            .kubectl(&[
-                "delete",
-                "pods",
-                "--all",
-                "--all-namespaces",
-                "--wait=true",
-                "--timeout=90s",
-            ])
-            .output();
+        self.kube.delete_all_pods()
     }
 
     /// Stops the node this binary started (the tool's teardown) and lists what is still on
