@@ -13,7 +13,7 @@ fn the_paper_card_admits_twenty_of_1205_mib_and_refuses_the_rest() {
     for n in 0..25 {
         let id = format!("c{n}");
         let req = admit_req(&id, n + 1, &r, Policy::Reject);
-        outcomes.push(step(&service, &mut ledger, &req, &mut Progress::default()).0);
+        outcomes.push(first_step(&service, &mut ledger, &req).0);
     }
     assert_eq!(outcomes.iter().filter(|s| admitted(s)).count(), 20);
     assert_eq!(ledger.reservations.len(), 20);
@@ -49,37 +49,17 @@ fn the_same_container_twice_is_idempotent_and_a_live_namesake_is_refused() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let r = request(GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("c", 1, &r, Policy::Reject));
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 1, &r, Policy::Reject));
     assert!(matches!(s, Ok(Step::Done(Admission::AlreadyAdmitted))));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 2, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 2, &r, Policy::Reject));
     assert_eq!(
         refusal(s).to_string(),
         "vramgate: refused container c: a live container with the same id (init pid 1) already holds a reservation"
     );
     // Once the first one is gone, its namesake is admitted in its place.
     w.liveness.gone.borrow_mut().insert(1);
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 2, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 2, &r, Policy::Reject));
     assert!(admitted(&s));
     assert_eq!(ledger.reservations[0].init, pid(2));
 }
@@ -90,12 +70,7 @@ fn before_refusing_for_lack_of_room_every_reservation_is_checked() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let big = request(8 * GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("dead", 1, &big, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("dead", 1, &big, Policy::Reject));
     w.liveness.gone.borrow_mut().insert(1);
     // The routine window did not cover it (checked_all = false): the full check finds it.
     let mut reclaimed = Reclaimed::default();
@@ -119,21 +94,11 @@ fn memory_used_outside_vramgate_holds_new_requests_back() {
     let service = w.service();
     w.inventory.use_outside(0, 5 * GI);
     let r = request(6 * GI, "0");
-    let (s, _) = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject));
     let line = refusal(s).to_string();
     assert!(line.contains("5120 MiB used outside vramgate"), "{line}");
     w.inventory.use_outside(0, 0);
-    let (s, _) = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject));
     assert!(admitted(&s));
 }
 
@@ -142,15 +107,10 @@ fn a_gpu_the_host_lacks_is_a_request_error_that_drops_the_ticket() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
     let r = request(GI, "3");
-    let err = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    )
-    .0
-    .err()
-    .expect("no GPU 3");
+    let err = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject))
+        .0
+        .err()
+        .expect("no GPU 3");
     assert!(
         matches!(err, ServiceError::Request { .. }) && !err.is_state_error(),
         "{err}"
@@ -176,12 +136,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
     let r = request_with_limit(2 * GI, 6 * GI, "0");
     let service = w.service();
     let mut ledger = Ledger::default();
-    let (first, log) = step(
-        &service,
-        &mut ledger,
-        &admit_req("a", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (first, log) = first_step(&service, &mut ledger, &admit_req("a", 1, &r, Policy::Reject));
     assert!(admitted(&first));
     assert_eq!(
         ledger.reservations[0].gpus,
@@ -194,15 +149,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
         "{}",
         log[0].detail
     );
-    let second = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("b", 2, &r, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let second = refusal(first_step(&service, &mut ledger, &admit_req("b", 2, &r, Policy::Reject)).0);
     let line = second.to_string();
     assert!(
         line.starts_with("vramgate: refused container b: its limit is 6144 MiB and GPU 0 (GPU-0) has room for limits up to 8192 MiB in all (8192 MiB total, 0 B headroom, 0 B [queue] limit_overcommit), and the limits of its 1 container add up to 6144 MiB"),
@@ -226,15 +173,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
         (4 * GI, 12 * GI)
     );
     // A third: its request fits (4 of 8 GiB reserved), its limit does not (12 of 12).
-    let third = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("c", 3, &r, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let third = refusal(first_step(&service, &mut ledger, &admit_req("c", 3, &r, Policy::Reject)).0);
     assert!(
         matches!(
             &third,
@@ -251,11 +190,10 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
     // A limit beyond what the limits may ever add up to: refused at once, even under wait.
     let huge = request_with_limit(GI, 13 * GI, "0");
     let never = refusal(
-        step(
+        first_step(
             &service,
             &mut Ledger::default(),
             &admit_req("d", 4, &huge, Policy::Wait),
-            &mut Progress::default(),
         )
         .0,
     );
