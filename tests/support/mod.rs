@@ -180,6 +180,21 @@ pub fn bool_field(object: &Value, key: &str) -> bool {
         .unwrap_or_else(|| panic!("the field {key:?} is missing or not a boolean in {object}"))
 }
 
+/// The OCI spec in `path`: a bundle's config.json, as the engine handed it to the runtime.
+pub fn read_spec(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The environment of a spec's process, `KEY=value` each.
+pub fn process_env(spec: &Value) -> Vec<&str> {
+    spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect()
+}
+
 /// The GPUs of a `vramgate status --json` report.
 pub fn status_gpus(status: &Value) -> &Vec<Value> {
     array_field(status, "gpus")
