@@ -215,11 +215,6 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
     w.config.enforce.over_use = crate::config::OverUseAction::Kill;
     watch_beats(&w);
     let service = w.service();
-    let claim = |pod: &str, bytes: u64| Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some(pod.into()),
-        ..request(bytes, "0")
-    };
     let (mine, other_pod, other_amount) = (claim("pod-1", 6 * GI), claim("pod-2", 6 * GI), claim("pod-1", 7 * GI));
     let mut ledger = Ledger::default();
     let first = reject_once(&service, &mut ledger, "app", 1, &mine);
@@ -266,11 +261,7 @@ fn a_claim_is_held_once_only_while_a_watch_is_seen_running() {
     w.config.enforce.over_use = crate::config::OverUseAction::Kill;
     w.clock.unix_ms.set(crate::clock::now_unix_ms());
     let service = w.service();
-    let mine = Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some("pod-1".into()),
-        ..request(6 * GI, "0")
-    };
+    let mine = claim("pod-1", 6 * GI);
     // No watch has measured: `kill` in the config alone holds nothing once.
     let mut ledger = Ledger::default();
     assert!(admitted(&reject_once(&service, &mut ledger, "app", 1, &mine).0));
@@ -303,17 +294,23 @@ fn a_claim_is_held_once_only_while_a_watch_is_seen_running() {
 fn a_claim_is_held_once_only_where_the_watch_stops_its_holders_together() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
-    let mine = Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some("pod-1".into()),
-        ..request(6 * GI, "0")
-    };
+    let mine = claim("pod-1", 6 * GI);
     let mut ledger = Ledger::default();
     let first = reject_once(&service, &mut ledger, "app", 1, &mine);
     assert!(admitted(&first.0));
     assert_eq!(ledger.reservations[0].claim, None);
     let refused = refusal(reject_once(&service, &mut ledger, "sidecar", 2, &mine).0);
     assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}
+
+/// A request for `bytes` on GPU 0 by a container of pod `pod` given the claim's device
+/// `u-gpu-0`.
+fn claim(pod: &str, bytes: u64) -> Request {
+    Request {
+        claim_devices: vec!["u-gpu-0".into()],
+        pod_sandbox: Some(pod.into()),
+        ..request(bytes, "0")
+    }
 }
 
 /// One attempt of `req` for container `id` (init pid `n`) under policy `reject`.
