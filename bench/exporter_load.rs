@@ -18,29 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vramgate_testbed::bench::{arg, built_binary as bin, static_config};
-
-/// What /proc says of a process: its threads, resident memory and open files (printed with
-/// `{:?}`, which the dead-code lint does not count as a read).
-#[allow(dead_code)]
-#[derive(Debug, Clone, Copy)]
-struct Footprint {
-    threads: u64,
-    rss_kib: u64,
-    fds: usize,
-}
-
-fn footprint(pid: u32) -> Footprint {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        let line = status.lines().find_map(|l| l.strip_prefix(name)).unwrap();
-        line.trim().trim_end_matches("kB").trim().parse().unwrap()
-    };
-    Footprint {
-        threads: field("Threads:"),
-        rss_kib: field("VmRSS:"),
-        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count(),
-    }
-}
+use vramgate_testbed::stalled::{footprint, footprint_at_rest, open_stalled_connections};
 
 /// One scrape as Prometheus does it; how long it took.
 fn scrape(addr: SocketAddr) -> Duration {
@@ -121,28 +99,11 @@ fn main() {
     for _ in 0..5 {
         scrape(addr);
     }
-    // At rest: the last scrape's socket may still be closing; the fewest descriptors seen.
-    let baseline = (0..10)
-        .map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            footprint(pid)
-        })
-        .min_by_key(|f| f.fds)
-        .unwrap();
+    let baseline = footprint_at_rest(pid);
     println!("baseline after 5 scrapes: {baseline:?}");
 
     let opened = Instant::now();
-    let mut clients = Vec::with_capacity(connections);
-    for i in 0..connections {
-        let mut stream =
-            TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
-        if i % 2 == 1 {
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow")
-                .unwrap();
-        }
-        clients.push(stream);
-    }
+    let clients = open_stalled_connections(addr, connections);
     let timeout = vramgate::exporter::REQUEST_TIMEOUT;
     let all_open = until(timeout, || {
         let f = footprint(pid);

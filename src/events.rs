@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ledger::{Access, GpuShare, StateDir};
 
@@ -15,7 +15,7 @@ const ROTATED_FILE: &str = "events.jsonl.1";
 /// The log is rotated once past this size; two files bound the disk it can take.
 const ROTATE_BYTES: u64 = 4 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Admit,
@@ -39,6 +39,17 @@ pub enum Kind {
     /// ...and stopped it (`[enforce] over_use = "kill"`).
     OverUseStop,
     Note,
+}
+
+impl Kind {
+    /// The kind a log line's `event` field names, or `None` for a name vramgate does not write:
+    /// how a reader of the log (`vramgate replay`) tells it from another file. Read through the
+    /// same serde names the log is written with, so a new or renamed kind needs no list kept
+    /// beside this enum.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        use serde::de::{value::Error, IntoDeserializer};
+        Kind::deserialize(IntoDeserializer::<Error>::into_deserializer(name)).ok()
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -64,18 +64,9 @@ fn enqueue(ledger: &mut Ledger, bytes: u64, at_ms: u64) -> u64 {
     ledger.next_ticket += 1;
     ledger.queue.push(Ticket {
         ticket,
-        container_id: format!("t{ticket}"),
-        gpus: share(bytes),
-        waiter: ProcessIdentity { pid: 1, start_time: 1 },
         enqueued_unix_ms: at_ms,
-        enqueued_boot_ms: None,
         deadline_unix_ms: u64::MAX,
-        bundle: None,
-        choose: None,
-        expected_ms: None,
-        pod_container: None,
-        name: None,
-        extra: Default::default(),
+        ..Ticket::for_test(&format!("t{ticket}"), share(bytes))
     });
     ticket
 }

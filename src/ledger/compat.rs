@@ -319,19 +319,11 @@ mod tests {
 
     fn ticket(pid: u32, boot_ms: Option<u64>) -> Ticket {
         Ticket {
-            ticket: 0,
-            container_id: format!("c{pid}"),
-            gpus: vec![],
             waiter: ProcessIdentity { pid, start_time: 1 },
             enqueued_unix_ms: 1,
             deadline_unix_ms: 2,
             enqueued_boot_ms: boot_ms,
-            bundle: None,
-            choose: None,
-            expected_ms: None,
-            pod_container: None,
-            name: None,
-            extra: Default::default(),
+            ..Ticket::for_test(&format!("c{pid}"), vec![])
         }
     }
 

@@ -182,25 +182,6 @@ struct LoggedEvent {
     placement: Option<crate::placement::Placement>,
 }
 
-/// The events vramgate writes ([`crate::events::Kind`]); anything else is not a vramgate log.
-const KNOWN_EVENTS: &[&str] = &[
-    "admit",
-    "admit_after_wait",
-    "refuse",
-    "enqueue",
-    "timeout",
-    "cancel",
-    "release",
-    "confirm",
-    "reclaim",
-    "abandon_ticket",
-    "fail_open",
-    "enforce",
-    "over_use",
-    "over_use_stop",
-    "note",
-];
-
 #[derive(Default)]
 struct Seen {
     first_ms: Option<u64>,
@@ -233,7 +214,8 @@ pub fn from_events(text: &str, path: &Path) -> Result<Vec<Job>, WorkloadError> {
         };
         let e: LoggedEvent = serde_json::from_str(line)
             .map_err(|err| bad(format!("not a vramgate event ({err}); is the log truncated?")))?;
-        if !KNOWN_EVENTS.contains(&e.event.as_str()) {
+        // The events vramgate writes ([`crate::events::Kind`]); anything else is not a vramgate log.
+        if crate::events::Kind::from_name(&e.event).is_none() {
             return Err(bad(format!("unknown event {:?}", e.event)));
         }
         last_ms = last_ms.max(e.time_unix_ms);

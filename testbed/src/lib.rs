@@ -20,6 +20,7 @@ pub mod demo;
 mod harness;
 // The kubelet side of the device plugin API, for tests/it/device_plugin.rs and its bench.
 pub mod kubelet;
+pub mod stalled;
 pub use harness::{feed, oci_state, FakeContainer, HookHarness};
 
 pub struct Testbed {

@@ -28,6 +28,12 @@ fn gpu_container(name: &str) -> cri::ContainerConfig {
     container_config(name, RUN_UNTIL_STOPPED, &[("NVIDIA_VISIBLE_DEVICES", "0")])
 }
 
+/// A pod that crio's runtime handler `handler` ran; a refusal fails the test with crio's log.
+fn pod_on(crio: &Crio, handler: &str, config: cri::PodSandboxConfig) -> Pod {
+    crio.run_pod_on(config, handler)
+        .unwrap_or_else(|e| panic!("RunPodSandbox on {handler}: {e}\n{}", crio.log()))
+}
+
 fn gpu_pod(name: &str, memory: &str, extra: &[(&str, &str)]) -> cri::PodSandboxConfig {
     let mut annotations = vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")];
     annotations.extend_from_slice(extra);
@@ -139,7 +145,7 @@ fn pod_and_container_annotations_reach_the_hook_as_crio_passes_them() {
             &[("vramgate.dev/memory", "4Gi")],
         ),
     );
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&c)).unwrap()).unwrap();
+    let spec = read_spec(&crio.bundle_spec(&c));
     assert_eq!(spec["annotations"]["vramgate.dev/memory"], "4Gi");
     assert_eq!(held(&c), [4 * GIB]);
 
@@ -194,7 +200,7 @@ fn a_pods_annotations_neither_hide_a_gpu_container_nor_give_a_container_a_gpu() 
     };
     let stripped = crio.run_pod(forged_pod("stripped"));
     let plain = crio.create(&stripped, gpu_container("gpu"));
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&plain)).unwrap()).unwrap();
+    let spec = read_spec(&crio.bundle_spec(&plain));
     assert_eq!(
         spec["annotations"]["io.kubernetes.cri.container-type"],
         serde_json::Value::Null,
@@ -204,11 +210,9 @@ fn a_pods_annotations_neither_hide_a_gpu_container_nor_give_a_container_a_gpu() 
     crio.delete_pod(&stripped);
     assert_eq!(reservations(&crio.tb), []);
 
-    let forged = crio
-        .run_pod_on(forged_pod("forged"), ANNOTATIONS_HANDLER)
-        .unwrap_or_else(|e| panic!("RunPodSandbox on {ANNOTATIONS_HANDLER}: {e}\n{}", crio.log()));
+    let forged = pod_on(&crio, ANNOTATIONS_HANDLER, forged_pod("forged"));
     let gpu = crio.create(&forged, gpu_container("gpu"));
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&gpu)).unwrap()).unwrap();
+    let spec = read_spec(&crio.bundle_spec(&gpu));
     assert_eq!(
         (
             &spec["annotations"]["io.kubernetes.cri.container-type"],
@@ -316,6 +320,17 @@ fn full_gpu_and_a_waiting_pod(crio: &Crio, timeout: &str) -> (Pod, String, Pod) 
     (big, big_id, queued)
 }
 
+/// CreateContainer of `config` in `pod` with a 3 s deadline (standing for kubelet's 2 min),
+/// which must run out while the container waits in the queue.
+fn create_past_its_deadline(crio: &Crio, pod: &Pod, config: cri::ContainerConfig) {
+    let created = crio.try_create_within(pod, config, Duration::from_secs(3));
+    let err = created.expect_err("CreateContainer returned before its deadline");
+    assert!(
+        matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
+        "{err}"
+    );
+}
+
 /// kubelet puts a deadline on each CRI call (2 min). Under CRI-O a queued admission is in
 /// CreateContainer, and CRI-O does not end the creation when the call's deadline passes: it
 /// goes on, keeps the result, and hands the container to kubelet's next CreateContainer of
@@ -328,13 +343,7 @@ fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container()
     let (big, _, pod) = full_gpu_and_a_waiting_pod(&crio, "60s");
     let config = gpu_container("app");
 
-    // A 3 s deadline stands for kubelet's 2 min.
-    let created = crio.try_create_within(&pod, config.clone(), Duration::from_secs(3));
-    let err = created.expect_err("CreateContainer returned before its deadline");
-    assert!(
-        matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
-        "{err}"
-    );
+    create_past_its_deadline(&crio, &pod, config.clone());
     // That it keeps its place until memory frees is checked below, against its events.
     let waiting = queued(&crio.tb);
     assert_eq!(waiting.len(), 1, "the queued create left the queue: {waiting:?}");
@@ -437,15 +446,14 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
     let host = HostDirs::note(&["/run/runc"]);
     let mut crio = Crio::launch(tb);
     crio.tmp = Some(tmp);
-    let pod = crio
-        .run_pod_on(
-            pod_config(
-                "placed",
-                &[("vramgate.dev/memory", "8Gi"), ("vramgate.dev/gpus", "auto")],
-            ),
-            HANDLER,
-        )
-        .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
+    let pod = pod_on(
+        &crio,
+        HANDLER,
+        pod_config(
+            "placed",
+            &[("vramgate.dev/memory", "8Gi"), ("vramgate.dev/gpus", "auto")],
+        ),
+    );
     // Given both GPUs (the device plugin's env): `auto` chooses among them.
     let id = crio.create(
         &pod,
@@ -466,17 +474,12 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
         on[0]
     );
     assert_eq!(reservations(&crio.tb), [(id.clone(), 8 * GIB)]);
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&id)).unwrap()).unwrap();
+    let spec = read_spec(&crio.bundle_spec(&id));
     assert_eq!(
         spec["annotations"]["vramgate.dev/gpus"],
         "GPU-00000000-0000-0000-0000-0000000000a1"
     );
-    let env: Vec<&str> = spec["process"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e.as_str())
-        .collect();
+    let env = process_env(&spec);
     assert!(
         env.contains(&"NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-0000000000a1"),
         "{env:?}"
@@ -486,24 +489,18 @@ fn the_vramgate_handler_from_setup_places_and_narrows_under_crio() {
 
     // A pod on the handler whose container was given no GPU: `auto` places it on none, and
     // vramgate-runtime writes no GPU into its spec behind the scheduler's back.
-    let sneaky = crio
-        .run_pod_on(
-            pod_config(
-                "sneaky",
-                &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "auto")],
-            ),
-            HANDLER,
-        )
-        .unwrap_or_else(|e| panic!("RunPodSandbox on {HANDLER}: {e}\n{}", crio.log()));
+    let sneaky = pod_on(
+        &crio,
+        HANDLER,
+        pod_config(
+            "sneaky",
+            &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "auto")],
+        ),
+    );
     let id = crio.create(&sneaky, container_config("app", RUN_UNTIL_STOPPED, &[]));
     crio.start_one(&id).unwrap();
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(crio.bundle_spec(&id)).unwrap()).unwrap();
-    let env: Vec<&str> = spec["process"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e.as_str())
-        .collect();
+    let spec = read_spec(&crio.bundle_spec(&id));
+    let env = process_env(&spec);
     assert!(
         !env.iter().any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=")),
         "a GPU was handed out: {env:?}"
@@ -537,13 +534,7 @@ fn a_pod_removed_while_its_create_is_queued_holds_its_ticket_until_the_wait_time
     let crio = crio_host("vramgate-crio-removed", STATIC_GPU);
     let (big, big_id, pod) = full_gpu_and_a_waiting_pod(&crio, "10s");
     let asked = Instant::now();
-    let err = crio
-        .try_create_within(&pod, gpu_container("app"), Duration::from_secs(3))
-        .expect_err("CreateContainer returned before its deadline");
-    assert!(
-        matches!(err.code(), tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
-        "{err}"
-    );
+    create_past_its_deadline(&crio, &pod, gpu_container("app"));
     let waiting = queued(&crio.tb);
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     let queued_id = waiting[0].0.clone();

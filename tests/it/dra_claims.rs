@@ -88,6 +88,24 @@ fn decided(results: &[Value]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The stand-in API server for node-a and the built driver on `tb` (CDI specs in its `cdi`
+/// directory), registered as kubelet registers it, once its slice publishes both GPUs whole.
+fn driver_on(tb: &vramgate_testbed::Testbed) -> (tokio::runtime::Runtime, ApiServer, Driver, kubelet::Registered) {
+    let rt = runtime();
+    let api = ApiServer::start(&tb.dir, &[NODE]);
+    let cdi_dir = tb.dir.join("cdi");
+    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
+    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
+    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    (rt, api, driver, registered)
+}
+
+/// The API server rejected none of the driver's writes.
+fn assert_nothing_rejected(rt: &tokio::runtime::Runtime, api: &ApiServer) {
+    let rejected = rt.block_on(api.rejected());
+    assert!(rejected.is_empty(), "{rejected:#?}");
+}
+
 /// The container's env as a CDI runtime leaves it after applying the CDI devices `ids` (as
 /// kubelet lists them, a device once per result) from the driver's spec files in `cdi_dir`:
 /// each device's env in turn, a variable replacing one of the same name.
@@ -227,12 +245,7 @@ fn shares_of(tb: &vramgate_testbed::Testbed, id: &str) -> Vec<(String, u64)> {
 fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
     let (dir, tb) = runc_testbed("vramgate-dra-claims-many", GPUS);
     let cleanup = Cleanup(&tb);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (rt, api, driver, registered) = driver_on(&tb);
 
     // count: 2, 4 GiB each.
     let pair = create_claim(&rt, &api, "pair", json!([request("gpu", "4Gi", json!({"count": 2}))]));
@@ -332,8 +345,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
     stop(&tb, "every-app", &mut app);
     let _ = tb.runc(&["delete", "--force", "every-init"]).status();
 
-    let rejected = rt.block_on(api.rejected());
-    assert!(rejected.is_empty(), "{rejected:#?}");
+    assert_nothing_rejected(&rt, &api);
     // Containers first: their testbed (config, runc root) goes with `dir`.
     drop(cleanup);
     drop(driver);
@@ -347,12 +359,7 @@ fn a_claim_on_several_gpus_is_one_reservation_with_a_share_on_each() {
 fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_start() {
     let (dir, tb) = runc_testbed("vramgate-dra-claims-two", GPUS);
     let cleanup = Cleanup(&tb);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (rt, api, driver, registered) = driver_on(&tb);
 
     // 2 GiB and 4 GiB: first fit puts both on gpu-0.
     let both = create_claim(
@@ -405,8 +412,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
     assert_eq!(shares_of(&tb, "apart-small"), [("GPU-one".to_string(), 6 * GI)]);
     stop(&tb, "apart-small", &mut small);
 
-    let rejected = rt.block_on(api.rejected());
-    assert!(rejected.is_empty(), "{rejected:#?}");
+    assert_nothing_rejected(&rt, &api);
     // Containers first: their testbed (config, runc root) goes with `dir`.
     drop(cleanup);
     drop(driver);
@@ -421,12 +427,7 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
 fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     let (dir, tb) = wrapper_testbed("vramgate-dra-claims-fit", GPUS);
     let cleanup = WrapperCleanup(&tb);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (rt, api, driver, registered) = driver_on(&tb);
 
     // A container given the CDI devices `ids` (none: a container outside Kubernetes).
     let create = |id: &str, annotations: &[(&str, &str)], ids: &[String]| {
@@ -476,8 +477,7 @@ fn the_allocators_first_fit_is_the_nodes_best_fit_when_one_gpu_is_in_use() {
     wait_capacities(&rt, &api, &[("gpu-0", "15Gi"), ("gpu-1", "6Gi")]);
     assert_eq!(rt.block_on(api.device_order(NODE)), ["gpu-1", "gpu-0"]);
 
-    let rejected = rt.block_on(api.rejected());
-    assert!(rejected.is_empty(), "{rejected:#?}");
+    assert_nothing_rejected(&rt, &api);
     // Containers first: their testbed (config, runc root) goes with `dir`.
     drop(cleanup);
     drop(driver);
@@ -502,18 +502,13 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
     let cleanup = Cleanup(&tb);
     // ...and only while it is seen running (its heartbeat): so it runs here.
     let _watch = RunningWatch::start(&tb);
-    let rt = runtime();
-    let api = ApiServer::start(&tb.dir, &[NODE]);
-    let cdi_dir = tb.dir.join("cdi");
-    let driver = Driver::start(&tb.dir, &tb.config_path, &api, NODE, &cdi_dir, &[]);
-    let registered = rt.block_on(kubelet::register(&driver.registration_socket(), DRIVER));
-    wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
+    let (rt, api, driver, registered) = driver_on(&tb);
 
     let uid = create_claim(&rt, &api, "shared", json!([request("gpu", "10Gi", json!({}))]));
     let results = allocate(&rt, &api, "shared");
     assert_eq!(decided(&results), want(&[("gpu-0", "10Gi")]));
     let ids = prepare(&rt, &registered.endpoint, "shared", &uid, None).unwrap();
-    let env = cdi_env(&cdi_dir, &ids);
+    let env = cdi_env(&tb.dir.join("cdi"), &ids);
     // What containerd's CRI plugin writes on each container of a pod.
     let in_pod = |pod: &'static str| {
         [
@@ -606,8 +601,7 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
 
     stop(&tb, "shared-sidecar", &mut sidecar);
     assert_eq!(reserved_on_gpu0(), 0);
-    let rejected = rt.block_on(api.rejected());
-    assert!(rejected.is_empty(), "{rejected:#?}");
+    assert_nothing_rejected(&rt, &api);
     // Containers first: their testbed (config, runc root) goes with `dir`.
     drop(cleanup);
     drop(driver);

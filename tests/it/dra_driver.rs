@@ -796,16 +796,9 @@ fn a_first_view_later_than_ten_poll_intervals_is_waited_for_then_published() {
     assert!(driver.stop().success(), "{}", driver.log_text());
 }
 
-/// k8s/dra.yaml's admission policy on the built driver's own writes, as the stand-in evaluates
-/// it (tests/support/vap.py, with cel-python) for the caller its bearer token names: with its
-/// node's token the driver publishes as without the policy; with node-a's token on node-b (a
-/// copied token, a wrong NODE_NAME) its create, replace and delete of node-b's slices are each
-/// refused with the policy's message, and node-b's slices stay as they were; with a token that
-/// names no node, its write is refused saying what is needed.
-#[test]
-fn the_admission_policy_lets_the_driver_write_only_its_own_nodes_slices() {
-    let (_dir, tb) = runc_testbed("vramgate-dra-policy", GPUS);
-    let rt = runtime();
+/// The stand-in API server with k8s/dra.yaml's admission policies, for node-a and node-b and
+/// two driver tokens: node-a's ("dra-a") and one that names no node ("dra-nowhere").
+fn api_with_policy(dir: &std::path::Path) -> ApiServer {
     let users = [
         User {
             token: "dra-a",
@@ -818,7 +811,20 @@ fn the_admission_policy_lets_the_driver_write_only_its_own_nodes_slices() {
             node: "",
         },
     ];
-    let api = ApiServer::start_with_policy(&tb.dir, &[NODE, "node-b"], &users);
+    ApiServer::start_with_policy(dir, &[NODE, "node-b"], &users)
+}
+
+/// k8s/dra.yaml's admission policy on the built driver's own writes, as the stand-in evaluates
+/// it (tests/support/vap.py, with cel-python) for the caller its bearer token names: with its
+/// node's token the driver publishes as without the policy; with node-a's token on node-b (a
+/// copied token, a wrong NODE_NAME) its create, replace and delete of node-b's slices are each
+/// refused with the policy's message, and node-b's slices stay as they were; with a token that
+/// names no node, its write is refused saying what is needed.
+#[test]
+fn the_admission_policy_lets_the_driver_write_only_its_own_nodes_slices() {
+    let (_dir, tb) = runc_testbed("vramgate-dra-policy", GPUS);
+    let rt = runtime();
+    let api = api_with_policy(&tb.dir);
     let as_a = api.kubeconfig_as("dra-a");
     let _own = Driver::start_as(&tb.dir, &tb.config_path, &as_a, NODE, &tb.dir.join("cdi"), &[]);
     wait_capacities(&rt, &api, &[("gpu-0", "16Gi"), ("gpu-1", "16Gi")]);
@@ -968,19 +974,7 @@ fn put_claim_status(
 fn the_admission_policy_lets_the_driver_update_only_its_own_nodes_claims_and_its_own_entries() {
     let (_dir, tb) = runc_testbed("vramgate-dra-claim-policy", GPUS);
     let rt = runtime();
-    let users = [
-        User {
-            token: "dra-a",
-            username: DRA_USER,
-            node: NODE,
-        },
-        User {
-            token: "dra-nowhere",
-            username: DRA_USER,
-            node: "",
-        },
-    ];
-    let api = ApiServer::start_with_policy(&tb.dir, &[NODE, "node-b"], &users);
+    let api = api_with_policy(&tb.dir);
     let as_a = api.kubeconfig_as("dra-a");
     let cdi_dir = tb.dir.join("cdi");
     let mut driver = Driver::start_as(&tb.dir, &tb.config_path, &as_a, NODE, &cdi_dir, &[]);

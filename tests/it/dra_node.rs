@@ -95,13 +95,8 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
     let id = cri.create(&pods[0], config);
     cri.start_one(&id).unwrap();
 
-    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(cri.bundle_spec(&id)).unwrap()).unwrap();
-    let env: Vec<&str> = spec["process"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
+    let spec = read_spec(&cri.bundle_spec(&id));
+    let env = process_env(&spec);
     assert!(
         env.contains(&"VRAMGATE_MEMORY=6442450944") && env.contains(&"VRAMGATE_GPUS=GPU-one"),
         "{env:?}"

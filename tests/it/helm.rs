@@ -120,17 +120,7 @@ fn every_combination_of_the_main_values_renders_objects_valid_for_kubernetes_1_3
                         let rendered = String::from_utf8(out.stdout).unwrap();
                         let mut want: Vec<&str> = Vec::new();
                         if driver == "dra" {
-                            want.extend([
-                                "DeviceClass gpu-memory.vramgate.dev",
-                                "ServiceAccount vramgate-dra",
-                                "ClusterRole vramgate-dra",
-                                "ClusterRoleBinding vramgate-dra",
-                                "ValidatingAdmissionPolicy vramgate-dra-slices",
-                                "ValidatingAdmissionPolicyBinding vramgate-dra-slices",
-                                "ValidatingAdmissionPolicy vramgate-dra-claim-status",
-                                "ValidatingAdmissionPolicyBinding vramgate-dra-claim-status",
-                                "DaemonSet vramgate-dra",
-                            ]);
+                            want.extend(helm::DRA_DRIVER_OBJECTS);
                         }
                         if driver == "device-plugin" {
                             want.push("DaemonSet vramgate-device-plugin");

@@ -38,17 +38,7 @@ fn every_object_in_k8s_is_valid_for_kubernetes_1_36() {
         );
     }
     let dra = root().join("k8s/dra.yaml");
-    for object in [
-        "DeviceClass gpu-memory.vramgate.dev",
-        "ServiceAccount vramgate-dra",
-        "ClusterRole vramgate-dra",
-        "ClusterRoleBinding vramgate-dra",
-        "ValidatingAdmissionPolicy vramgate-dra-slices",
-        "ValidatingAdmissionPolicyBinding vramgate-dra-slices",
-        "ValidatingAdmissionPolicy vramgate-dra-claim-status",
-        "ValidatingAdmissionPolicyBinding vramgate-dra-claim-status",
-        "DaemonSet vramgate-dra",
-    ] {
+    for object in helm_support::DRA_DRIVER_OBJECTS {
         let line = format!("{}: {object} ok", dra.display());
         assert!(stdout.lines().any(|l| l == line), "{line:?} not in: {stdout}");
     }

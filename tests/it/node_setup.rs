@@ -102,6 +102,20 @@ impl Drop for Node {
     }
 }
 
+/// A set-up run on `host` after an earlier one was cut short: it says it finishes what that run
+/// left, sets the node up, and exits 0 on SIGTERM, its undo done.
+fn finishes_an_earlier_run_then_sets_up_and_undoes(config: &Path, host: &Path) {
+    let mut node = Node::spawn(config, host, &["--restart", "none"]);
+    node.wait_for("node set up");
+    assert!(
+        node.seen.iter().any(|l| l.contains("was left by an earlier run")),
+        "{:#?}",
+        node.seen
+    );
+    node.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(node.wait_exit().success(), "{:#?}", node.seen);
+}
+
 /// Every file and directory under `dir`, relative, sorted (symlinks not followed).
 fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -292,15 +306,7 @@ fn setup_node_after_a_killed_run_undoes_it_first_and_a_second_run_waits_its_turn
     first.signal(nix::sys::signal::Signal::SIGKILL);
     first.wait_exit();
     assert!(host.join("usr/local/lib/vramgate/vramgate-runtime").is_file());
-    let mut next = Node::spawn(&config, &host, &["--restart", "none"]);
-    next.wait_for("node set up");
-    assert!(
-        next.seen.iter().any(|l| l.contains("was left by an earlier run")),
-        "{:#?}",
-        next.seen
-    );
-    next.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(next.wait_exit().success(), "{:#?}", next.seen);
+    finishes_an_earlier_run_then_sets_up_and_undoes(&config, &host);
     assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
     // All it leaves is the ledger's directory (config.toml's default state_dir), which the
     // chart's pods mount and a node without the package lacks: root's alone, kept on undo
@@ -635,15 +641,7 @@ fn setup_node_leaves_what_others_changed_and_an_undo_that_fails_does_the_rest() 
     assert_eq!(state["parts"][0]["path"], "/etc/containerd/config.toml.vramgate-backup");
     // Fixed by hand, the next run finishes it first, then sets up and undoes cleanly.
     std::fs::remove_dir(&backup).unwrap();
-    let mut node = Node::spawn(&config, &host, &["--restart", "none"]);
-    node.wait_for("node set up");
-    assert!(
-        node.seen.iter().any(|l| l.contains("was left by an earlier run")),
-        "{:#?}",
-        node.seen
-    );
-    node.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(node.wait_exit().success(), "{:#?}", node.seen);
+    finishes_an_earlier_run_then_sets_up_and_undoes(&config, &host);
     assert_eq!(std::fs::read_to_string(&main).unwrap(), original);
     assert!(!installed.exists());
 }
@@ -749,15 +747,7 @@ fn setup_node_finishes_an_older_releases_state_without_losing_what_others_added(
         "engine_socket": "/run/containerd/containerd.sock",
     });
     std::fs::write(installed.join("node-setup.json"), state.to_string()).unwrap();
-    let mut node = Node::spawn(&config, &host, &["--restart", "none"]);
-    node.wait_for("node set up");
-    assert!(
-        node.seen.iter().any(|l| l.contains("was left by an earlier run")),
-        "{:#?}",
-        node.seen
-    );
-    node.signal(nix::sys::signal::Signal::SIGTERM);
-    assert!(node.wait_exit().success(), "{:#?}", node.seen);
+    finishes_an_earlier_run_then_sets_up_and_undoes(&config, &host);
     assert_eq!(std::fs::read_to_string(&main).unwrap(), original.clone() + later);
     assert!(!installed.exists());
 }

@@ -198,6 +198,16 @@ impl Drop for Cleanup {
     }
 }
 
+/// Builds this tree's .deb and .rpm from the binaries `cargo test` just built
+/// (`scripts/package --no-build`), into target/debian and target/generate-rpm.
+fn package_built_binaries() {
+    run_ok(
+        Command::new(root().join("scripts/package"))
+            .arg("--no-build")
+            .current_dir(root()),
+    );
+}
+
 fn newest(dir: &Path, prefix: &str, suffix: &str) -> PathBuf {
     let version = env!("CARGO_PKG_VERSION");
     std::fs::read_dir(dir)
@@ -211,7 +221,6 @@ fn newest(dir: &Path, prefix: &str, suffix: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no {prefix}{version}*{suffix} in {}", dir.display()))
 }
 
-/// The hooks an engine reading hooks.d would add to a spec, taken from the installed files.
 /// A bundle running `args` with `annotations`, whose hooks are `hooks` (what the installed
 /// hooks.d entries give the engine), as an engine would hand it to runc.
 fn bundle_with_hooks(
@@ -229,6 +238,22 @@ fn bundle_with_hooks(
     bundle
 }
 
+/// [`bundle_with_hooks`] for a container asking `memory` on GPU 0, with the annotations `more`
+/// after those two.
+fn gpu_bundle(
+    testbed: &Testbed,
+    hooks: &Value,
+    name: &str,
+    memory: &str,
+    args: &[&str],
+    more: &[(&str, &str)],
+) -> PathBuf {
+    let mut annotations = vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")];
+    annotations.extend_from_slice(more);
+    bundle_with_hooks(testbed, name, args, &annotations, hooks)
+}
+
+/// The hooks an engine reading hooks.d would add to a spec, taken from the installed files.
 fn hooks_from_hooks_d() -> Value {
     let mut hooks = serde_json::Map::new();
     for entry in std::fs::read_dir(HOOKS_D).unwrap() {
@@ -283,11 +308,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
     let binaries = expected_binaries();
 
     // 1. Build both packages from the binaries `cargo test` just built.
-    run_ok(
-        Command::new(root().join("scripts/package"))
-            .arg("--no-build")
-            .current_dir(root()),
-    );
+    package_built_binaries();
     let deb = newest(&root().join("target/debian"), "vramgate_", ".deb");
     let rpm = newest(&root().join("target/generate-rpm"), "vramgate-", ".rpm");
 
@@ -477,15 +498,7 @@ fn packages_install_gate_a_container_and_purge_clean() {
     let scratch = tempfile::tempdir().unwrap();
     let testbed = installed_hook_testbed(scratch.path(), scratch.path());
     let hooks = hooks_from_hooks_d();
-    let bundle_with = |name: &str, memory: &str, args: &[&str]| {
-        bundle_with_hooks(
-            &testbed,
-            name,
-            args,
-            &[("vramgate.dev/memory", memory), ("vramgate.dev/gpus", "0")],
-            &hooks,
-        )
-    };
+    let bundle_with = |name: &str, memory: &str, args: &[&str]| gpu_bundle(&testbed, &hooks, name, memory, args, &[]);
     let admitted = bundle_with("admitted", "1Gi", &["sleep", "3"]);
     let refused = bundle_with("refused", "100Ti", &["true"]);
     cleanup.testbed = Some(testbed);
@@ -820,11 +833,7 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
         "something already listens on {EXPORTER}, where the packaged exporter will"
     );
     let old_deb = previous_release_deb();
-    run_ok(
-        Command::new(root().join("scripts/package"))
-            .arg("--no-build")
-            .current_dir(root()),
-    );
+    package_built_binaries();
     let new_deb = newest(&root().join("target/debian"), "vramgate_", ".deb");
 
     let scratch = tempfile::tempdir().unwrap();
@@ -850,18 +859,8 @@ fn an_upgrade_restarts_the_exporter_and_the_old_waiter_keeps_its_place() {
     let testbed = installed_hook_testbed(&scratch.path().join("bed"), scratch.path());
     let hooks = hooks_from_hooks_d();
     let bundle_with = |name: &str, memory: &str, args: &[&str]| {
-        bundle_with_hooks(
-            &testbed,
-            name,
-            args,
-            &[
-                ("vramgate.dev/memory", memory),
-                ("vramgate.dev/gpus", "0"),
-                ("vramgate.dev/policy", "wait"),
-                ("vramgate.dev/timeout", "5m"),
-            ],
-            &hooks,
-        )
+        let wait = [("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "5m")];
+        gpu_bundle(&testbed, &hooks, name, memory, args, &wait)
     };
     let filler = bundle_with("filler", "20Gi", &["sleep", "600"]);
     let old_waiter = bundle_with("old-waiter", "10Gi", &["true"]);

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{daemon, require, stderr, wait_until, GIB, HOOK, VRAMGATE as CLI};
+use vramgate_testbed::stalled::{footprint, footprint_at_rest, open_stalled_connections};
 use vramgate_testbed::{oci_state, FakeContainer, HookHarness as Scratch};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -453,27 +454,6 @@ fn prometheus_scrapes_every_outcome_from_the_exporter() {
     drop(exporter);
 }
 
-/// What /proc says of a process: its threads, resident memory and open files.
-#[derive(Debug, Clone, Copy)]
-struct Footprint {
-    threads: u64,
-    rss_kib: u64,
-    fds: usize,
-}
-
-fn footprint(pid: u32) -> Footprint {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| -> u64 {
-        let line = status.lines().find_map(|l| l.strip_prefix(name)).unwrap();
-        line.trim().trim_end_matches("kB").trim().parse().unwrap()
-    };
-    Footprint {
-        threads: field("Threads:"),
-        rss_kib: field("VmRSS:"),
-        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count(),
-    }
-}
-
 /// One scrape of /metrics; how long it took.
 fn scrape(addr: SocketAddr) -> Duration {
     let start = Instant::now();
@@ -510,29 +490,12 @@ fn the_exporter_answers_scrapes_under_a_thousand_idle_and_slow_connections() {
     for _ in 0..5 {
         scrape(addr);
     }
-    // The exporter's own descriptors at rest: the last scrape's socket may still be closing,
-    // and one transient descriptor in the baseline would make "all open" unreachable.
-    let baseline = (0..10)
-        .map(|_| {
-            std::thread::sleep(Duration::from_millis(50));
-            footprint(pid)
-        })
-        .min_by_key(|f| f.fds)
-        .unwrap();
+    // The exporter's own descriptors at rest.
+    let baseline = footprint_at_rest(pid);
     eprintln!("baseline after 5 scrapes: {baseline:?}");
 
     let opened = Instant::now();
-    let mut clients = Vec::with_capacity(CONNECTIONS);
-    for i in 0..CONNECTIONS {
-        let mut stream =
-            TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap_or_else(|e| panic!("connection {i}: {e}"));
-        if i % 2 == 1 {
-            stream
-                .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow")
-                .unwrap();
-        }
-        clients.push(stream);
-    }
+    let mut clients = open_stalled_connections(addr, CONNECTIONS);
     // Past the exporter's request timeout the first connections are closed before the last
     // open, and "all open at once" can never be seen: say so, rather than wait for it.
     assert!(

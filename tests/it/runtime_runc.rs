@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,22 @@ fn container_status(bed: &Testbed, id: &str) -> Option<String> {
     let out = bed.runc(&["state", id]).env(key, value).output().unwrap();
     let state: Value = serde_json::from_slice(&out.stdout).ok()?;
     state["status"].as_str().map(str::to_string)
+}
+
+/// A bundle running `args` with `annotations`, as an engine hands it to the wrapper: no
+/// hooks in its spec (the wrapper adds them) and no env of its own.
+fn wrapped_bundle(bed: &Testbed, name: &str, args: &[&str], annotations: &[(&str, &str)]) -> PathBuf {
+    bed.bundle(name, args, annotations, &[], false).unwrap()
+}
+
+/// Container `name` (`sleep 600`, with `annotations`) created through the wrapper, which must
+/// succeed: a container that holds its reservation while a test goes on.
+fn created(bed: &Testbed, name: &str, annotations: &[(&str, &str)]) {
+    let bundle = wrapped_bundle(bed, name, &["sleep", "600"], annotations);
+    assert_ok(
+        wrapper(bed, &["create", "--bundle", &bundle.to_string_lossy(), name]),
+        &format!("create {name}"),
+    );
 }
 
 fn reserved_ids(bed: &Testbed) -> Vec<String> {
@@ -59,7 +75,7 @@ fn assert_ok((ok, stderr): (bool, String), what: &str) {
 fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
     let (_dir, bed) = testbed("vg-rt-poststop", "");
     let _cleanup = Cleanup(&bed);
-    let bundle = bed.bundle("c1", &["true"], &request(), &[], false).unwrap();
+    let bundle = wrapped_bundle(&bed, "c1", &["true"], &request());
     // The spec's own poststop hook fails; runc runs no poststop hook after a failing one.
     let path = bundle.join("config.json");
     let mut spec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -81,23 +97,7 @@ fn a_failing_poststop_hook_of_the_spec_does_not_skip_the_release() {
 
 /// The reservations on GPU 0: (container id, bytes).
 fn reserved_bytes(bed: &Testbed) -> Vec<(String, u64)> {
-    let out = Command::new(CLI)
-        .args(["status", "--json"])
-        .env("VRAMGATE_CONFIG", &bed.config_path)
-        .output()
-        .unwrap();
-    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
-    status["gpus"][0]["reservations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["container_id"].as_str().unwrap().to_string(),
-                r["bytes"].as_u64().unwrap(),
-            )
-        })
-        .collect()
+    support::reservations_by_gpu(bed).swap_remove(0).1
 }
 
 /// A container that asks only in NVIDIA's words (the toolkit's variables, whole MiB) is
@@ -169,7 +169,7 @@ fn nvidias_variables_alone_are_a_request_through_the_wrapper() {
 fn runc_run_through_the_wrapper_is_accounted() {
     let (_dir, bed) = testbed("vg-rt-run", "");
     let _cleanup = Cleanup(&bed);
-    let bundle = bed.bundle("r1", &["sleep", "30"], &request(), &[], false).unwrap();
+    let bundle = wrapped_bundle(&bed, "r1", &["sleep", "30"], &request());
     let bundle = bundle.to_string_lossy().into_owned();
     assert_ok(
         wrapper(&bed, &["run", "--detach", "--bundle", &bundle, "r1"]),
@@ -189,7 +189,7 @@ fn a_create_that_no_runtime_will_run_reserves_nothing() {
     let dir = tempfile::Builder::new().prefix("vg-rt-none").tempdir().unwrap();
     let config = Testbed::default_config(dir.path(), "[runtime]\nruntimes = [\"/nonexistent/runc\"]");
     let bed = support::wrapper_testbed_in(dir.path(), &config);
-    let bundle = bed.bundle("n1", &["true"], &request(), &[], false).unwrap();
+    let bundle = wrapped_bundle(&bed, "n1", &["true"], &request());
     let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "n1"]);
     assert!(!ok);
     assert!(stderr.contains("vramgate: no runtime to run next"), "{stderr}");
@@ -210,7 +210,7 @@ fn a_create_whose_runtime_cannot_be_executed_gives_back_what_it_reserved() {
         &format!("[runtime]\nruntimes = [{:?}]", broken.display().to_string()),
     );
     let bed = support::wrapper_testbed_in(dir.path(), &config);
-    let bundle = bed.bundle("x1", &["true"], &request(), &[], false).unwrap();
+    let bundle = wrapped_bundle(&bed, "x1", &["true"], &request());
     let (ok, stderr) = wrapper(&bed, &["create", "--bundle", &bundle.to_string_lossy(), "x1"]);
     assert!(!ok, "{stderr}");
     assert!(reserved_ids(&bed).is_empty(), "{stderr}");
@@ -229,7 +229,7 @@ fn a_create_whose_runtime_cannot_be_executed_gives_back_what_it_reserved() {
 fn a_bundle_named_through_a_symlink_and_dotdot_is_released_at_stop() {
     let (dir, bed) = testbed("vg-rt-symlink", "");
     let _cleanup = Cleanup(&bed);
-    let real = bed.bundle("s1", &["true"], &request(), &[], false).unwrap();
+    let real = wrapped_bundle(&bed, "s1", &["true"], &request());
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
     std::fs::create_dir(dir.path().join("detour")).unwrap();
@@ -278,18 +278,10 @@ fn ledger_queue(bed: &Testbed) -> Vec<(String, u64)> {
 fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
     let (_dir, bed) = testbed("vg-rt-killed-wait", "");
     let _cleanup = Cleanup(&bed);
-    let big = bed
-        .bundle(
-            "big",
-            &["sleep", "600"],
-            &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")],
-            &[],
-            false,
-        )
-        .unwrap();
-    assert_ok(
-        wrapper(&bed, &["create", "--bundle", &big.to_string_lossy(), "big"]),
-        "create big",
+    created(
+        &bed,
+        "big",
+        &[("vramgate.dev/memory", "20Gi"), ("vramgate.dev/gpus", "0")],
     );
     let waits = [
         ("vramgate.dev/memory", "10Gi"),
@@ -299,20 +291,7 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
     ];
     // Its queue guard is found by name in the host's `ps`: a name of this process's own.
     let w1 = support::own_name("w1");
-    let bundle = bed.bundle(&w1, &["true"], &waits, &[], false).unwrap();
-    let (key, value) = bed.env();
-    let mut create = bed
-        .runc(&["create", "--bundle", &bundle.to_string_lossy(), &w1])
-        .env(key, value)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let waiter = create.id() as u64;
-    eventually("the create waits in the queue", || {
-        ledger_queue(&bed).contains(&(w1.clone(), waiter))
-    });
+    let mut create = queued_create(&bed, &w1, &waits);
     // The guard runs with no capability at all (and so the drop below proves its work needs
     // none): it inherited the wrapper's full permitted set, meant for runc.
     // Started right after the ticket's commit, when the create is about to wait.
@@ -369,7 +348,7 @@ fn a_create_killed_while_it_waits_leaves_the_queue_at_once() {
 /// A create that queues, as `vramgate-runtime create` under policy `wait`, in the background;
 /// its ticket is in the ledger when this returns.
 fn queued_create(bed: &Testbed, id: &str, annotations: &[(&str, &str)]) -> std::process::Child {
-    let bundle = bed.bundle(id, &["true"], annotations, &[], false).unwrap();
+    let bundle = wrapped_bundle(bed, id, &["true"], annotations);
     let (key, value) = bed.env();
     let create = bed
         .runc(&["create", "--bundle", &bundle.to_string_lossy(), id])
@@ -396,22 +375,14 @@ fn queued_create(bed: &Testbed, id: &str, annotations: &[(&str, &str)]) -> std::
 fn a_killed_waiter_leaves_a_running_containers_request_and_limit_as_they_were() {
     let (_dir, bed) = testbed("vg-rt-killed-limit", "");
     let _cleanup = Cleanup(&bed);
-    let running = bed
-        .bundle(
-            "lim",
-            &["sleep", "600"],
-            &[
-                ("vramgate.dev/memory", "2Gi"),
-                ("vramgate.dev/memory-limit", "6Gi"),
-                ("vramgate.dev/gpus", "0"),
-            ],
-            &[],
-            false,
-        )
-        .unwrap();
-    assert_ok(
-        wrapper(&bed, &["create", "--bundle", &running.to_string_lossy(), "lim"]),
-        "create lim",
+    created(
+        &bed,
+        "lim",
+        &[
+            ("vramgate.dev/memory", "2Gi"),
+            ("vramgate.dev/memory-limit", "6Gi"),
+            ("vramgate.dev/gpus", "0"),
+        ],
     );
     // (schema of the file, bytes and limit of lim's share), as written on disk and as
     // `status --json` reads it.

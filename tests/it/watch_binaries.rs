@@ -170,20 +170,12 @@ fn doctor_says_whether_a_watch_runs_and_what_that_means_for_claims() {
 /// lines, read again on every call); every process-list call is logged, with the caller's pid,
 /// in that file's path plus `.log`. A missing compiler fails the test.
 fn nvml_inventory_stub(dir: &Path) -> (PathBuf, PathBuf) {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_inventory_stub.c");
     let lib = dir.join("libnvml-inventory.so");
     let host = dir.join("nvml-host");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
-        .arg(&lib)
-        .arg(&source)
-        .arg(format!("-DGPUS_PATH=\"{}\"", host.display()))
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    compile_fixture_library(
+        "nvml_inventory_stub.c",
+        &lib,
+        &[format!("-DGPUS_PATH=\"{}\"", host.display())],
     );
     (lib, host)
 }

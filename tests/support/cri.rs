@@ -208,6 +208,30 @@ pub async fn start_container(mut client: RuntimeClient, id: String) -> Result<()
         .map(|_| ())
 }
 
+/// ContainerStatus of container `id`: the status in the answer.
+pub async fn container_status(
+    mut client: RuntimeClient,
+    id: String,
+) -> Result<Option<cri::ContainerStatus>, tonic::Status> {
+    let request = req(cri::ContainerStatusRequest {
+        container_id: id,
+        verbose: false,
+    });
+    Ok(client.container_status(request).await?.into_inner().status)
+}
+
+/// Version with a short deadline: whether the runtime answers yet, as a start waits for it.
+pub async fn probe_version(mut client: RuntimeClient) -> Result<tonic::Response<cri::VersionResponse>, tonic::Status> {
+    let request = with_deadline(cri::VersionRequest { version: "v1".into() }, Duration::from_secs(2));
+    client.version(request).await
+}
+
+/// Every pod sandbox the runtime lists, with a deadline a cleanup can wait out.
+pub async fn list_sandboxes(mut client: RuntimeClient) -> Result<Vec<cri::PodSandbox>, tonic::Status> {
+    let request = with_deadline(cri::ListPodSandboxRequest { filter: None }, Duration::from_secs(10));
+    Ok(client.list_pod_sandbox(request).await?.into_inner().items)
+}
+
 /// What kubelet does when a pod is deleted: stop and remove its containers, then its sandbox.
 pub async fn delete_pod(mut client: RuntimeClient, sandbox: String) -> Result<(), tonic::Status> {
     let filter = cri::ContainerFilter {
@@ -423,11 +447,7 @@ impl Cri {
         let log = self.tb.dir.join("containerd/containerd.log");
         let start = Instant::now();
         loop {
-            let mut client = self.runtime.clone();
-            let answer = self.block_on(async move {
-                let request = with_deadline(cri::VersionRequest { version: "v1".into() }, Duration::from_secs(2));
-                client.version(request).await
-            });
+            let answer = self.block_on(probe_version(self.runtime.clone()));
             match answer {
                 Ok(v) => {
                     eprintln!("CRI up after {:?}: {:?}", start.elapsed(), v.into_inner());
@@ -531,15 +551,8 @@ impl Cri {
     }
 
     pub fn container_status(&self, id: &str) -> cri::ContainerStatus {
-        let mut client = self.runtime.clone();
-        let request = req(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: false,
-        });
-        self.block_on(async move { client.container_status(request).await })
+        self.block_on(container_status(self.runtime.clone(), id.to_string()))
             .unwrap()
-            .into_inner()
-            .status
             .unwrap()
     }
 
@@ -573,13 +586,8 @@ impl Drop for Cri {
             return;
         }
         kill_queued_hooks(&self.tb);
-        let mut client = self.runtime.clone();
-        let listed = self.block_on(async move {
-            let request = with_deadline(cri::ListPodSandboxRequest { filter: None }, Duration::from_secs(10));
-            client.list_pod_sandbox(request).await
-        });
-        if let Ok(listed) = listed {
-            let sandboxes: Vec<String> = listed.into_inner().items.into_iter().map(|p| p.id).collect();
+        if let Ok(listed) = self.block_on(list_sandboxes(self.runtime.clone())) {
+            let sandboxes: Vec<String> = listed.into_iter().map(|p| p.id).collect();
             let client = self.runtime.clone();
             let results = self.concurrently(sandboxes.len(), 4, |i| {
                 let (client, id) = (client.clone(), sandboxes[i].clone());

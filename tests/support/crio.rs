@@ -76,8 +76,22 @@ pub const ANNOTATIONS_HANDLER: &str = "runc-annotations";
 fn crio_config(dir: &Path, tb: &Testbed) -> String {
     let p = |sub: &str| dir.join(sub).display().to_string();
     let pinns = crio_bin_dir().join("pinns").display().to_string();
-    let path = path_with_sbin();
-    let config = tb.config_path.display().to_string();
+    // Both handlers are runc under conmon with vramgate's config; they differ in what they let
+    // through.
+    let runc = |name: &str| {
+        format!(
+            r#"[crio.runtime.runtimes.{name}]
+runtime_path = "/usr/sbin/runc"
+runtime_type = "oci"
+runtime_root = {runc_root:?}
+monitor_path = "/usr/bin/conmon"
+monitor_cgroup = "pod"
+monitor_env = ["PATH={path}", "VRAMGATE_CONFIG={config}"]"#,
+            runc_root = p("runc"),
+            path = path_with_sbin(),
+            config = tb.config_path.display(),
+        )
+    };
     format!(
         r#"[crio]
 root = {root:?}
@@ -107,24 +121,12 @@ container_attach_socket_dir = {attach:?}
 irqbalance_config_file = ""
 irqbalance_config_restore_file = "disable"
 
-[crio.runtime.runtimes.runc]
-runtime_path = "/usr/sbin/runc"
-runtime_type = "oci"
-runtime_root = {runc_root:?}
-monitor_path = "/usr/bin/conmon"
-monitor_cgroup = "pod"
-monitor_env = ["PATH={path}", "VRAMGATE_CONFIG={config}"]
+{runc}
 
 # runc again, as a handler that lets pods pass containerd's container-type key through, as the
 # handlers CRI-O documents for crun's wasm images do (CRI-O strips it unless a handler's
 # allowed_annotations names it): the trust-edge test's forged pod runs on it.
-[crio.runtime.runtimes.{ANNOTATIONS_HANDLER}]
-runtime_path = "/usr/sbin/runc"
-runtime_type = "oci"
-runtime_root = {runc_root:?}
-monitor_path = "/usr/bin/conmon"
-monitor_cgroup = "pod"
-monitor_env = ["PATH={path}", "VRAMGATE_CONFIG={config}"]
+{annotations}
 allowed_annotations = ["io.kubernetes.cri.container-type"]
 
 [crio.image]
@@ -153,12 +155,13 @@ enable_nri = false
         ns = p("ns"),
         exits = p("run/exits"),
         attach = p("run/attach"),
-        runc_root = p("runc"),
         policy = p("policy.json"),
         policies = p("policies"),
         auth = p("auth"),
         cni_conf = p("cni/net.d"),
         cni_bin = p("cni/bin"),
+        runc = runc("runc"),
+        annotations = runc(ANNOTATIONS_HANDLER),
     )
 }
 
@@ -256,11 +259,7 @@ impl Crio {
     fn wait_ready(&mut self, log: &Path) {
         let start = Instant::now();
         loop {
-            let mut client = self.runtime.clone();
-            let answer = self.block_on(async move {
-                let request = with_deadline(cri::VersionRequest { version: "v1".into() }, Duration::from_secs(2));
-                client.version(request).await
-            });
+            let answer = self.block_on(probe_version(self.runtime.clone()));
             match answer {
                 Ok(v) => {
                     eprintln!("crio up after {:?}: {:?}", start.elapsed(), v.into_inner());
@@ -346,15 +345,8 @@ impl Crio {
     }
 
     pub fn container_status(&self, id: &str) -> cri::ContainerStatus {
-        let mut client = self.runtime.clone();
-        let request = req(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: false,
-        });
-        self.block_on(async move { client.container_status(request).await })
+        self.block_on(container_status(self.runtime.clone(), id.to_string()))
             .unwrap()
-            .into_inner()
-            .status
             .unwrap()
     }
 
@@ -400,13 +392,8 @@ impl Drop for Crio {
         if self.child.is_none() && !std::thread::panicking() {
             self.start();
         }
-        let mut client = self.runtime.clone();
-        let listed = self.block_on(async move {
-            let request = with_deadline(cri::ListPodSandboxRequest { filter: None }, Duration::from_secs(10));
-            client.list_pod_sandbox(request).await
-        });
-        if let Ok(listed) = listed {
-            for pod in listed.into_inner().items {
+        if let Ok(listed) = self.block_on(list_sandboxes(self.runtime.clone())) {
+            for pod in listed {
                 let client = self.runtime.clone();
                 let result = self.block_on(async move {
                     tokio::time::timeout(Duration::from_secs(30), delete_pod(client, pod.id.clone())).await

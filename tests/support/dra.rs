@@ -455,6 +455,15 @@ pub struct Driver {
     pub log: PathBuf,
 }
 
+/// What a node gives the driver before it starts: the state directory (tmpfiles makes it at
+/// boot; the driver never makes it itself), and a config that lists `cdi_dir`
+/// ([`lists_cdi_dir`]).
+fn prepare_node(config: &Path, cdi_dir: &Path) {
+    let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
+    vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
+    lists_cdi_dir(config, cdi_dir);
+}
+
 impl Driver {
     /// Starts `vramgate-dra` for `node` with the testbed's config, kubelet's directories under
     /// `dir`, and `cdi_dir` as the runtime's CDI directory; returns once its registration
@@ -472,20 +481,8 @@ impl Driver {
         cdi_dir: &Path,
         extra: &[&str],
     ) -> Driver {
-        // The state directory exists on a node (tmpfiles makes it at boot); the driver never
-        // makes it itself.
-        let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
-        vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
-        lists_cdi_dir(config, cdi_dir);
-        let mut driver = Driver::spawn(dir, config, kubeconfig, node, cdi_dir, extra);
-        let socket = driver.registration_socket();
-        wait_until("the driver's registration socket", Duration::from_secs(20), || {
-            if let Ok(Some(status)) = driver.child.try_wait() {
-                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
-            }
-            (socket.exists(), driver.log_text())
-        });
-        driver
+        prepare_node(config, cdi_dir);
+        Driver::spawn(dir, config, kubeconfig, node, cdi_dir, extra).registered()
     }
 
     /// The driver as [`Driver::start`] runs it, with `kubeconfig`, reading nothing itself (not
@@ -505,19 +502,21 @@ impl Driver {
         cdi_dir: &Path,
         extra: &[&str],
     ) -> Driver {
-        let state_dir = vramgate::config::Config::load_from(config).unwrap().state_dir;
-        vramgate::ledger::StateDir::open_or_create(&state_dir).unwrap();
-        lists_cdi_dir(config, cdi_dir);
+        prepare_node(config, cdi_dir);
         let command = in_cgroup_v2(Path::new(DRA), &[]);
-        let mut driver = Driver::spawn_command(command, dir, config, &api.kubeconfig, node, cdi_dir, extra);
-        let socket = driver.registration_socket();
+        Driver::spawn_command(command, dir, config, &api.kubeconfig, node, cdi_dir, extra).registered()
+    }
+
+    /// The driver once its registration socket is there; fails the test if it exits first.
+    fn registered(mut self) -> Driver {
+        let socket = self.registration_socket();
         wait_until("the driver's registration socket", Duration::from_secs(20), || {
-            if let Ok(Some(status)) = driver.child.try_wait() {
-                panic!("vramgate-dra exited ({status}): {}", driver.log_text());
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("vramgate-dra exited ({status}): {}", self.log_text());
             }
-            (socket.exists(), driver.log_text())
+            (socket.exists(), self.log_text())
         });
-        driver
+        self
     }
 
     fn spawn_command(

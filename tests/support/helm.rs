@@ -10,6 +10,20 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// The objects (kind and name) that install the DRA driver, in the chart with `driver: dra`
+/// and in k8s/dra.yaml alike: the two ways to install it must install the same.
+pub const DRA_DRIVER_OBJECTS: &[&str] = &[
+    "DeviceClass gpu-memory.vramgate.dev",
+    "ServiceAccount vramgate-dra",
+    "ClusterRole vramgate-dra",
+    "ClusterRoleBinding vramgate-dra",
+    "ValidatingAdmissionPolicy vramgate-dra-slices",
+    "ValidatingAdmissionPolicyBinding vramgate-dra-slices",
+    "ValidatingAdmissionPolicy vramgate-dra-claim-status",
+    "ValidatingAdmissionPolicyBinding vramgate-dra-claim-status",
+    "DaemonSet vramgate-dra",
+];
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

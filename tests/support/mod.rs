@@ -180,6 +180,21 @@ pub fn bool_field(object: &Value, key: &str) -> bool {
         .unwrap_or_else(|| panic!("the field {key:?} is missing or not a boolean in {object}"))
 }
 
+/// The OCI spec in `path`: a bundle's config.json, as the engine handed it to the runtime.
+pub fn read_spec(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The environment of a spec's process, `KEY=value` each.
+pub fn process_env(spec: &Value) -> Vec<&str> {
+    spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect()
+}
+
 /// The GPUs of a `vramgate status --json` report.
 pub fn status_gpus(status: &Value) -> &Vec<Value> {
     array_field(status, "gpus")
@@ -481,6 +496,28 @@ impl Rng {
     }
 }
 
+/// Compiles the C fixture `tests/fixtures/<fixture>` into the shared library `lib`, with the
+/// preprocessor definitions `defines` (`-DNAME=value`): how each stub NVML library a test
+/// loads in place of the driver's is built. A missing compiler fails the test: skipping would
+/// pass without checking anything.
+pub fn compile_fixture_library(fixture: &str, lib: &Path, defines: &[String]) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(lib)
+        .arg(&source)
+        .args(defines)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Compiles the stub NVML library (`tests/fixtures/nvml_limit_stub.c`) into `dir`: with the
 /// driver memory limit's calls (a driver R615+ would have them), or without (`with_limits:
 /// false`, a 580 driver). Returns the library and the log it appends every call to; the file
@@ -489,29 +526,17 @@ impl Rng {
 /// `.devices`): as the real library, it refuses a handle for any other UUID. A missing compiler
 /// fails the test: skipping would pass without checking anything.
 pub fn nvml_stub(dir: &Path, with_limits: bool, devices: &[&str]) -> (PathBuf, PathBuf) {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvml_limit_stub.c");
     let lib = dir.join(if with_limits {
         "libnvml-limits.so"
     } else {
         "libnvml-580.so"
     });
     let log = dir.join(format!("{}.log", lib.file_name().unwrap().to_string_lossy()));
-    let mut cc = Command::new("cc");
-    cc.args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
-        .arg(&lib)
-        .arg(&source)
-        .arg(format!("-DLOG_PATH=\"{}\"", log.display()));
+    let mut defines = vec![format!("-DLOG_PATH=\"{}\"", log.display())];
     if !with_limits {
-        cc.arg("-DWITHOUT_LIMITS");
+        defines.push("-DWITHOUT_LIMITS".to_string());
     }
-    let out = cc
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cc (install gcc: scripts/install-deps does): {e}"));
-    assert!(
-        out.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    compile_fixture_library("nvml_limit_stub.c", &lib, &defines);
     let mut listed = devices.join("\n");
     listed.push('\n');
     std::fs::write(format!("{}.devices", log.display()), listed).unwrap();

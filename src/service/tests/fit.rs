@@ -13,7 +13,7 @@ fn the_paper_card_admits_twenty_of_1205_mib_and_refuses_the_rest() {
     for n in 0..25 {
         let id = format!("c{n}");
         let req = admit_req(&id, n + 1, &r, Policy::Reject);
-        outcomes.push(step(&service, &mut ledger, &req, &mut Progress::default()).0);
+        outcomes.push(first_step(&service, &mut ledger, &req).0);
     }
     assert_eq!(outcomes.iter().filter(|s| admitted(s)).count(), 20);
     assert_eq!(ledger.reservations.len(), 20);
@@ -49,37 +49,17 @@ fn the_same_container_twice_is_idempotent_and_a_live_namesake_is_refused() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let r = request(GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("c", 1, &r, Policy::Reject));
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 1, &r, Policy::Reject));
     assert!(matches!(s, Ok(Step::Done(Admission::AlreadyAdmitted))));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 2, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 2, &r, Policy::Reject));
     assert_eq!(
         refusal(s).to_string(),
         "vramgate: refused container c: a live container with the same id (init pid 1) already holds a reservation"
     );
     // Once the first one is gone, its namesake is admitted in its place.
     w.liveness.gone.borrow_mut().insert(1);
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("c", 2, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("c", 2, &r, Policy::Reject));
     assert!(admitted(&s));
     assert_eq!(ledger.reservations[0].init, pid(2));
 }
@@ -90,12 +70,7 @@ fn before_refusing_for_lack_of_room_every_reservation_is_checked() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let big = request(8 * GI, "0");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("dead", 1, &big, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("dead", 1, &big, Policy::Reject));
     w.liveness.gone.borrow_mut().insert(1);
     // The routine window did not cover it (checked_all = false): the full check finds it.
     let mut reclaimed = Reclaimed::default();
@@ -119,21 +94,11 @@ fn memory_used_outside_vramgate_holds_new_requests_back() {
     let service = w.service();
     w.inventory.use_outside(0, 5 * GI);
     let r = request(6 * GI, "0");
-    let (s, _) = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject));
     let line = refusal(s).to_string();
     assert!(line.contains("5120 MiB used outside vramgate"), "{line}");
     w.inventory.use_outside(0, 0);
-    let (s, _) = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject));
     assert!(admitted(&s));
 }
 
@@ -142,15 +107,10 @@ fn a_gpu_the_host_lacks_is_a_request_error_that_drops_the_ticket() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
     let r = request(GI, "3");
-    let err = step(
-        &service,
-        &mut Ledger::default(),
-        &admit_req("c", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    )
-    .0
-    .err()
-    .expect("no GPU 3");
+    let err = first_step(&service, &mut Ledger::default(), &admit_req("c", 1, &r, Policy::Reject))
+        .0
+        .err()
+        .expect("no GPU 3");
     assert!(
         matches!(err, ServiceError::Request { .. }) && !err.is_state_error(),
         "{err}"
@@ -176,12 +136,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
     let r = request_with_limit(2 * GI, 6 * GI, "0");
     let service = w.service();
     let mut ledger = Ledger::default();
-    let (first, log) = step(
-        &service,
-        &mut ledger,
-        &admit_req("a", 1, &r, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (first, log) = first_step(&service, &mut ledger, &admit_req("a", 1, &r, Policy::Reject));
     assert!(admitted(&first));
     assert_eq!(
         ledger.reservations[0].gpus,
@@ -194,15 +149,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
         "{}",
         log[0].detail
     );
-    let second = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("b", 2, &r, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let second = refusal(first_step(&service, &mut ledger, &admit_req("b", 2, &r, Policy::Reject)).0);
     let line = second.to_string();
     assert!(
         line.starts_with("vramgate: refused container b: its limit is 6144 MiB and GPU 0 (GPU-0) has room for limits up to 8192 MiB in all (8192 MiB total, 0 B headroom, 0 B [queue] limit_overcommit), and the limits of its 1 container add up to 6144 MiB"),
@@ -226,15 +173,7 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
         (4 * GI, 12 * GI)
     );
     // A third: its request fits (4 of 8 GiB reserved), its limit does not (12 of 12).
-    let third = refusal(
-        step(
-            &service,
-            &mut ledger,
-            &admit_req("c", 3, &r, Policy::Reject),
-            &mut Progress::default(),
-        )
-        .0,
-    );
+    let third = refusal(first_step(&service, &mut ledger, &admit_req("c", 3, &r, Policy::Reject)).0);
     assert!(
         matches!(
             &third,
@@ -251,11 +190,10 @@ fn the_sum_of_limits_holds_a_request_back_and_limit_overcommit_lets_it_in() {
     // A limit beyond what the limits may ever add up to: refused at once, even under wait.
     let huge = request_with_limit(GI, 13 * GI, "0");
     let never = refusal(
-        step(
+        first_step(
             &service,
             &mut Ledger::default(),
             &admit_req("d", 4, &huge, Policy::Wait),
-            &mut Progress::default(),
         )
         .0,
     );
@@ -277,11 +215,6 @@ fn a_pods_second_holder_of_a_claim_joins_it_and_no_one_else_does() {
     w.config.enforce.over_use = crate::config::OverUseAction::Kill;
     watch_beats(&w);
     let service = w.service();
-    let claim = |pod: &str, bytes: u64| Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some(pod.into()),
-        ..request(bytes, "0")
-    };
     let (mine, other_pod, other_amount) = (claim("pod-1", 6 * GI), claim("pod-2", 6 * GI), claim("pod-1", 7 * GI));
     let mut ledger = Ledger::default();
     let first = reject_once(&service, &mut ledger, "app", 1, &mine);
@@ -328,11 +261,7 @@ fn a_claim_is_held_once_only_while_a_watch_is_seen_running() {
     w.config.enforce.over_use = crate::config::OverUseAction::Kill;
     w.clock.unix_ms.set(crate::clock::now_unix_ms());
     let service = w.service();
-    let mine = Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some("pod-1".into()),
-        ..request(6 * GI, "0")
-    };
+    let mine = claim("pod-1", 6 * GI);
     // No watch has measured: `kill` in the config alone holds nothing once.
     let mut ledger = Ledger::default();
     assert!(admitted(&reject_once(&service, &mut ledger, "app", 1, &mine).0));
@@ -365,17 +294,23 @@ fn a_claim_is_held_once_only_while_a_watch_is_seen_running() {
 fn a_claim_is_held_once_only_where_the_watch_stops_its_holders_together() {
     let w = World::new(1, 10 * GI);
     let service = w.service();
-    let mine = Request {
-        claim_devices: vec!["u-gpu-0".into()],
-        pod_sandbox: Some("pod-1".into()),
-        ..request(6 * GI, "0")
-    };
+    let mine = claim("pod-1", 6 * GI);
     let mut ledger = Ledger::default();
     let first = reject_once(&service, &mut ledger, "app", 1, &mine);
     assert!(admitted(&first.0));
     assert_eq!(ledger.reservations[0].claim, None);
     let refused = refusal(reject_once(&service, &mut ledger, "sidecar", 2, &mine).0);
     assert!(matches!(refused, Refusal::NoRoom { .. }), "{refused}");
+}
+
+/// A request for `bytes` on GPU 0 by a container of pod `pod` given the claim's device
+/// `u-gpu-0`.
+fn claim(pod: &str, bytes: u64) -> Request {
+    Request {
+        claim_devices: vec!["u-gpu-0".into()],
+        pod_sandbox: Some(pod.into()),
+        ..request(bytes, "0")
+    }
 }
 
 /// One attempt of `req` for container `id` (init pid `n`) under policy `reject`.

@@ -369,9 +369,7 @@ fn a_tier_from_the_spec_is_recorded_only_when_confirming_the_wrappers_admission(
         enforcement: Some(Tier::DriverLimit),
         ..admit_req("forger", 1, &r, Policy::Reject)
     };
-    assert!(admitted(
-        &step(&service, &mut ledger, &claimed, &mut Progress::default()).0
-    ));
+    assert!(admitted(&first_step(&service, &mut ledger, &claimed).0));
     assert_eq!(ledger.reservation("forger").unwrap().enforcement, None);
 
     assert!(admitted(
@@ -388,7 +386,7 @@ fn a_tier_from_the_spec_is_recorded_only_when_confirming_the_wrappers_admission(
         enforcement: Some(Tier::DriverLimit),
         ..admit_req("wrapped", 500, &r, Policy::Reject)
     };
-    let (s, _) = step(&service, &mut ledger, &hook, &mut Progress::default());
+    let (s, _) = first_step(&service, &mut ledger, &hook);
     assert!(matches!(s, Ok(Step::Done(Admission::Confirmed { .. }))), "{s:?}");
     assert_eq!(
         ledger.reservation("wrapped").unwrap().enforcement,

@@ -22,12 +22,7 @@ fn best_fit_places_on_the_fullest_gpu_that_holds_it_and_the_hook_confirms() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let auto = request(10 * GI, "auto");
-    let (s, log) = step(
-        &service,
-        &mut ledger,
-        &placing("a", 7, &auto, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, log) = first_step(&service, &mut ledger, &placing("a", 7, &auto, Policy::Reject));
     assert_eq!(placed_on(&s), ["GPU-1"], "20 GiB free: the tightest hole that holds 10");
     let placement = log[0].placement.as_ref().expect("the event records the placement");
     assert_eq!(placement.chosen, ["GPU-1"]);
@@ -42,26 +37,16 @@ fn best_fit_places_on_the_fullest_gpu_that_holds_it_and_the_hook_confirms() {
         runtime: Some(pid(7)),
         ..admit_req("a", 500, &explicit, Policy::Reject)
     };
-    let (s, log) = step(&service, &mut ledger, &hook, &mut Progress::default());
+    let (s, log) = first_step(&service, &mut ledger, &hook);
     assert!(matches!(s, Ok(Step::Done(Admission::Confirmed { .. }))), "{s:?}");
     assert_eq!(log[0].event, Kind::Confirm);
     assert_eq!(ledger.reservations.len(), 1);
     assert!(!ledger.reservations[0].pending && ledger.reservations[0].init == pid(500));
 
     // Fill: the next 10 GiB goes to GPU 1 again (10 left), then GPU 2 (50 → 40).
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &placing("b", 8, &auto, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &placing("b", 8, &auto, Policy::Reject));
     assert_eq!(placed_on(&s), ["GPU-1"]);
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &placing("c", 9, &auto, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &placing("c", 9, &auto, Policy::Reject));
     assert_eq!(placed_on(&s), ["GPU-2"]);
 }
 
@@ -75,23 +60,13 @@ fn spread_places_on_the_emptiest_gpu_and_ties_go_to_fewer_reservations() {
     let auto = request(5 * GI, "auto");
     let mut chosen = Vec::new();
     for (n, id) in ["a", "b", "c", "d"].iter().enumerate() {
-        let (s, _) = step(
-            &service,
-            &mut ledger,
-            &placing(id, n as u32 + 1, &auto, Policy::Reject),
-            &mut Progress::default(),
-        );
+        let (s, _) = first_step(&service, &mut ledger, &placing(id, n as u32 + 1, &auto, Policy::Reject));
         chosen.extend(placed_on(&s));
     }
     assert_eq!(chosen, ["GPU-1", "GPU-2", "GPU-1", "GPU-2"]);
     // Two GPUs for one job: both at once, the amount on each.
     let two = request(5 * GI, "auto:2");
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &placing("e", 9, &two, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &placing("e", 9, &two, Policy::Reject));
     assert_eq!(placed_on(&s), ["GPU-0", "GPU-1"]);
 }
 
@@ -100,11 +75,10 @@ fn a_placement_no_gpu_can_hold_names_the_largest_gpu() {
     let w = World::new(2, 10 * GI);
     let service = w.service();
     let auto = request(12 * GI, "auto");
-    let (s, _) = step(
+    let (s, _) = first_step(
         &service,
         &mut Ledger::default(),
         &placing("huge", 1, &auto, Policy::Wait),
-        &mut Progress::default(),
     );
     let line = refusal(s).to_string();
     assert!(
@@ -116,12 +90,7 @@ fn a_placement_no_gpu_can_hold_names_the_largest_gpu() {
     w.inventory.use_outside(0, 6 * GI);
     w.inventory.use_outside(1, 8 * GI);
     let fits_later = request(5 * GI, "auto");
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &placing("later", 2, &fits_later, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &placing("later", 2, &fits_later, Policy::Reject));
     let line = refusal(s).to_string();
     assert!(
         line.contains("it requests 5120 MiB on any one of 2 GPUs and the one with the most room is GPU 0 (GPU-0) has 10.0 GiB total, 4096 MiB available"),
@@ -176,11 +145,10 @@ fn only_the_runtime_wrapper_can_place() {
     let w = World::new(2, 10 * GI);
     let service = w.service();
     let auto = request(GI, "auto");
-    let err = match step(
+    let err = match first_step(
         &service,
         &mut Ledger::default(),
         &admit_req("x", 1, &auto, Policy::Reject),
-        &mut Progress::default(),
     )
     .0
     {

@@ -44,12 +44,7 @@ fn queue_order_is_first_come_first_served_per_gpu() {
     let mut ledger = Ledger::default();
     let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
     let other_gpu = request(GI, "1");
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("holder", 1, &big, Policy::Wait),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("holder", 1, &big, Policy::Wait));
     let mut first = Progress::default();
     let (s, _) = step(
         &service,
@@ -72,20 +67,14 @@ fn queue_order_is_first_come_first_served_per_gpu() {
         "ticket 2, number 2: 1 container asked first and is waiting for the same GPU"
     );
     // A request for the other GPU is not behind either of them.
-    let (s, _) = step(
+    let (s, _) = first_step(
         &service,
         &mut ledger,
         &admit_req("elsewhere", 4, &other_gpu, Policy::Reject),
-        &mut Progress::default(),
     );
     assert!(admitted(&s));
     // Under reject, the queue is the reason given.
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("rejected", 5, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("rejected", 5, &small, Policy::Reject));
     assert!(refusal(s)
         .to_string()
         .contains("2 containers asked first and are waiting for the same GPU"));
@@ -99,33 +88,13 @@ fn backfill_passes_an_older_waiter_only_within_the_bound() {
     let service = w.service();
     let mut ledger = Ledger::default();
     let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("holder", 1, &big, Policy::Wait),
-        &mut Progress::default(),
-    );
-    let _ = step(
-        &service,
-        &mut ledger,
-        &admit_req("big", 2, &big, Policy::Wait),
-        &mut Progress::default(),
-    );
+    let _ = first_step(&service, &mut ledger, &admit_req("holder", 1, &big, Policy::Wait));
+    let _ = first_step(&service, &mut ledger, &admit_req("big", 2, &big, Policy::Wait));
     w.clock.advance(Duration::from_secs(10));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("early", 3, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("early", 3, &small, Policy::Reject));
     assert!(admitted(&s), "within the bound a small request may pass");
     w.clock.advance(Duration::from_secs(25));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("late", 4, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("late", 4, &small, Policy::Reject));
     assert!(matches!(
         refusal(s),
         Refusal::NoRoom {
@@ -459,12 +428,7 @@ fn a_retried_start_keeps_its_age_and_is_not_passed_beyond_the_bound() {
     assert_eq!(reclaimed.tickets.len(), 1);
     assert!(ledger.queue.is_empty());
     // While no ticket is there, a small request passes: nobody waits.
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("between", 3, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("between", 3, &small, Policy::Reject));
     assert!(admitted(&s));
 
     // The retry: a new container id and process, the same pod and name.
@@ -488,21 +452,11 @@ fn a_retried_start_keeps_its_age_and_is_not_passed_beyond_the_bound() {
 
     // Within the bound (counted from the first attempt) a small request still passes it...
     w.clock.advance(Duration::from_secs(5));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("early", 5, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("early", 5, &small, Policy::Reject));
     assert!(admitted(&s), "27 s after the first attempt, within the bound");
     // ...and past it, none does, although the retry itself has waited only 8 s.
     w.clock.advance(Duration::from_secs(4));
-    let (s, _) = step(
-        &service,
-        &mut ledger,
-        &admit_req("late", 6, &small, Policy::Reject),
-        &mut Progress::default(),
-    );
+    let (s, _) = first_step(&service, &mut ledger, &admit_req("late", 6, &small, Policy::Reject));
     assert!(
         matches!(
             refusal(s),
