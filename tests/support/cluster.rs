@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use testnode::host::HostBefore;
+use testnode::host_before::HostBefore;
 use testnode::kube::Kube;
 use testnode::node::{control, NodeFile, HOST_FILE};
 // What the scenarios check the node against.
@@ -226,7 +226,7 @@ impl Cluster {
         };
         stop_node(child, &self.info);
         let mut left = self.host.take().map(|h| h.differences()).unwrap_or_default();
-        left.extend(testnode::host::leftovers(Some(&self.info.dir), &self.bin));
+        left.extend(testnode::host_before::leftovers(Some(&self.info.dir), &self.bin));
         left
     }
 

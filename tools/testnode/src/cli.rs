@@ -258,7 +258,7 @@ fn down(dir: &Path) -> Result<(), String> {
         }
         None => {
             // Its supervisor is gone: the node's files say what to stop and put back.
-            let _lock = crate::host::take_host_lock();
+            let _lock = crate::host_before::take_host_lock();
             node::teardown(dir, None, false);
         }
     }

@@ -6,7 +6,7 @@
 //!   its control socket and its teardown.
 //! - [`kube`]: the cluster as a client sees it (kubectl, waits that show the log at fault).
 //! - [`containerd`]: containerd's host configs, private daemons and the node's images.
-//! - [`host`] and [`host_dirs`]: what the node and the engines change on the host, put back.
+//! - [`host_before`] and [`host_dirs`]: what the node and the engines change on the host, put back.
 //! - [`process`]: daemons started as a service manager starts them, stopped with a grace.
 //!
 //! Tests panic on failure; so does this crate, with a message that says what to fix. The tool
@@ -14,7 +14,7 @@
 
 pub mod cli;
 pub mod containerd;
-pub mod host;
+pub mod host_before;
 pub mod host_dirs;
 pub mod kube;
 pub mod node;

@@ -15,7 +15,7 @@ use vramgate_testbed::Testbed;
 
 use super::*;
 use crate::containerd::{build_images, spawn_containerd_on, Containerd, APP_IMAGE, HANDLER, PAUSE_IMAGE};
-use crate::host::{cgroup_hierarchies, hostname, take_host_lock, HostBefore};
+use crate::host_before::{cgroup_hierarchies, hostname, take_host_lock, HostBefore};
 use crate::host_dirs::{host_dirs_enter, host_dirs_leave};
 use crate::kube::Kube;
 use crate::process::{daemon, path_with_sbin, require, run_ok, stderr, stop_pid};

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::{crictl, NodeFile, CGROUP_ROOT, HOST_FILE, PIDS_FILE};
-use crate::host::{cgroup_hierarchies, HostBefore};
+use crate::host_before::{cgroup_hierarchies, HostBefore};
 use crate::kube::Kube;
 use crate::process::{remove_cgroup, stop_pid, unmount_under};
 
@@ -28,7 +28,7 @@ fn runs_ours(pid: u32, dir: &Path, names: &[&str]) -> bool {
 /// stops before containerd (it would start the pods again); the hooks still queued are killed
 /// and whatever sandboxes are left go through CRI; then containerd and the control plane stop.
 /// Cleanup: it never panics, and what it could not undo, [`HostBefore::differences`] and
-/// [`leftovers`](crate::host::leftovers) show afterwards.
+/// [`leftovers`](crate::host_before::leftovers) show afterwards.
 pub fn teardown(dir: &Path, kube: Option<&Kube>, kubelet_runs: bool) {
     let pids: Vec<(String, u32)> = std::fs::read(dir.join(PIDS_FILE))
         .ok()
