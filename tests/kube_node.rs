@@ -1251,10 +1251,13 @@ fn runtime_class_pod_waiting_past_kubelets_deadline(c: &Cluster) {
         after + Duration::from_secs(2) >= Duration::from_secs(RUNTIME_REQUEST_TIMEOUT_S),
         "cancelled after {after:?}, before kubelet's deadline: {cancelled}"
     );
+    // kubelet's deadline, as containerd saw it: the call's context cancelled by kubelet, or
+    // its deadline (sent as grpc-timeout) passing first in containerd itself; which one wins
+    // is a race (seen once in five whole runs), the cause is the same.
     assert!(
         cancelled["message"]
             .as_str()
-            .is_some_and(|m| m.contains("context canceled")),
+            .is_some_and(|m| m.contains("context canceled") || m.contains("context deadline exceeded")),
         "{cancelled}"
     );
     // The cancelled start's ticket is gone (the queue guard): whatever is queued now is
