@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -466,14 +466,7 @@ impl Cri {
     }
 
     pub fn ctr(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("ctr");
-        cmd.env("PATH", &self.path)
-            .arg("--address")
-            .arg(&self.address)
-            .args(["--namespace", "k8s.io"])
-            .args(args)
-            .stdin(Stdio::null());
-        cmd
+        testnode::containerd::ctr(&self.path, &self.address, args)
     }
 
     /// Imports the images into containerd's `k8s.io` namespace, as an air-gapped node gets

@@ -265,9 +265,7 @@ fn down(dir: &Path) -> Result<(), String> {
     if dir.exists() {
         return Err(format!("{} is still there", dir.display()));
     }
-    for file in [dir.with_extension("config-extra.toml")] {
-        let _ = std::fs::remove_file(file);
-    }
+    let _ = std::fs::remove_file(dir.with_extension("config-extra.toml"));
     println!("node in {} stopped", dir.display());
     Ok(())
 }

@@ -225,3 +225,16 @@ pub fn build_images(tb: &Testbed) -> PathBuf {
     ]));
     tar
 }
+
+/// `ctr` against the containerd at `address`, in the CRI plugin's `k8s.io` namespace, found on
+/// `path` (the PATH that containerd runs with).
+pub fn ctr(path: &str, address: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new("ctr");
+    cmd.env("PATH", path)
+        .arg("--address")
+        .arg(address)
+        .args(["--namespace", "k8s.io"])
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::host_dirs::flock_at;
 use crate::node::{BRIDGE, CGROUP_ROOT, DEVICE_PLUGINS, HOST_LOCK, KUBELET_SYSCTLS};
 
 /// The host as it was before the node: what teardown puts back and then checks.
@@ -239,7 +240,7 @@ pub fn hostname() -> String {
 /// The host-wide lock ([`HOST_LOCK`]), waited for (bounded: another binary's cluster runs for
 /// minutes, not hours).
 pub fn take_host_lock() -> nix::fcntl::Flock<std::fs::File> {
-    use nix::fcntl::{Flock, FlockArg};
+    use nix::fcntl::FlockArg;
     let limit = Duration::from_secs(30 * 60);
     let start = Instant::now();
     let mut said = false;
@@ -247,22 +248,16 @@ pub fn take_host_lock() -> nix::fcntl::Flock<std::fs::File> {
         let _ = std::fs::create_dir_all(dir);
     }
     loop {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(HOST_LOCK)
-            .unwrap_or_else(|e| panic!("{HOST_LOCK}: {e}"));
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        match flock_at(HOST_LOCK, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return lock,
-            Err((_, errno)) if errno == nix::errno::Errno::EWOULDBLOCK && start.elapsed() < limit => {
+            Err(errno) if errno == nix::errno::Errno::EWOULDBLOCK && start.elapsed() < limit => {
                 if !said {
                     eprintln!("waiting for {HOST_LOCK}: another test binary runs a kubelet on this host");
                     said = true;
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
-            Err((_, errno)) => panic!("{HOST_LOCK}: {errno} (waited {:?})", start.elapsed()),
+            Err(errno) => panic!("{HOST_LOCK}: {errno} (waited {:?})", start.elapsed()),
         }
     }
 }

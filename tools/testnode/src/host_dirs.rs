@@ -35,7 +35,8 @@ fn host_dirs_lock(arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs
     flock_at(HOST_DIRS_LOCK, arg)
 }
 
-fn flock_at(path: &str, arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
+/// An flock on `path` (made if missing), taken as `arg` says.
+pub fn flock_at(path: &str, arg: nix::fcntl::FlockArg) -> Result<nix::fcntl::Flock<std::fs::File>, nix::errno::Errno> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -396,15 +396,7 @@ impl Supervisor {
 
     /// ctr in the CRI plugin's `k8s.io` namespace.
     pub fn ctr(&self, args: &[&str]) -> Command {
-        let ctd = &self.info.containerd;
-        let mut cmd = Command::new("ctr");
-        cmd.env("PATH", &ctd.path)
-            .arg("--address")
-            .arg(&ctd.address)
-            .args(["--namespace", "k8s.io"])
-            .args(args)
-            .stdin(Stdio::null());
-        cmd
+        crate::containerd::ctr(&self.info.containerd.path, &self.info.containerd.address, args)
     }
 
     fn containerd_socket(&self) -> &Path {
