@@ -4,6 +4,7 @@ JOB_GIB GiB, then multiply matrices for JOB_SECONDS seconds (wall time, so a job
 not depend on how many share the GPU). Exit 0 on success, 3 on CUDA out-of-memory, 4 on any
 other CUDA error (cuBLAS failing to allocate its workspace is one).
 
+JOB_SHOW_GPU=1 prints how many GPUs CUDA sees and the first one's UUID (bench/gpu-k8s.sh).
 JOB_REPORT=1 (run on the host, not in a container) also prints what NVML says this process
 holds after creating the CUDA context and at the end: the context size and the job's peak.
 """
@@ -36,6 +37,10 @@ try:
     torch.empty(1, device="cuda")
     torch.cuda.synchronize()
     t_ctx = time.time()
+    if os.environ.get("JOB_SHOW_GPU") == "1":
+        # What CUDA sees in the container: how many GPUs, and the first one's UUID.
+        props = torch.cuda.get_device_properties(0)
+        print(f"gpus {torch.cuda.device_count()} GPU-{props.uuid}", flush=True)
     if report:
         print(f"context_bytes {nvml_used()}", flush=True)
     chunks = []

@@ -106,6 +106,9 @@ pub fn default_config_extra() -> String {
     )
 }
 
+/// The RuntimeClass the node starts with: the shipped k8s/runtimeclass.yaml.
+pub const RUNTIME_CLASS: &str = include_str!("../../../../k8s/runtimeclass.yaml");
+
 /// The repository this crate is built from (its manifests, its pinned Kubernetes).
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -151,7 +151,8 @@ impl Supervisor {
         supervisor.start_kubelet();
         supervisor.wait_node_ready();
         stop_asked();
-        supervisor.kube.apply_file(&repo().join("k8s/runtimeclass.yaml"));
+        // Built in, so the tool runs where its source tree is not (a GPU host it was carried to).
+        supervisor.kube.apply(RUNTIME_CLASS);
         // Pods are admitted only once their namespace's ServiceAccount exists (the
         // controller-manager makes it).
         supervisor.kube.wait(
