@@ -15,6 +15,8 @@
 #                                    Kubernetes lowering its GPU's capacity
 #   bench/gpu-k8s.sh with            N pods at once, each a claim of its job's size + overhead
 #   bench/gpu-k8s.sh without         the same burst on the plain runc handler, GPUs by hand
+#   bench/gpu-k8s.sh plugin          the release upgraded to the device plugin, a burst asking
+#                                    vramgate.dev/gpu-memory-gib
 #   bench/gpu-k8s.sh down            helm uninstall, testnode down
 #
 # Results: $OUT (the device tool's folder) or $W/out: gpu-k8s.txt (the summary lines), and
@@ -90,6 +92,8 @@ TOML
     kubectl label node "$node" vramgate.dev/ready=true --overwrite >/dev/null
     kubectl delete runtimeclass vramgate --ignore-not-found --wait=true >/dev/null
     mkdir -p "$NODE/etc-vramgate" "$NODE/etc-cdi"
+    # The ledger's directory, as the package's tmpfiles entry makes it (root's alone).
+    install -d -m 0700 "$NODE/state"
     ln -f "$NODE/config.toml" "$NODE/etc-vramgate/config.toml" 2>/dev/null || ln -f "$(python3 -c "import json; print(json.load(open('$NODE/node.json'))['vramgate_config'])")" "$NODE/etc-vramgate/config.toml"
     python3 - "$NODE" "$W" >"$W/values.json" <<'PY'
 import json, subprocess, sys
@@ -122,7 +126,16 @@ PY
     HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm \
         helm upgrade --install vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" >"$RESULTS/helm.log" 2>&1 \
         || { kubectl get pods -A -o wide; kubectl describe pods -n kube-system | tail -40; die "helm install failed: $(tail -3 "$RESULTS/helm.log")"; }
+    wait_rollout vramgate-dra vramgate-exporter vramgate-watch
     say "helm install (DRA, exporter, watch): $((SECONDS - t0)) s; $(kubectl get pods -n kube-system --no-headers | awk '{print $1, $3}' | tr '\n' ' ')"
+}
+
+# Helm's --wait can return before a DaemonSet has scheduled its pod: wait for each rollout.
+wait_rollout() {
+    for ds in "$@"; do
+        kubectl rollout status "daemonset/$ds" -n kube-system --timeout=120s >/dev/null \
+            || die "DaemonSet $ds did not roll out: $(kubectl get pods -n kube-system --no-headers | tr '\n' ' ')"
+    done
 }
 
 # The slice's capacity of each GPU against NVML's total less what runs outside Kubernetes.
@@ -189,6 +202,25 @@ cmd_with() {
     clear_jobs
 }
 
+# A shorter burst in device-plugin mode: the release upgraded to the device plugin (DRA off),
+# each pod asking vramgate.dev/gpu-memory-gib; kubelet's Allocate picks the GPU.
+cmd_plugin() {
+    clear_jobs
+    local overhead t0=$SECONDS
+    HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm \
+        helm upgrade vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" \
+        --set dra.enabled=false --set devicePlugin.enabled=true >>"$RESULTS/helm.log" 2>&1 || die "helm upgrade to the device plugin failed"
+    wait_rollout vramgate-device-plugin vramgate-exporter vramgate-watch
+    say "helm upgrade to the device plugin: $((SECONDS - t0)) s; node offers vramgate.dev/gpu-memory-gib $(kubectl get nodes -o jsonpath='{.items[0].status.allocatable.vramgate\.dev/gpu-memory-gib}')"
+    overhead=$(overhead_mib)
+    say "# device plugin: N=$N JOB_SECONDS=$JOB_SECONDS SIZES=($SIZES); request = size + $overhead MiB in whole GiB"
+    # shellcheck disable=SC2086
+    python3 "$here/gpu_k8s_pods.py" plugin "$N" "$overhead" "$JOB_SECONDS" $SIZES >"$W/plugin.json"
+    kubectl apply -f "$W/plugin.json" >/dev/null || die "applying the pods failed"
+    python3 "$here/gpu_k8s_observe.py" plugin "$LIMIT" "$RESULTS/pods-plugin.tsv" | tee -a "$RESULTS/gpu-k8s.txt"
+    clear_jobs
+}
+
 cmd_without() {
     clear_jobs
     local g
@@ -214,6 +246,7 @@ case $step in
     slice) cmd_slice ;;
     with) cmd_with ;;
     without) cmd_without ;;
+    plugin) cmd_plugin ;;
     down) cmd_down ;;
     *) die "usage: bench/gpu-k8s.sh stash FILE... | up | slice | with | without | down" ;;
 esac

@@ -4,6 +4,9 @@
   gpu_k8s_pods.py with    N OVERHEAD_MIB JOB_SECONDS SIZES... : one ResourceClaimTemplate per
       size (the job's GiB plus its measured overhead, in MiB, from the DRA driver's device
       class) and N pods of the vramgate RuntimeClass, each with a claim from its size's template.
+  gpu_k8s_pods.py plugin  N OVERHEAD_MIB JOB_SECONDS SIZES... : N pods of the vramgate
+      RuntimeClass asking the device plugin's vramgate.dev/gpu-memory-gib (size + overhead, in
+      whole GiB rounded up).
   gpu_k8s_pods.py without N GPUS JOB_SECONDS SIZES... : N privileged pods of the plain runc
       handler (every GPU's device node), pod i handed GPU i mod GPUS by CUDA_VISIBLE_DEVICES:
       what a cluster without admission control does with the same burst.
@@ -112,6 +115,16 @@ def main():
             p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"mem-{gib}gib"}]
             p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
             items.append(p)
+    elif mode == "plugin":
+        # The device plugin's extended resource, in whole GiB (the chart's devicePlugin.unit).
+        overhead, seconds, sizes = int(sys.argv[3]), sys.argv[4], [int(s) for s in sys.argv[5:]]
+        for i in range(n):
+            gib = sizes[i % len(sizes)]
+            p = pod(i, gib, seconds, {})
+            p["spec"]["runtimeClassName"] = "vramgate"
+            units = gib + -(-overhead // 1024)
+            p["spec"]["containers"][0]["resources"] = {"limits": {"vramgate.dev/gpu-memory-gib": str(units)}}
+            items.append(p)
     elif mode == "without":
         gpus, seconds, sizes = int(sys.argv[3]), sys.argv[4], [int(s) for s in sys.argv[5:]]
         for i in range(n):
@@ -120,7 +133,7 @@ def main():
             p["spec"]["containers"][0]["securityContext"] = {"privileged": True}
             items.append(p)
     else:
-        sys.exit(f"gpu_k8s_pods.py: mode {mode!r}: with or without")
+        sys.exit(f"gpu_k8s_pods.py: mode {mode!r}: with, plugin or without")
     json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout)
 
 

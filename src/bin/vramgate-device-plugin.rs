@@ -31,6 +31,7 @@ fn run() -> Result<()> {
         unit,
         poll_interval,
         startup_timeout,
+        dev_dir: std::path::PathBuf::from("/dev"),
     };
     // The error's own line already names the path and the cause: printed as it is, not as a
     // chain that would repeat the cause.

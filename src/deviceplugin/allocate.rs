@@ -79,11 +79,15 @@ fn one_gpu(ids: &[DeviceId]) -> Result<&str, AllocateError> {
     Ok(&first.uuid)
 }
 
-/// What one container gets for `ids`: the memory and the GPU, for the node's hook.
+/// What one container gets for `ids`: the memory and the GPU, for the node's hook, and the
+/// GPU's device nodes of those under `dev` (kubelet adds them to the container and its device
+/// cgroup). NVIDIA's container toolkit, where the node has it, gives the same nodes again from
+/// NVIDIA_VISIBLE_DEVICES; without it, they are how the container gets its GPU at all.
 pub fn allocate(
     view: &NodeView,
     unit: &Unit,
     ids: &[String],
+    dev: &std::path::Path,
 ) -> Result<(api::ContainerAllocateResponse, Vec<DeviceId>), AllocateError> {
     let parsed = known_ids(view, ids)?;
     let uuid = one_gpu(&parsed)?.to_string();
@@ -95,10 +99,28 @@ pub fn allocate(
         (VISIBLE_DEVICES_ENV, uuid.clone()),
         (DEVICE_IDS_ENV, marker.join(",")),
     ];
+    let devices = view
+        .snapshot
+        .gpus
+        .iter()
+        .find(|g| g.uuid == uuid)
+        .map(|g| g.device_nodes(dev))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|path| {
+            let path = path.display().to_string();
+            api::DeviceSpec {
+                container_path: path.clone(),
+                host_path: path,
+                permissions: "rw".into(),
+            }
+        })
+        .collect();
     let annotations = [(MEMORY_ANNOTATION, memory), (GPUS_ANNOTATION, uuid)];
     let response = api::ContainerAllocateResponse {
         envs: envs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         annotations: annotations.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        devices,
         ..Default::default()
     };
     Ok((response, parsed))
@@ -244,10 +266,41 @@ mod tests {
         assert_eq!(ids, ["GPU-0/9", "GPU-0/0"]);
     }
 
+    /// A device directory with no GPU nodes: the response lists none.
+    fn no_dev() -> &'static std::path::Path {
+        std::path::Path::new("/nonexistent-dev")
+    }
+
+    #[test]
+    fn allocate_hands_the_container_its_gpus_nodes_and_no_other_gpus() {
+        let (view, _) = node();
+        let dev = tempfile::tempdir().unwrap();
+        for node in ["nvidia0", "nvidia2", "nvidiactl", "nvidia-uvm"] {
+            std::fs::write(dev.path().join(node), "").unwrap();
+        }
+        let (response, _) = allocate(&view, &Unit::gib(), &["GPU-2/3".into()], dev.path()).unwrap();
+        let paths: Vec<(&str, &str, &str)> = response
+            .devices
+            .iter()
+            .map(|d| (d.container_path.as_str(), d.host_path.as_str(), d.permissions.as_str()))
+            .collect();
+        let at = |n: &str| dev.path().join(n).display().to_string();
+        let (two, ctl, uvm) = (at("nvidia2"), at("nvidiactl"), at("nvidia-uvm"));
+        assert_eq!(
+            paths,
+            [
+                (two.as_str(), two.as_str(), "rw"),
+                (ctl.as_str(), ctl.as_str(), "rw"),
+                (uvm.as_str(), uvm.as_str(), "rw")
+            ]
+        );
+    }
+
     #[test]
     fn allocate_names_the_memory_and_the_gpu() {
         let (view, _) = node();
-        let (response, granted) = allocate(&view, &Unit::gib(), &["GPU-2/3".into(), "GPU-2/4".into()]).unwrap();
+        let (response, granted) =
+            allocate(&view, &Unit::gib(), &["GPU-2/3".into(), "GPU-2/4".into()], no_dev()).unwrap();
         assert_eq!(granted.len(), 2);
         assert_eq!(response.envs["VRAMGATE_MEMORY"], "2Gi");
         assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-2");
@@ -260,18 +313,21 @@ mod tests {
     #[test]
     fn allocate_refuses_units_on_several_gpus_or_unknown_ones() {
         let (view, _) = node();
-        let err = allocate(&view, &Unit::gib(), &["GPU-0/1".into(), "GPU-2/1".into()]).unwrap_err();
+        let err = allocate(&view, &Unit::gib(), &["GPU-0/1".into(), "GPU-2/1".into()], no_dev()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the units of one container must be on one GPU, and these are on 2: GPU-0, GPU-2"
         );
         for bad in ["GPU-9/1", "GPU-0/16", "nonsense"] {
-            let err = allocate(&view, &Unit::gib(), &[bad.to_string()]).unwrap_err();
+            let err = allocate(&view, &Unit::gib(), &[bad.to_string()], no_dev()).unwrap_err();
             assert!(err.to_string().contains(bad), "{err}");
         }
-        assert_eq!(allocate(&view, &Unit::gib(), &[]).unwrap_err(), AllocateError::Empty);
+        assert_eq!(
+            allocate(&view, &Unit::gib(), &[], no_dev()).unwrap_err(),
+            AllocateError::Empty
+        );
         // A unit twice would grant 2Gi for one unit's health.
-        let err = allocate(&view, &Unit::gib(), &["GPU-0/1".into(), "GPU-0/1".into()]).unwrap_err();
+        let err = allocate(&view, &Unit::gib(), &["GPU-0/1".into(), "GPU-0/1".into()], no_dev()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "device \"GPU-0/1\" is asked for twice; each unit can be given once"
@@ -279,7 +335,7 @@ mod tests {
         // A GPU that is gone takes no new containers.
         let mut gone = view.clone();
         gone.gpus.iter_mut().for_each(|g| g.present = false);
-        let err = allocate(&gone, &Unit::gib(), &["GPU-0/1".into()]).unwrap_err();
+        let err = allocate(&gone, &Unit::gib(), &["GPU-0/1".into()], no_dev()).unwrap_err();
         assert!(matches!(err, AllocateError::Unknown { .. }), "{err}");
     }
 

@@ -160,4 +160,6 @@ pub struct Options {
     pub poll_interval: Duration,
     /// How long to wait for the first view before ending (`--startup-timeout`).
     pub startup_timeout: Duration,
+    /// Where the GPUs' device nodes are (`/dev`): Allocate hands a container its GPU's.
+    pub dev_dir: PathBuf,
 }

@@ -125,7 +125,7 @@ impl DevicePlugin for Plugin {
         let mut container_responses = Vec::new();
         let mut granted = Vec::new();
         for c in &request.get_ref().container_requests {
-            let (response, ids) = allocate::allocate(&view, &self.options.unit, &c.devices_ids)
+            let (response, ids) = allocate::allocate(&view, &self.options.unit, &c.devices_ids, &self.options.dev_dir)
                 .map_err(|e| Status::invalid_argument(format!("vramgate: {e}")))?;
             container_responses.push(response);
             granted.extend(ids);

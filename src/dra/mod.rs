@@ -87,18 +87,3 @@ pub fn device_name(gpu: &GpuMemory) -> String {
 pub fn gpu_named<'g>(device: &str, gpus: &'g [GpuMemory]) -> Option<&'g GpuMemory> {
     gpus.iter().find(|g| device_name(g) == device)
 }
-
-/// The device nodes a container of `gpu` needs, of those this host has: its `/dev/nvidiaN`
-/// (the parent's, for a MIG device, with the MIG device's capability nodes) and the driver's
-/// control nodes. A host without them (no GPU: a simulated inventory) gets none, and the
-/// container only the environment.
-pub fn device_nodes(gpu: &GpuMemory, dev: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let own = gpu.minor.map(|m| format!("nvidia{m}"));
-    let caps = gpu.mig_caps.iter().map(|c| format!("nvidia-caps/nvidia-cap{c}"));
-    own.into_iter()
-        .chain(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"].map(String::from))
-        .chain(caps)
-        .map(|name| dev.join(name))
-        .filter(|path| path.exists())
-        .collect()
-}

@@ -330,7 +330,7 @@ impl Preparer {
             let nvidia = self.nvidia_device(&published.gpu).await?;
             let device_nodes = match nvidia {
                 Some(_) => Vec::new(),
-                None => super::device_nodes(&published.gpu, &self.dev_dir),
+                None => published.gpu.device_nodes(&self.dev_dir),
             };
             devices.push((
                 ClaimDevice {

@@ -79,6 +79,25 @@ pub struct Snapshot {
     pub processes: Vec<GpuProcess>,
 }
 
+impl GpuMemory {
+    /// The device nodes a container of this GPU needs, of those this host has: its
+    /// `/dev/nvidiaN` (the parent's, for a MIG device, with the MIG device's capability nodes)
+    /// and the driver's control nodes. The DRA driver's CDI spec and the device plugin's
+    /// Allocate both list them, so that a node without NVIDIA's container toolkit still gives
+    /// the container its GPU, and only that one. A host without them (no GPU: a simulated
+    /// inventory) gets none, and the container only the environment.
+    pub fn device_nodes(&self, dev: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let own = self.minor.map(|m| format!("nvidia{m}"));
+        let caps = self.mig_caps.iter().map(|c| format!("nvidia-caps/nvidia-cap{c}"));
+        own.into_iter()
+            .chain(["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"].map(String::from))
+            .chain(caps)
+            .map(|name| dev.join(name))
+            .filter(|path| path.exists())
+            .collect()
+    }
+}
+
 impl Snapshot {
     pub fn by_uuid(&self, uuid: &str) -> Option<&GpuMemory> {
         self.gpus.iter().find(|g| g.uuid == uuid)
