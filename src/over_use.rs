@@ -63,6 +63,9 @@ use crate::status::StatusReport;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverUse {
     pub container: String,
+    /// The container's name in the ledger (`namespace/pod/container` under Kubernetes), for
+    /// the watch's log; the events carry it from the ledger too.
+    pub name: Option<String>,
     pub init: ProcessIdentity,
     /// When the reservation was made: with the container id, what tells one reservation from a
     /// later one of the same name.
@@ -87,6 +90,14 @@ pub struct OverUse {
 }
 
 impl OverUse {
+    /// "container <id>", with its name where the ledger has one: "container <id> (ns/pod/c)".
+    pub fn who(&self) -> String {
+        match &self.name {
+            Some(name) => format!("container {} ({name})", self.container),
+            None => format!("container {}", self.container),
+        }
+    }
+
     fn key(&self) -> (String, u64, String) {
         (self.container.clone(), self.created_unix_ms, self.uuid.clone())
     }
@@ -192,6 +203,7 @@ pub fn over_use(report: &StatusReport, ledger: &Ledger, margin: Quantity) -> Vec
             group.sort();
             found.push(OverUse {
                 container: r.container_id.clone(),
+                name: reservation.name.clone(),
                 init: reservation.init,
                 created_unix_ms: reservation.created_unix_ms,
                 uuid: gpu.gpu.uuid.clone(),
@@ -474,11 +486,7 @@ fn pass_once(
     let service = Service::new(dir.clone(), opened.as_ref(), &SystemClock, &ProcLiveness, &config);
     let pass = watch.pass(&service, &dir, &config)?;
     for over in &pass.reported {
-        log(&format!(
-            "vramgate watch: container {} {}",
-            over.container,
-            over.describe()
-        ));
+        log(&format!("vramgate watch: {} {}", over.who(), over.describe()));
     }
     if let Some(e) = &pass.heartbeat_error {
         log(&format!(
@@ -486,16 +494,10 @@ fn pass_once(
         ));
     }
     for (over, why) in &pass.spared {
-        log(&format!(
-            "vramgate watch: container {} not stopped: {why}",
-            over.container
-        ));
+        log(&format!("vramgate watch: {} not stopped: {why}", over.who()));
     }
     for (over, pids) in &pass.stopped {
-        log(&format!(
-            "vramgate watch: stopped container {} (pids {pids:?})",
-            over.container
-        ));
+        log(&format!("vramgate watch: stopped {} (pids {pids:?})", over.who()));
     }
     if !pass.unattributed.is_empty() {
         let processes: Vec<String> = pass
@@ -739,6 +741,11 @@ mod tests {
         let pass = watch.pass(&service, &dir, &config).unwrap();
         assert_eq!(pass.reported.len(), 1, "{pass:?}");
         assert_eq!((pass.reported[0].used, pass.reported[0].reserved), (6 * GI, 4 * GI));
+        // The watch's log names it as the ledger does: by id, and by name where it has one.
+        assert_eq!(pass.reported[0].who(), "container greedy");
+        let mut named = pass.reported[0].clone();
+        named.name = Some("jobs/trainer/main".into());
+        assert_eq!(named.who(), "container greedy (jobs/trainer/main)");
         let logged = events(&dir);
         assert_eq!(logged.len(), 1, "{logged:?}");
         assert_eq!(logged[0]["event"], "over_use");
