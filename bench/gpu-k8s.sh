@@ -49,6 +49,18 @@ export VRAMGATE_KUBERNETES=$W/opt/k8s VRAMGATE_CONTAINERD_2=$W/opt/containerd
 export PATH=$W/opt/k8s/bin:$W/opt/helm:$W/vg/bin:$PATH
 [ -f "$NODE/kube/admin.kubeconfig" ] && export KUBECONFIG=$NODE/kube/admin.kubeconfig
 
+helm_() { HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm helm "$@"; }
+
+# burst MODE ARG: the pods of gpu_k8s_pods.py MODE (ARG: the overhead, or the GPU count) at
+# once, followed until every one has ended; one summary line and pods-MODE.tsv.
+burst() {
+    local mode=$1 arg=$2
+    # shellcheck disable=SC2086
+    python3 "$here/gpu_k8s_pods.py" "$mode" "$N" "$arg" "$JOB_SECONDS" $SIZES >"$W/$mode.json"
+    kubectl apply -f "$W/$mode.json" >/dev/null || die "applying the pods failed"
+    python3 "$here/gpu_k8s_observe.py" "$mode" "$LIMIT" "$RESULTS/pods-$mode.tsv" | tee -a "$RESULTS/gpu-k8s.txt"
+}
+
 ctr_() { "$W/opt/containerd/usr/bin/ctr" --address "$NODE/containerd/containerd.sock" -n k8s.io "$@"; }
 
 cmd_stash() {
@@ -94,7 +106,7 @@ TOML
     mkdir -p "$NODE/etc-vramgate" "$NODE/etc-cdi"
     # The ledger's directory, as the package's tmpfiles entry makes it (root's alone).
     install -d -m 0700 "$NODE/state"
-    ln -f "$NODE/config.toml" "$NODE/etc-vramgate/config.toml" 2>/dev/null || ln -f "$(python3 -c "import json; print(json.load(open('$NODE/node.json'))['vramgate_config'])")" "$NODE/etc-vramgate/config.toml"
+    ln -f "$NODE/config.toml" "$NODE/etc-vramgate/config.toml" || die "cannot link the node's config.toml"
     python3 - "$NODE" "$W" >"$W/values.json" <<'PY'
 import json, subprocess, sys
 node, w = sys.argv[1], sys.argv[2]
@@ -123,8 +135,7 @@ json.dump({
 }, sys.stdout, indent=1)
 PY
     t0=$SECONDS
-    HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm \
-        helm upgrade --install vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" >"$RESULTS/helm.log" 2>&1 \
+    helm_ upgrade --install vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" >"$RESULTS/helm.log" 2>&1 \
         || { kubectl get pods -A -o wide; kubectl describe pods -n kube-system | tail -40; die "helm install failed: $(tail -3 "$RESULTS/helm.log")"; }
     wait_rollout vramgate-dra vramgate-exporter vramgate-watch
     say "helm install (DRA, exporter, watch): $((SECONDS - t0)) s; $(kubectl get pods -n kube-system --no-headers | awk '{print $1, $3}' | tr '\n' ' ')"
@@ -192,10 +203,7 @@ cmd_with() {
     overhead=$(overhead_mib)
     say "# with vramgate: N=$N JOB_SECONDS=$JOB_SECONDS SIZES=($SIZES); request = size + $overhead MiB (a 2 GiB job's measured peak + 64 MiB), rounded up to the ${STEP_MIB}Mi step by the scheduler"
     slice_check "before the burst"
-    # shellcheck disable=SC2086
-    python3 "$here/gpu_k8s_pods.py" with "$N" "$overhead" "$JOB_SECONDS" $SIZES >"$W/with.json"
-    kubectl apply -f "$W/with.json" >/dev/null || die "applying the pods failed"
-    python3 "$here/gpu_k8s_observe.py" with "$LIMIT" "$RESULTS/pods-with.tsv" | tee -a "$RESULTS/gpu-k8s.txt"
+    burst with "$overhead"
     sleep 5
     say "after: vramgate status: $(vramgate --config "$NODE/etc-vramgate/config.toml" status 2>&1 | tr '\n' ' ' | cut -c1-400)"
     slice_check "after the burst"
@@ -207,17 +215,13 @@ cmd_with() {
 cmd_plugin() {
     clear_jobs
     local overhead t0=$SECONDS
-    HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm \
-        helm upgrade vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" \
+    helm_ upgrade vramgate "$repo/charts/vramgate" -n kube-system --wait --timeout 5m -f "$W/values.json" \
         --set dra.enabled=false --set devicePlugin.enabled=true >>"$RESULTS/helm.log" 2>&1 || die "helm upgrade to the device plugin failed"
     wait_rollout vramgate-device-plugin vramgate-exporter vramgate-watch
     say "helm upgrade to the device plugin: $((SECONDS - t0)) s; node offers vramgate.dev/gpu-memory-gib $(kubectl get nodes -o jsonpath='{.items[0].status.allocatable.vramgate\.dev/gpu-memory-gib}')"
     overhead=$(overhead_mib)
     say "# device plugin: N=$N JOB_SECONDS=$JOB_SECONDS SIZES=($SIZES); request = size + $overhead MiB in whole GiB"
-    # shellcheck disable=SC2086
-    python3 "$here/gpu_k8s_pods.py" plugin "$N" "$overhead" "$JOB_SECONDS" $SIZES >"$W/plugin.json"
-    kubectl apply -f "$W/plugin.json" >/dev/null || die "applying the pods failed"
-    python3 "$here/gpu_k8s_observe.py" plugin "$LIMIT" "$RESULTS/pods-plugin.tsv" | tee -a "$RESULTS/gpu-k8s.txt"
+    burst plugin "$overhead"
     clear_jobs
 }
 
@@ -226,15 +230,12 @@ cmd_without() {
     local g
     g=$(nvidia-smi -L | wc -l)
     say "# without vramgate: N=$N on $g GPUs, plain runc handler, privileged, pod i on GPU i mod $g (CUDA_VISIBLE_DEVICES)"
-    # shellcheck disable=SC2086
-    python3 "$here/gpu_k8s_pods.py" without "$N" "$g" "$JOB_SECONDS" $SIZES >"$W/without.json"
-    kubectl apply -f "$W/without.json" >/dev/null || die "applying the pods failed"
-    python3 "$here/gpu_k8s_observe.py" without "$LIMIT" "$RESULTS/pods-without.tsv" | tee -a "$RESULTS/gpu-k8s.txt"
+    burst without "$g"
     clear_jobs
 }
 
 cmd_down() {
-    HELM_CONFIG_HOME=$W/helm HELM_CACHE_HOME=$W/helm HELM_DATA_HOME=$W/helm helm uninstall vramgate -n kube-system --wait >/dev/null 2>&1
+    helm_ uninstall vramgate -n kube-system --wait >/dev/null 2>&1
     testnode down --dir "$NODE"
 }
 
