@@ -1198,9 +1198,9 @@ fn main() {
 }
 
 /// The node given back as [`prepare`] found it (it may be a developer's node, which the next
-/// run uses): the RuntimeClass applied again, the label and the node's config directories gone.
+/// run uses): the RuntimeClass applied again (the one the node starts with), the label and the node's config directories gone.
 fn unprepare(c: &Cluster) {
-    c.apply_file(&testnode::node::repo().join("k8s/runtimeclass.yaml"));
+    c.apply(testnode::node::RUNTIME_CLASS);
     c.kubectl_ok(&["label", "node", &c.node, "vramgate.dev/ready-"]);
     for dir in ["etc-vramgate", "etc-cdi"] {
         let _ = std::fs::remove_dir_all(c.tb().dir.join(dir));

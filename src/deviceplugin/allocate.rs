@@ -101,9 +101,7 @@ pub fn allocate(
     ];
     let devices = view
         .snapshot
-        .gpus
-        .iter()
-        .find(|g| g.uuid == uuid)
+        .by_uuid(&uuid)
         .map(|g| g.device_nodes(dev))
         .unwrap_or_default()
         .into_iter()
