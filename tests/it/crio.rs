@@ -353,7 +353,35 @@ fn a_create_past_its_deadline_keeps_its_place_and_the_retry_gets_the_container()
     // Memory frees: the waiting hook is admitted, and kubelet's retry gets that container.
     crio.delete_pod(&big);
     wait_reserved(&crio.tb, &queued_id, 10 * GIB);
-    let retried = crio.create(&pod, config);
+    // The retry as kubelet's comes, well after CRI-O has finished the creation and kept it (it
+    // logs this line right after). One that comes while CRI-O is still finishing it (on a
+    // loaded host, the few ms after the hook's admission) waits out its own deadline and fails
+    // with "will be provided to the kubelet on next retry" (CRI-O's getResourceOrWait); the
+    // next retry gets the container.
+    wait_until(
+        "CRI-O kept the created container for the retry",
+        Duration::from_secs(30),
+        || {
+            (
+                crio.log()
+                    .contains("CreateCtr: context was either canceled or the deadline was exceeded"),
+                (),
+            )
+        },
+    );
+    let retried = crio.try_create(&pod, config).unwrap_or_else(|e| {
+        let log = crio.log();
+        let mut tail: Vec<&str> = log.lines().rev().take(60).collect();
+        tail.reverse();
+        panic!(
+            "the retried CreateContainer: {e}\nthe queued container's events: {:?}\ncrio's log, last lines:\n{}",
+            crio.events()
+                .iter()
+                .filter(|e| e["container"] == queued_id.as_str())
+                .collect::<Vec<_>>(),
+            tail.join("\n")
+        )
+    });
     // One wait from the enqueue to the admission, never given up or started again (read once
     // the create has returned: the admission is logged after the commit that shows it).
     let queue_kinds = [
