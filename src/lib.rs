@@ -45,6 +45,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod over_use;
 pub mod placement;
+pub mod pod_notice;
 pub mod privilege;
 pub mod procfs;
 pub mod quantity;

@@ -319,6 +319,7 @@ fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_rese
     );
     assert!(env.lines().any(|l| l == format!("VRAMGATE_GPUS={GPU}")), "{env}");
     wait_ledger(c, "the claim's 6Gi is reserved", vec![(container_id(&running), 6)]);
+    pod_given_no_gpu_runs_with_a_warning_in_its_events(c);
     delete_pod(c, "trainer");
     c.wait(
         "the pod's claim is deleted",
@@ -330,6 +331,43 @@ fn helm_install_runs_the_dra_driver_from_the_node_image_and_a_claims_pod_is_rese
         },
     );
     wait_ledger(c, "the claim's memory is released", vec![]);
+}
+
+/// A pod whose annotation asks for 2 GiB but that asks Kubernetes for no GPU (no claim) runs
+/// under the vramgate RuntimeClass with nothing reserved, as a sidecar would; the runtime
+/// wrapper's notice reaches the pod's events through the driver's pod, one Warning line that
+/// `kubectl describe pod` shows (the event names the pod's uid).
+fn pod_given_no_gpu_runs_with_a_warning_in_its_events(c: &Cluster) {
+    let mut pod = test_pod("helm-nogpu");
+    pod["metadata"]["annotations"] = json!({"vramgate.dev/memory": "2Gi"});
+    c.apply(&pod.to_string());
+    let running = wait_running(c, "helm-nogpu");
+    let line = wait_event(
+        c,
+        "the pod's events say it was given no GPU",
+        "helm-nogpu",
+        POD_LIMIT,
+        |m| m.contains("container main was given no GPU"),
+    );
+    assert!(
+        line.contains("vramgate.dev/memory=2Gi") && !line.contains('\n'),
+        "{line}"
+    );
+    let described = c.kubectl_ok(&["describe", "pod", "helm-nogpu"]);
+    assert!(
+        described
+            .lines()
+            .any(|l| l.contains("Warning") && l.contains(vramgate::pod_notice::REASON)),
+        "kubectl describe pod shows the warning:\n{described}"
+    );
+    assert_eq!(reserved_as(c, "default/helm-nogpu/main"), None);
+    assert!(!ledger(c).iter().any(|(id, _)| *id == container_id(&running)));
+    // Posted once and gone from the node.
+    let dir = vramgate::ledger::StateDir::open_existing(&c.tb().state_dir)
+        .unwrap()
+        .unwrap();
+    assert_eq!(vramgate::pod_notice::count(&dir), 0);
+    delete_pod(c, "helm-nogpu");
 }
 
 /// 2. `helm upgrade` with other values (the config from the chart, a ConfigMap with the
@@ -1155,6 +1193,7 @@ fn main() {
         eprintln!("the cluster after the failure:\n{}", setup.c().state());
         for pod in [
             "trainer",
+            "helm-nogpu",
             "helm-b",
             "inference-6gib",
             "helm-ns",

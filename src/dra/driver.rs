@@ -230,12 +230,15 @@ pub fn run(options: Options) -> Result<()> {
         timeout_secs: crate::runtime::hook_timeout_secs(&config),
     };
     let (views, wake) = start_refresher(&options)?;
+    // The refresher has checked that the state directory is there: the pods' notices are in it.
+    let notice_dir = StateDir::open_existing(&config.state_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(DriverError::Runtime)?;
     runtime.block_on(async move {
         let api = ApiClient::connect(options.kubeconfig.as_deref()).await?;
+        let notice_api = api.clone();
         let registered = Arc::new(Notify::new());
         let publisher = tokio::spawn(publish(
             api.clone(),
@@ -252,9 +255,14 @@ pub fn run(options: Options) -> Result<()> {
             hook,
         ));
         let statuses = tokio::spawn(super::plugin::refresh_statuses(preparer.clone()));
+        let notices =
+            notice_dir.map(|dir| tokio::spawn(super::notices::post_notices(notice_api, options.node.clone(), dir)));
         let served = serve(&options, preparer, registered).await;
         publisher.abort();
         statuses.abort();
+        if let Some(notices) = notices {
+            notices.abort();
+        }
         drop(wake);
         served
     })

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
@@ -159,6 +159,19 @@ impl ApiClient {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Creates `event` in its namespace (a pod's notice, [`super::notices`]).
+    pub async fn create_event(&self, event: &Event) -> Result<(), ApiError> {
+        let namespace = event.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let on = event.involved_object.name.clone().unwrap_or_default();
+        bounded(
+            || format!("creating an event on pod {namespace}/{on}"),
+            api.create(&PostParams::default(), event),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// The UID of Node `node`, which the slice's owner reference names.

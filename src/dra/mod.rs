@@ -58,6 +58,8 @@ pub mod driver;
 #[cfg(feature = "dra")]
 pub mod kube;
 #[cfg(feature = "dra")]
+pub mod notices;
+#[cfg(feature = "dra")]
 pub mod plugin;
 #[cfg(feature = "dra")]
 pub mod server;

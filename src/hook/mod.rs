@@ -146,6 +146,13 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
             let spec = SpecView::read_bundle(&state.bundle)?;
             if !request::has_request(&spec) {
                 forgo_driver_limit();
+                if request::pod_memory_annotation_not_taken(&spec, Default::default()).is_some() {
+                    // A config that cannot be read stops no start that has no request.
+                    match Config::load_from(&options.config_path) {
+                        Ok(config) => tell_the_pod(&spec, &config, &state.id),
+                        Err(e) => eprintln!("vramgate-hook: container {}: no notice for the pod: {e}", state.id),
+                    }
+                }
                 return Ok(Outcome::NoRequest);
             }
             // Read only for a container with a request: the claim devices are checked against
@@ -159,6 +166,7 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
                     })?;
             let Some(request) = request else {
                 forgo_driver_limit();
+                tell_the_pod(&spec, &config, &state.id);
                 return Ok(Outcome::NoRequest);
             };
             if config.enforce.limit != LimitMechanism::Driver {
@@ -179,6 +187,15 @@ pub fn run(stage: Stage, state_json: impl std::io::Read, options: &HookOptions) 
             forgo_driver_limit();
             outcome
         }
+    }
+}
+
+/// A pod's container given no GPU under the pod's memory annotation: the notice for the pod's
+/// events ([`crate::pod_notice`]), at the stage that would have admitted it. One that cannot be
+/// left is said on stderr (the runtime's log); the container starts as it would have.
+fn tell_the_pod(spec: &SpecView, config: &Config, container: &str) {
+    if let Err(e) = crate::pod_notice::leave_if_unreserved(spec, config) {
+        eprintln!("vramgate-hook: container {container}: cannot leave the pod a notice: {e}");
     }
 }
 

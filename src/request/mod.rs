@@ -413,6 +413,24 @@ fn own_request(spec: &SpecView) -> bool {
     spec.env(MEMORY_ENV).is_some() || spec.env(MEMORY_LIMIT_ENV).is_some() || nvidia_sources(spec).next().is_some()
 }
 
+/// The pod's `vramgate.dev/memory` (its value), in a pod's container that has no request of its
+/// own and was given no GPU: what [`has_request`] leaves out as not this container's, and what
+/// [`crate::pod_notice`] tells the pod about. Asked only after a start found no request.
+pub fn pod_memory_annotation_not_taken(spec: &SpecView, toolkit: NvidiaToolkit) -> Option<String> {
+    if pod_role(spec) != PodRole::Container || own_request(spec) {
+        return None;
+    }
+    let asked = spec.annotations.get(MEMORY_ANNOTATION)?;
+    let gpus = GpuSelector::from_spec(spec, toolkit).ok()?;
+    (gpus.selection == GpuSelection::Nothing && !gpus.asks_for_every_gpu()).then(|| asked.clone())
+}
+
+/// The pod's sandbox id and which CRI runtime's keys it was read under (0: containerd's, 1:
+/// CRI-O's), for reading more of the pod's annotations under the same runtime's keys.
+pub fn pod_sandbox_of(spec: &SpecView) -> Option<(usize, String)> {
+    pod_sandbox_by(spec)
+}
+
 fn names_no_gpu(spec: &SpecView) -> bool {
     GpuSelector::from_spec(spec, NvidiaToolkit::default())
         .is_ok_and(|s| s.selection == GpuSelection::Nothing && !s.asks_for_every_gpu())

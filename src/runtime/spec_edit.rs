@@ -166,6 +166,15 @@ impl LazyConfig {
     }
 }
 
+/// A pod's container given no GPU under the pod's memory annotation: the notice for the pod's
+/// events ([`crate::pod_notice`]). One that cannot be left goes to runc's log as a warning; the
+/// container starts as it would have.
+fn tell_the_pod(view: &SpecView, inv: &super::Invocation, config: &Config) {
+    if let Err(e) = crate::pod_notice::leave_if_unreserved(view, config) {
+        super::warn(inv, &format!("vramgate: cannot leave the pod a notice: {e}"));
+    }
+}
+
 /// For a spec that requests VRAM: admits the container ([`super::admit`]: reserves, and places
 /// it when it leaves the choice to vramgate), narrows the spec to the GPUs chosen, and adds the
 /// hooks (createRuntime confirms, poststop releases). Returns whether it reserved memory
@@ -182,6 +191,12 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
         .ok_or_else(|| SpecError::SpecTooLarge { path: path.clone() })?;
     let view = SpecView::parse(&bytes, &path)?;
     if !request::has_request(&view) {
+        if request::pod_memory_annotation_not_taken(&view, Default::default()).is_some() {
+            // A config that cannot be read stops no start that has no request: no notice then.
+            if let Ok(config) = config.get() {
+                tell_the_pod(&view, inv, config);
+            }
+        }
         return Ok(false);
     }
     let config_env = config.path_for_hook();
@@ -201,6 +216,7 @@ pub fn prepare_bundle(bundle: &Path, inv: &super::Invocation, config: &mut LazyC
                 source,
             })?;
     let Some(request) = request else {
+        tell_the_pod(&view, inv, config);
         return Ok(false);
     };
     let mut spec: Value = serde_json::from_slice(&bytes).map_err(|source| SpecError::ParseSpec {

@@ -56,7 +56,8 @@ fn tree(dir: &Path) -> Vec<String> {
 /// A custom state directory holding every kind of file vramgate writes there, each made by
 /// the code that makes it on a host: the hook's admissions (ledger, lock, events, held/
 /// markers and their ledger-<inode>-<ctime>-<size>), `vramgate ledger repair` (a ledger set
-/// aside), a rotated events log, and a driver-limit record written as the hook writes it.
+/// aside), a rotated events log, a driver-limit record written as the hook writes it, and a
+/// pod's notice (src/pod_notice.rs) left by the hook.
 fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
     let scratch = harness(INVENTORY);
     let bundle = scratch.bundle("a", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
@@ -97,11 +98,35 @@ fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
         .write_file(&record_name(None, "one"), &serde_json::to_vec(&record).unwrap())
         .unwrap();
 
+    // A pod's container given no GPU under the pod's memory annotation: the hook's notice.
+    let pod = scratch.bundle(
+        "p",
+        &[
+            ("vramgate.dev/memory", "1Gi"),
+            ("io.kubernetes.cri.container-type", "container"),
+            ("io.kubernetes.cri.sandbox-id", "sandbox1"),
+            ("io.kubernetes.cri.sandbox-namespace", "default"),
+            ("io.kubernetes.cri.sandbox-name", "trainer"),
+            ("io.kubernetes.cri.container-name", "main"),
+            ("io.kubernetes.cri.sandbox-uid", "0b7c8c1e-4a53-4f0c-9d39-1f6a2d0c9e21"),
+        ],
+    );
+    let init = FakeContainer::start();
+    let out = scratch.hook("createRuntime", &oci_state("pod-main", Some(init.pid()), &pod));
+    assert!(out.status.success(), "{}", stderr(&out));
+    inits.push(init);
+
     let names = tree(&scratch.state_dir);
     for expected in ["ledger.json", "lock", "events.jsonl", "events.jsonl.1", "held"] {
         assert!(names.iter().any(|n| n == expected), "{expected} in {names:?}");
     }
-    for prefix in ["ledger.json.corrupt-", "driver-limit-", "held/c-", "held/ledger-"] {
+    for prefix in [
+        "ledger.json.corrupt-",
+        "driver-limit-",
+        "held/c-",
+        "held/ledger-",
+        "notice.",
+    ] {
         assert!(names.iter().any(|n| n.starts_with(prefix)), "{prefix}* in {names:?}");
     }
     (scratch, inits)
