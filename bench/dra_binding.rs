@@ -54,8 +54,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// Per pod: allocation to bind, and allocation to the driver's `reserved` answer (ms).
-fn run(c: &Cluster, binding_conditions: bool, pods: usize) -> Vec<(f64, Option<f64>)> {
+fn run(c: &Cluster, binding_conditions: bool, pods: usize) -> Vec<f64> {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
     let token = c.kubectl_ok(&[
@@ -100,20 +99,6 @@ fn run(c: &Cluster, binding_conditions: bool, pods: usize) -> Vec<(f64, Option<f
         |o| o["metadata"]["ownerReferences"][0]["name"].as_str().map(str::to_string),
         |o| o["status"]["allocation"].is_object(),
     );
-    let (answered, mut answers) = stamp(
-        c,
-        "resourceclaims",
-        |o| o["metadata"]["ownerReferences"][0]["name"].as_str().map(str::to_string),
-        |o| {
-            o["status"]["devices"].as_array().into_iter().flatten().any(|d| {
-                d["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == vramgate::dra::RESERVED_CONDITION && c["status"] == "True")
-            })
-        },
-    );
     let (bound, mut watch_pods) = stamp(
         c,
         "pods",
@@ -139,16 +124,12 @@ fn run(c: &Cluster, binding_conditions: bool, pods: usize) -> Vec<(f64, Option<f
             (a.is_some() && b.is_some(), (a, b))
         });
         let ms = b.unwrap().saturating_duration_since(a.unwrap()).as_secs_f64() * 1000.0;
-        // The driver's own part: allocation to its answer in the claim's status.
-        let answer = answered.lock().unwrap().get(&name).copied();
-        let answer_ms = answer.map(|t| t.saturating_duration_since(a.unwrap()).as_secs_f64() * 1000.0);
-        eprintln!("{name}: allocation -> bind {ms:.0} ms, allocation -> the driver's answer {answer_ms:?} ms");
-        took.push((ms, answer_ms));
+        eprintln!("{name}: allocation -> bind {ms:.0} ms");
+        took.push(ms);
         wait_running(c, &name);
         c.kubectl_ok(&["delete", "pod", &name, "--wait=true", "--timeout=90s"]);
     }
     let _ = claims.kill();
-    let _ = answers.kill();
     let _ = watch_pods.kill();
     c.kubectl_ok(&["delete", "resourceclaimtemplate", "bench-1gi"]);
     drop(driver);
@@ -163,28 +144,19 @@ fn main() {
     let c = Cluster::start(&default_config_extra());
     let with = run(&c, true, pods);
     let without = run(&c, false, pods);
-    let binds = |runs: &[(f64, Option<f64>)]| runs.iter().map(|r| r.0).collect::<Vec<f64>>();
-    let answers: Vec<f64> = with.iter().filter_map(|r| r.1).collect();
-    let show = |what: &str, v: Vec<f64>| {
-        let (min, max) = (
-            v.iter().cloned().fold(f64::MAX, f64::min),
-            v.iter().cloned().fold(0.0, f64::max),
-        );
-        println!(
-            "  {what:<44} median {:>6.0}  min {min:>6.0}  max {max:>6.0}",
-            median(v.clone())
-        );
-    };
-    println!("{pods} pods one after another, each with a 1Gi claim (ms, kubectl watch stamps):");
-    show("allocation -> bind, with binding conditions", binds(&with));
-    show("allocation -> bind, without", binds(&without));
-    if !answers.is_empty() {
-        show("allocation -> the driver's answer (with)", answers);
-    }
+    let (m_with, m_without) = (median(with.clone()), median(without.clone()));
+    println!("allocation -> bind, {pods} pods one after another (ms), kubectl watch stamps:");
     println!(
-        "  extra at the median: {:.0} ms (target <= 200)",
-        median(binds(&with)) - median(binds(&without))
+        "  with binding conditions:    median {m_with:.0}  min {:.0}  max {:.0}",
+        with.iter().cloned().fold(f64::MAX, f64::min),
+        with.iter().cloned().fold(0.0, f64::max)
     );
+    println!(
+        "  without binding conditions: median {m_without:.0}  min {:.0}  max {:.0}",
+        without.iter().cloned().fold(f64::MAX, f64::min),
+        without.iter().cloned().fold(0.0, f64::max)
+    );
+    println!("  extra at the median: {:.0} ms (target <= 200)", m_with - m_without);
     let left = c.teardown();
     if !left.is_empty() {
         eprintln!("the cluster left on the host:\n  {}", left.join("\n  "));
