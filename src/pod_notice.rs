@@ -72,10 +72,9 @@ pub fn unreserved_pod_request(spec: &SpecView, toolkit: request::NvidiaToolkit) 
     let asked = clean_part(&asked).unwrap_or_default();
     let message = format!(
         "container {container} was given no GPU, so the pod's {}={asked} reserves nothing for it: \
-         ask for a GPU in its resources (a resource claim of {}, or vramgate.dev/gpu-memory-gib), \
+         ask for a GPU in its resources (a resource claim, or vramgate.dev/gpu-memory-gib), \
          or leave it as is if this container needs no GPU (a sidecar)",
         request::MEMORY_ANNOTATION,
-        crate::dra::DRIVER,
     );
     Some(PodNotice {
         namespace,
