@@ -59,11 +59,12 @@ pub enum NoticeError {
 /// any other start.
 pub fn unreserved_pod_request(spec: &SpecView, toolkit: request::NvidiaToolkit) -> Option<PodNotice> {
     let asked = request::pod_memory_annotation_not_taken(spec, toolkit)?;
-    let (runtime, _) = request::pod_sandbox_of(spec)?;
-    let part = |keys: &[&str; 2]| spec.annotations.get(keys[runtime]).and_then(|v| clean_part(v));
-    let namespace = part(&request::name::CRI_POD_NAMESPACE_ANNOTATIONS)?;
-    let pod = part(&request::name::CRI_POD_NAME_ANNOTATIONS)?;
-    let container = part(&request::CRI_CONTAINER_NAME_ANNOTATIONS)?;
+    let (runtime, _) = request::pod_sandbox_by(spec)?;
+    // The name the ledger and the metrics show: `namespace/pod/container` for a pod's container,
+    // each part cleaned (no `/` of its own), read under the marking runtime's keys.
+    let shown = request::name::container_name(spec)?;
+    let [namespace, pod, container]: [&str; 3] = shown.split('/').collect::<Vec<_>>().try_into().ok()?;
+    let (namespace, pod, container) = (namespace.to_string(), pod.to_string(), container.to_string());
     let uid = spec
         .annotations
         .get(CRI_POD_UID_ANNOTATIONS[runtime])

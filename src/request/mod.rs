@@ -352,7 +352,7 @@ fn pod_sandbox(spec: &SpecView) -> Option<String> {
 /// [`pod_sandbox`], with which runtime wrote it: the index of its keys in the `CRI_*`
 /// annotation lists, so that what else is read about the pod (the container's name) is read
 /// under that runtime's keys only.
-fn pod_sandbox_by(spec: &SpecView) -> Option<(usize, String)> {
+pub(crate) fn pod_sandbox_by(spec: &SpecView) -> Option<(usize, String)> {
     let by_runtime: Vec<(usize, Option<&String>, Option<&String>)> = CRI_CONTAINER_TYPE_ANNOTATIONS
         .iter()
         .zip(CRI_SANDBOX_ID_ANNOTATIONS)
@@ -402,7 +402,7 @@ pub fn has_request(spec: &SpecView) -> bool {
         // `NVIDIA_VISIBLE_DEVICES=all` of a container given nothing, which NVIDIA's toolkit may
         // turn into every GPU ([`GpuSelector::asks_for_every_gpu`]): whether it does is read
         // with the node's toolkit settings in [`Request::from_spec_on_node`].
-        PodRole::Container => own_request(spec) || (annotated && !names_no_gpu(spec)),
+        PodRole::Container => own_request(spec) || (annotated && !names_no_gpu(spec, NvidiaToolkit::default())),
     }
 }
 
@@ -417,23 +417,13 @@ fn own_request(spec: &SpecView) -> bool {
 /// own and was given no GPU: what [`has_request`] leaves out as not this container's, and what
 /// [`crate::pod_notice`] tells the pod about. Asked only after a start found no request.
 pub fn pod_memory_annotation_not_taken(spec: &SpecView, toolkit: NvidiaToolkit) -> Option<String> {
-    if pod_role(spec) != PodRole::Container || own_request(spec) {
-        return None;
-    }
+    // The annotation first: absent from nearly every container, and the cheapest look.
     let asked = spec.annotations.get(MEMORY_ANNOTATION)?;
-    let gpus = GpuSelector::from_spec(spec, toolkit).ok()?;
-    (gpus.selection == GpuSelection::Nothing && !gpus.asks_for_every_gpu()).then(|| asked.clone())
+    (pod_role(spec) == PodRole::Container && !own_request(spec) && names_no_gpu(spec, toolkit)).then(|| asked.clone())
 }
 
-/// The pod's sandbox id and which CRI runtime's keys it was read under (0: containerd's, 1:
-/// CRI-O's), for reading more of the pod's annotations under the same runtime's keys.
-pub fn pod_sandbox_of(spec: &SpecView) -> Option<(usize, String)> {
-    pod_sandbox_by(spec)
-}
-
-fn names_no_gpu(spec: &SpecView) -> bool {
-    GpuSelector::from_spec(spec, NvidiaToolkit::default())
-        .is_ok_and(|s| s.selection == GpuSelection::Nothing && !s.asks_for_every_gpu())
+fn names_no_gpu(spec: &SpecView, toolkit: NvidiaToolkit) -> bool {
+    GpuSelector::from_spec(spec, toolkit).is_ok_and(|s| s.selection == GpuSelection::Nothing && !s.asks_for_every_gpu())
 }
 
 impl Request {
