@@ -427,6 +427,14 @@ pub struct DraCli {
     /// nothing, whatever this says
     #[arg(long, value_name = "DURATION", default_value = "5m")]
     pub startup_timeout: String,
+    /// Whether the slice's devices carry binding conditions, so that kube-scheduler binds a
+    /// pod only once its claim's memory is reserved on this node, and sends it back to its
+    /// queue when the node cannot hold it (Kubernetes 1.36: on by default). kube-scheduler
+    /// looks every 5 s, so a pod is bound about 5 s after its allocation; with false it is
+    /// bound at once, and the claim is still reserved at allocation (no condition is written
+    /// then: nobody waits for one)
+    #[arg(long, value_name = "BOOL", default_value = "true", action = clap::ArgAction::Set)]
+    pub binding_conditions: bool,
 }
 
 /// The device plugin's and the DRA driver's `--poll-interval` and `--startup-timeout`, read

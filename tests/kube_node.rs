@@ -77,6 +77,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "runtime_class_pod_waiting_past_kubelets_deadline",
         runtime_class_pod_waiting_past_kubelets_deadline,
     ),
+    (
+        "dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to_the_scheduler",
+        dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to_the_scheduler,
+    ),
 ];
 
 /// What a test pod is: every one runs the imported busybox image until stopped.
@@ -671,6 +675,11 @@ impl Drop for DeleteSlices<'_> {
 /// ServiceAccount's token bound to this node, as the DaemonSet's projected token is, so that
 /// the shipped admission policies and the API server's associated-node check judge its writes.
 fn start_driver(c: &Cluster) -> dra_support::Driver {
+    start_driver_with(c, &[])
+}
+
+/// [`start_driver`] with more of the driver's flags.
+fn start_driver_with(c: &Cluster, extra: &[&str]) -> dra_support::Driver {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
     let token = c.kubectl_ok(&[
@@ -690,7 +699,7 @@ fn start_driver(c: &Cluster) -> dra_support::Driver {
     let cdi_dir = c.tb().dir.join("containerd/cdi");
     let registrations = |log: &str| log.matches("registered with kubelet as").count();
     let before = registrations(&std::fs::read_to_string(c.dir.join("vramgate-dra.log")).unwrap_or_default());
-    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[]);
+    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, extra);
     // Returned once kubelet has registered this process: a pod created before that (its
     // slice may be the previous driver's, still published) has kubelet dial the previous
     // process's socket, fail its prepare and retry only after its back-off (60 to 80 s here).
@@ -893,8 +902,11 @@ fn wait_claim_status(c: &Cluster, driver: &dra_support::Driver, claim: &str) -> 
         || {
             let got = c.get_json(&["resourceclaim", claim]).unwrap_or_default();
             let devices = got["status"]["devices"].clone();
+            // The entry carries its binding condition from allocation on; prepare adds `data`.
             (
-                devices.as_array().is_some_and(|d| !d.is_empty()),
+                devices
+                    .as_array()
+                    .is_some_and(|d| d.iter().any(|e| e["data"].is_object())),
                 (devices, tail_text(&driver.log_text(), 8)),
             )
         },
@@ -1023,13 +1035,16 @@ fn dra_claim_shared_by_two_containers_of_a_pod_runs_in_both(c: &Cluster) {
 
 /// The driver stopped between the claim's allocation and the pod's start (kubelet reports it
 /// is not registered), started again: the pod runs; the driver restarted while the pod runs:
+/// (The first driver publishes no binding conditions, `--binding-conditions=false`: with them
+/// kube-scheduler would not bind the pod while no driver answers, and kubelet would never see
+/// it; that path is `dra_claim_is_held_from_allocation_and_...`.)
 /// it republishes, the pod keeps its container and the ledger holds the claim once; kubelet
 /// restarted while the pod runs (it deletes the node's slices at start): the driver registers
 /// and publishes again, nothing is restarted or counted twice; deleting the pod releases it.
 fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
-    let mut driver = start_driver(c);
-    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
-        true
+    let mut driver = start_driver_with(c, &["--binding-conditions=false"]);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |s| {
+        s["spec"]["devices"][0]["bindingConditions"].is_null()
     });
     claim_template(c, "gpu-5gi", 1, "5Gi");
     driver.stop();
@@ -1340,8 +1355,156 @@ fn a_claims_pod_cannot_lower_its_claim_by_env_or_annotation(c: &Cluster) {
     eprintln!("refused: {refusal}");
     let p = pod(c, "low-annotation").expect("low-annotation");
     assert_ne!(p["status"]["phase"], "Running", "{}", p["status"]);
-    assert_eq!(ledger(c), [], "the annotated pod holds something");
+    // Its claim's memory stays held from the allocation (issue 56), by the claim and no
+    // container: until the pod goes.
+    let held = ledger(c);
+    assert!(
+        held.len() == 1 && held[0].0.starts_with("claim-") && held[0].1 == 6,
+        "the annotated pod's container holds something: {held:?}"
+    );
     delete_dra_pod(c, "low-annotation");
+    wait_ledger(c, "the claim's own reservation released with its pod", vec![]);
     c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-low"]);
+    drop(driver);
+}
+
+/// The claims' own reservations in the ledger (`claim-<uid>`, made at allocation), by GiB.
+fn claim_reservations(c: &Cluster) -> Vec<(String, u64)> {
+    ledger(c)
+        .into_iter()
+        .filter(|(id, _)| id.starts_with("claim-"))
+        .collect()
+}
+
+/// The first event message of pod `name` that contains `text`, if any.
+fn pod_event_with(c: &Cluster, name: &str, text: &str) -> Option<String> {
+    let selector = format!("involvedObject.name={name}");
+    let events = c
+        .get_json(&["events", "--field-selector", &selector])
+        .unwrap_or_default();
+    events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["message"].as_str())
+        .find(|m| m.contains(text))
+        .map(str::to_string)
+}
+
+/// One book between kube-scheduler and the node (src/dra/claim_watch.rs), through the real
+/// scheduler's binding conditions (DRADeviceBindingConditions, on by default in 1.36):
+/// - The driver is stopped (SIGSTOP) with the slice offering 8Gi; a runc container outside
+///   Kubernetes then reserves 4Gi through the hook; a pod whose claim asks 6Gi is allocated
+///   from the stale slice. Once the driver runs again, it cannot hold the claim: the claim's
+///   failure condition carries vramgate's line, kube-scheduler takes the allocation back, and
+///   the pod is Pending with that reason in its events, never in ContainerCreating.
+/// - The runc container stops: the pod is allocated again, its claim's own reservation shows in
+///   the ledger before its container starts, the driver is restarted between reservation and
+///   binding, and the pod runs with the claim's 6Gi held once, by its container.
+/// - A pod deleted right after its allocation leaves nothing in the ledger.
+fn dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to_the_scheduler(c: &Cluster) {
+    let driver = start_driver(c);
+    wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |_| {
+        true
+    });
+    let slice = our_slice(c).expect("the slice");
+    let device = &slice["spec"]["devices"][0];
+    assert_eq!(
+        device["bindingConditions"][0], "gpu-memory.vramgate.dev/reserved",
+        "{slice}"
+    );
+    assert_eq!(
+        device["bindingFailureConditions"][0], "gpu-memory.vramgate.dev/unavailable",
+        "{slice}"
+    );
+    claim_template(c, "gpu-6gi-held", 1, "6Gi");
+    let stopped = nix::unistd::Pid::from_raw(driver.child.id() as i32);
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let tb = c.tb();
+    let bundle = tb
+        .bundle(
+            "outside-held",
+            &["sleep", "600"],
+            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "0")],
+            &[],
+            true,
+        )
+        .unwrap();
+    let mut outside = tb
+        .runc_run(&bundle, "outside-held")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ledger(
+        c,
+        "the runc container's 4Gi is reserved",
+        vec![("outside-held".into(), 4)],
+    );
+    dra_pod(c, "dra-held", "gpu-6gi-held", &["main"]);
+    wait_allocated(c, "dra-held");
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let line = c
+        .wait(
+            "the pod goes back to the scheduler with vramgate's reason",
+            POD_LIMIT,
+            "kube-scheduler",
+            || {
+                let line = pod_event_with(c, "dra-held", "MemoryUnavailable");
+                (line.is_some(), (line, tail_text(&driver.log_text(), 8)))
+            },
+        )
+        .0
+        .unwrap();
+    assert!(line.contains("vramgate:"), "{line}");
+    let p = pod(c, "dra-held").expect("the pod");
+    assert_eq!(p["status"]["phase"], "Pending", "{p}");
+    assert!(p["spec"]["nodeName"].is_null(), "never bound: {p}");
+    assert!(
+        p["status"]["containerStatuses"].is_null(),
+        "never in ContainerCreating: {p}"
+    );
+    assert!(claim_reservations(c).is_empty(), "{:?}", ledger(c));
+
+    // The runc container stops: the slice grows, the claim is allocated and held at once.
+    tb.runc(&["kill", "outside-held", "KILL"]).output().unwrap();
+    let _ = outside.wait();
+    let _ = tb.runc(&["delete", "--force", "outside-held"]).output();
+    let held = c
+        .wait(
+            "the claim's own reservation is in the ledger before its container starts",
+            POD_LIMIT,
+            "vramgate-dra",
+            || {
+                let held = claim_reservations(c);
+                (!held.is_empty(), (held, tail_text(&driver.log_text(), 8)))
+            },
+        )
+        .0;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].1, 6, "{held:?}");
+    let shown = status_output(&c.tb().config_path, &[]);
+    assert!(shown.contains("default/dra-held/claim:"), "{shown}");
+    // Restarted between reservation and binding: the new driver finds the claim answered and
+    // its reservation held, and releases nothing.
+    drop(driver);
+    let driver = start_driver(c);
+    // kubelet may have dialled the stopped driver's socket in between: its retry comes after
+    // its back-off.
+    let running = wait_dra_running_within(c, &driver, "dra-held", AFTER_KUBELETS_BACKOFF);
+    let id = container_id(&running);
+    wait_ledger(
+        c,
+        "the container took the claim's 6Gi over, counted once",
+        vec![(id, 6)],
+    );
+
+    // A pod deleted right after its allocation leaves nothing behind.
+    delete_dra_pod(c, "dra-held");
+    dra_pod(c, "dra-gone", "gpu-6gi-held", &["main"]);
+    wait_allocated(c, "dra-gone");
+    delete_dra_pod(c, "dra-gone");
+    wait_ledger(c, "nothing is reserved", vec![]);
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-held"]);
     drop(driver);
 }

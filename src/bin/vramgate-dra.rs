@@ -52,6 +52,7 @@ fn run() -> Result<()> {
         kubeconfig: cli.kubeconfig,
         hook_path: cli.hook,
         policy,
+        binding_conditions: cli.binding_conditions,
         poll_interval,
         startup_timeout,
     };

@@ -51,6 +51,9 @@ pub struct Options {
     /// vramgate's hook on the host, which each claim's CDI device runs.
     pub hook_path: PathBuf,
     pub policy: RequestPolicy,
+    /// Whether the slice's devices carry binding conditions (`--binding-conditions`): the
+    /// scheduler then binds a pod only once the driver has reserved its claim here.
+    pub binding_conditions: bool,
     pub poll_interval: Duration,
     /// How long to wait for the first view before ending (`--startup-timeout`).
     pub startup_timeout: Duration,
@@ -125,6 +128,7 @@ struct Refresher {
     config_path: PathBuf,
     cdi_dir: PathBuf,
     policy: RequestPolicy,
+    binding_conditions: bool,
     inventory: Box<dyn Inventory>,
     products: ProductNames,
     /// The GPUs the product names were last asked for.
@@ -155,6 +159,7 @@ impl Refresher {
                 config_path: options.config_path.clone(),
                 cdi_dir: options.cdi_dir.clone(),
                 policy: options.policy,
+                binding_conditions: options.binding_conditions,
                 inventory,
                 products,
                 named,
@@ -178,6 +183,7 @@ impl Refresher {
                     error: None,
                     used: Default::default(),
                     enforce: Default::default(),
+                    binding_conditions: self.binding_conditions,
                 });
                 DraView::failed(&earlier, crate::one_line(&e.to_string()))
             }
@@ -217,6 +223,7 @@ impl Refresher {
         let mut view = DraView::compute(&report, &held, self.policy, &self.products);
         view.used = used;
         view.enforce = config.enforce;
+        view.binding_conditions = self.binding_conditions;
         Ok(view)
     }
 }
@@ -232,6 +239,9 @@ pub fn run(options: Options) -> Result<()> {
     let (views, wake) = start_refresher(&options)?;
     // The refresher has checked that the state directory is there: the pods' notices are in it.
     let notice_dir = StateDir::open_existing(&config.state_dir)?;
+    // The claims' reservations at allocation, on a thread of their own (super::claim_watch).
+    let keeper = super::claim_watch::Keeper::start(config.clone())?;
+    let claim_views = views.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -239,6 +249,7 @@ pub fn run(options: Options) -> Result<()> {
     runtime.block_on(async move {
         let api = ApiClient::connect(options.kubeconfig.as_deref()).await?;
         let notice_api = api.clone();
+        let claim_api = api.clone();
         let registered = Arc::new(Notify::new());
         let publisher = tokio::spawn(publish(
             api.clone(),
@@ -257,12 +268,19 @@ pub fn run(options: Options) -> Result<()> {
         let statuses = tokio::spawn(super::plugin::refresh_statuses(preparer.clone()));
         let notices =
             notice_dir.map(|dir| tokio::spawn(super::notices::post_notices(notice_api, options.node.clone(), dir)));
+        let claims = tokio::spawn(super::claim_watch::keep_claims(
+            claim_api,
+            options.node.clone(),
+            claim_views,
+            keeper,
+        ));
         let served = serve(&options, preparer, registered).await;
         publisher.abort();
         statuses.abort();
         if let Some(notices) = notices {
             notices.abort();
         }
+        claims.abort();
         drop(wake);
         served
     })

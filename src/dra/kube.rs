@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Node};
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, ObjectList, PostParams, WatchEvent, WatchParams};
 
 use super::DRIVER;
 
@@ -135,15 +135,31 @@ impl ApiClient {
                 // Not allocated (any more): the API server takes no device status then.
                 return Ok(false);
             };
-            let mut devices: Vec<serde_json::Value> = status
+            let before: Vec<serde_json::Value> = status
                 .get("devices")
                 .and_then(|d| d.as_array())
-                .into_iter()
-                .flatten()
-                .filter(|d| d["driver"] != DRIVER)
                 .cloned()
-                .collect();
-            devices.extend(entries.iter().cloned());
+                .unwrap_or_default();
+            let (ours, mut devices): (Vec<_>, Vec<_>) = before.into_iter().partition(|d| d["driver"] == DRIVER);
+            // An entry keeps what this driver wrote of it before and does not write now: the
+            // binding conditions set at allocation (super::claim_watch) stay beside the data
+            // prepare writes later, and the reverse.
+            devices.extend(entries.iter().map(|entry| {
+                let mut entry = entry.clone();
+                let same = |d: &&serde_json::Value| {
+                    d["pool"] == entry["pool"] && d["device"] == entry["device"] && d["shareID"] == entry["shareID"]
+                };
+                if let (Some(old), Some(fields)) = (ours.iter().find(same), entry.as_object_mut()) {
+                    for key in ["conditions", "data"] {
+                        if !fields.contains_key(key) {
+                            if let Some(value) = old.get(key) {
+                                fields.insert(key.to_string(), value.clone());
+                            }
+                        }
+                    }
+                }
+                entry
+            }));
             status.insert("devices".into(), serde_json::Value::Array(devices));
             let body = serde_json::to_vec(&claim).expect("JSON serializes");
             let request = http::Request::put(path.as_str())
@@ -159,6 +175,28 @@ impl ApiClient {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Every resource claim (RBAC cannot narrow a list to the claims of one node's pool; the
+    /// driver keeps those allocated here, [`super::claim_watch`]).
+    pub async fn list_claims(&self, params: &ListParams) -> Result<ObjectList<ResourceClaim>, ApiError> {
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        bounded(|| "listing the resource claims".to_string(), api.list(params)).await
+    }
+
+    /// A watch of every resource claim from `version`: the stream ends when the API server
+    /// closes it (`params`' timeout, under the client's read timeout).
+    pub async fn watch_claims(
+        &self,
+        params: &WatchParams,
+        version: &str,
+    ) -> Result<impl tokio_stream::Stream<Item = kube::Result<WatchEvent<ResourceClaim>>> + use<>, ApiError> {
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        bounded(
+            || "watching the resource claims".to_string(),
+            api.watch(params, version),
+        )
+        .await
     }
 
     /// Creates `event` in its namespace (a pod's notice, [`super::notices`]).

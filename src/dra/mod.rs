@@ -54,6 +54,8 @@ pub mod slice_view;
 #[cfg(feature = "dra")]
 pub mod api;
 #[cfg(feature = "dra")]
+pub mod claim_watch;
+#[cfg(feature = "dra")]
 pub mod driver;
 #[cfg(feature = "dra")]
 pub mod kube;
@@ -69,6 +71,12 @@ pub mod slice;
 /// The driver name: `spec.driver` of the slices, `results[].driver` of the claims, the DRA
 /// plugin's registration name.
 pub const DRIVER: &str = "gpu-memory.vramgate.dev";
+/// The binding condition of every published device: True once the driver has reserved the
+/// claim's memory on this node ([`claim_watch`]); kube-scheduler binds the pod only then.
+pub const RESERVED_CONDITION: &str = "gpu-memory.vramgate.dev/reserved";
+/// The binding failure condition: True where the node cannot hold the claim now; the scheduler
+/// then takes the allocation back and the pod returns to its queue with the message.
+pub const UNAVAILABLE_CONDITION: &str = "gpu-memory.vramgate.dev/unavailable";
 /// The capacity the slices publish and claims consume.
 pub const MEMORY_CAPACITY: &str = "memory";
 pub use crate::request::prepared_claims::{claim_device_env, claim_share_env};

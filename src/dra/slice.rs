@@ -104,7 +104,7 @@ fn int(value: u32) -> DeviceAttribute {
     }
 }
 
-fn device(d: &Published, policy: &RequestPolicy) -> Device {
+fn device(d: &Published, policy: &RequestPolicy, binding_conditions: bool) -> Device {
     let mut attributes = BTreeMap::from([
         ("uuid".to_string(), string(&d.gpu.uuid)),
         ("index".to_string(), int(d.gpu.index)),
@@ -133,6 +133,12 @@ fn device(d: &Published, policy: &RequestPolicy) -> Device {
             MEMORY_CAPACITY.to_string(),
             memory_capacity(d.capacity, policy),
         )])),
+        // The scheduler binds a pod to this node only once the driver has reserved its claim
+        // here (`RESERVED_CONDITION` True in the claim's status), and sends it back to its
+        // queue when the node cannot hold it (`UNAVAILABLE_CONDITION`): see super::claim_watch.
+        // An API server without DRADeviceBindingConditions drops both, and nothing waits.
+        binding_conditions: binding_conditions.then(|| vec![super::RESERVED_CONDITION.to_string()]),
+        binding_failure_conditions: binding_conditions.then(|| vec![super::UNAVAILABLE_CONDITION.to_string()]),
         ..Default::default()
     }
 }
@@ -170,7 +176,7 @@ pub fn build(view: &DraView, node: &str, node_uid: Option<&str>, generation: i64
                 view.devices
                     .iter()
                     .filter(|d| d.capacity >= view.policy.step)
-                    .map(|d| device(d, &view.policy))
+                    .map(|d| device(d, &view.policy, view.binding_conditions))
                     .collect(),
             ),
             ..Default::default()

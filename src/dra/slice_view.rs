@@ -82,6 +82,10 @@ pub struct DraView {
     /// The node's `[enforce]` table as this view read it: the tier each claim's status reports
     /// ([`crate::enforce::planned_tier`]).
     pub enforce: crate::config::EnforceConfig,
+    /// Whether the slice's devices carry the binding conditions the driver answers
+    /// ([`super::claim_watch`]): on unless the driver was started with
+    /// `--binding-conditions=false`.
+    pub binding_conditions: bool,
 }
 
 /// Product names and MIG profiles by GPU UUID (see [`crate::inventory::Inventory::product_names`]).
@@ -124,6 +128,7 @@ impl DraView {
             error: None,
             used: BTreeMap::new(),
             enforce: crate::config::EnforceConfig::default(),
+            binding_conditions: true,
         }
     }
 
@@ -145,6 +150,7 @@ impl DraView {
             // Not measured now.
             used: BTreeMap::new(),
             enforce: earlier.enforce.clone(),
+            binding_conditions: earlier.binding_conditions,
         }
     }
 
@@ -266,9 +272,10 @@ fn claimed<'l>(
     found
 }
 
-/// The bytes held for this node's prepared claims, per GPU UUID: each reservation held for a
+/// The bytes held for this node's claims, per GPU UUID: each reservation held for a prepared
 /// claim device ([`claimed`]) on the GPU it reserved on counts for what it holds there, at
-/// most what the claim consumed; each claim device counts once.
+/// most what the claim consumed; each claim device counts once; and each claim's own
+/// reservation counts whole.
 pub fn held_by_claims(
     ledger: &Ledger,
     prepared: &HashMap<String, PreparedDevice>,
@@ -291,6 +298,13 @@ pub fn held_by_claims(
             let counts = (*left).min(device.bytes);
             *left -= counts;
             *held.entry(device.uuid.clone()).or_default() += counts;
+        }
+    }
+    // A claim's own reservation, made at its allocation before any container of it exists
+    // (crate::ledger::ClaimOf): the scheduler already counts that claim against the slice.
+    for r in ledger.reservations.iter().filter(|r| r.claim_of.is_some()) {
+        for share in &r.gpus {
+            *held.entry(share.uuid.clone()).or_default() += share.bytes;
         }
     }
     held
@@ -334,22 +348,13 @@ mod tests {
 
     fn reservation(id: &str, uuid: &str, bytes: u64) -> Reservation {
         Reservation {
-            container_id: id.into(),
-            gpus: vec![GpuShare {
-                uuid: uuid.into(),
-                bytes,
-                limit: None,
-            }],
-            init: ProcessIdentity { pid: 1, start_time: 1 },
-            created_unix_ms: 1,
-            waited_ms: 0,
             bundle: Some(PathBuf::from(format!("/bundles/{id}"))),
-            pending: false,
-            enforcement: None,
-            claim: None,
-            cgroup: None,
-            name: None,
-            extra: Default::default(),
+            ..Reservation::new(
+                id,
+                vec![GpuShare::new(uuid, bytes, 0)],
+                ProcessIdentity { pid: 1, start_time: 1 },
+                1,
+            )
         }
     }
 

@@ -54,6 +54,11 @@
 //! carries the claim's whole share, so the hold is simply left out of what such a reader may
 //! read: each holder is then counted whole, more than the claim holds, never less.
 //!
+//! **Claims' own reservations** ([`Reservation::claim_of`](super::Reservation::claim_of),
+//! format 3) have no older form: they stay, and the file is written as format 3, which every
+//! older reader refuses as newer. [`Reservation::took_over_claim`](super::Reservation::took_over_claim)
+//! is only a record, left out like a name.
+//!
 //! **Names** ([`Reservation::name`](super::Reservation::name), [`Ticket::name`](super::Ticket::name))
 //! are refused by ed7e56d's readers as unknown fields, and kept (and ignored) by every later
 //! one; they are only shown, so they are left out the same way and such a reader shows the id.
@@ -249,7 +254,7 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         && ledger
             .reservations
             .iter()
-            .all(|r| r.claim.is_none() && r.cgroup.is_none() && r.name.is_none())
+            .all(|r| r.claim.is_none() && r.cgroup.is_none() && r.name.is_none() && r.took_over_claim.is_none())
     {
         return None;
     }
@@ -262,6 +267,7 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         r.cgroup = None;
         // Only shown: such a reader shows the id.
         r.name = None;
+        r.took_over_claim = None;
     });
     // Places kept for retries only spare a retry the back of the queue: without them a retry
     // queues as it did before they were kept.
@@ -277,7 +283,14 @@ pub fn for_older_readers(ledger: &Ledger) -> Option<Ledger> {
         share.bytes = share.limit_bytes();
         share.limit = None;
     }
-    older.schema = super::model::FORMAT_WITHOUT_LIMITS;
+    // A claim's own reservation has no older form (such a reader would reclaim it, its process
+    // being none): it stays, and the file says format 3, which such a reader refuses as newer
+    // rather than count less.
+    older.schema = if older.reservations.iter().any(|r| r.claim_of.is_some()) {
+        super::model::FORMAT
+    } else {
+        super::model::FORMAT_WITHOUT_LIMITS
+    };
     Some(older)
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 pub use crate::clock::now_unix_ms;
 pub use model::{
-    ClaimHold, Extra, GpuShare, Held, KeptPlace, Ledger, PodContainer, Reservation, Ticket, FORMAT,
+    ClaimHold, ClaimOf, Extra, GpuShare, Held, KeptPlace, Ledger, PodContainer, Reservation, Ticket, FORMAT,
     FORMAT_WITHOUT_LIMITS, MAX_KEPT_PLACES, MAX_LEDGER_BYTES,
 };
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};

@@ -51,8 +51,15 @@ use crate::procfs::ProcessIdentity;
 /// read; while one of their hooks waits in the queue, limits are not written at all (see
 /// `ledger/compat.rs`).
 ///
+/// Format 3 adds [`Reservation::claim_of`]: a resource claim's own reservation, held from
+/// the scheduler's allocation to the claim's deallocation with no process behind it. A ledger
+/// without one is written as format 2 or 1, as before; an older hook that meets one refuses its
+/// container with [`LedgerError::NewerFormat`] until the upgrade is done.
+///
 /// [`Counters`]: crate::counters::Counters
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
+/// The format of a ledger that holds limits but no claim's own reservation.
+pub const FORMAT_WITH_LIMITS: u32 = 2;
 /// The format of a ledger that holds no limit ([`Ledger::format_needed`]).
 pub const FORMAT_WITHOUT_LIMITS: u32 = 1;
 /// A ledger larger than this is refused as corrupt by every reader, and never written (see
@@ -142,9 +149,41 @@ pub struct Reservation {
     /// keeps it in `extra` and shows the id (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Set on a resource claim's own reservation, made by the DRA driver when the scheduler
+    /// allocated the claim to this node, before any container of it exists ([`ClaimOf`]). Such
+    /// a reservation has no process: reclaim never takes it (`init` is the driver's, for the
+    /// record only); the driver releases it when the claim is deallocated or deleted, and the
+    /// claim's first container takes it over when it starts. Format 3: an older reader would
+    /// reclaim it as a container whose init is gone, counting less (see [`FORMAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_of: Option<ClaimOf>,
+    /// The uid of the resource claim whose own reservation this container took over when it
+    /// started ([`ClaimOf`]): what tells the DRA driver the claim is held. Only a record (the
+    /// memory is in `gpus`), so no format bump: an older reader keeps it in `extra`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_over_claim: Option<String>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// The resource claim a claim's own reservation holds memory for ([`Reservation::claim_of`]):
+/// the scheduler's decision, held on the node from allocation on, so that nothing started on
+/// the node in between (a container outside Kubernetes, a RuntimeClass pod) takes the memory the
+/// scheduler counted as the claim's. Its container id is [`ClaimOf::container_id`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClaimOf {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl ClaimOf {
+    /// The id its reservation is recorded under: never a container's (runc's ids are the
+    /// engine's; `claim-` and a uid is what only the driver writes).
+    pub fn container_id(&self) -> String {
+        format!("claim-{}", self.uid)
+    }
 }
 
 /// A Kubernetes resource claim's devices, as one container of a pod holds them: the containers
@@ -208,6 +247,8 @@ impl Reservation {
             claim: None,
             cgroup: None,
             name: None,
+            claim_of: None,
+            took_over_claim: None,
             extra: Extra::new(),
         }
     }
@@ -584,11 +625,30 @@ impl Ledger {
 
     /// The oldest format that describes this ledger (see [`FORMAT`]): what a write records.
     pub fn format_needed(&self) -> u32 {
-        if self.has_limits() {
+        if self.reservations.iter().any(|r| r.claim_of.is_some()) {
             FORMAT
+        } else if self.has_limits() {
+            FORMAT_WITH_LIMITS
         } else {
             FORMAT_WITHOUT_LIMITS
         }
+    }
+
+    /// Where the own reservation of resource claim `uid` is ([`Reservation::claim_of`]).
+    pub fn claim_reservation(&self, uid: &str) -> Option<usize> {
+        self.reservations
+            .iter()
+            .position(|r| r.claim_of.as_ref().is_some_and(|c| c.uid == uid))
+    }
+
+    /// Whether resource claim `uid` holds memory here: its own reservation, or a container that
+    /// took it over ([`Reservation::took_over_claim`]).
+    pub fn claim_is_held(&self, uid: &str) -> bool {
+        self.claim_reservation(uid).is_some()
+            || self
+                .reservations
+                .iter()
+                .any(|r| r.took_over_claim.as_deref() == Some(uid))
     }
 
     /// Sum of reserved bytes on one GPU ([`Ledger::held_on`]). Saturating: a ledger edited by

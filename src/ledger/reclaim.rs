@@ -65,7 +65,7 @@ impl Ledger {
     /// Checks every reservation and ticket and drops those whose process is gone.
     pub fn reclaim_all(&mut self, liveness: &dyn Liveness) -> Reclaimed {
         let mut verdicts = Verdicts::default();
-        for r in &self.reservations {
+        for r in self.reservations.iter().filter(|r| r.claim_of.is_none()) {
             verdicts.record(r.init, liveness.life(&r.init));
         }
         self.reclaim_known(&verdicts, liveness).0
@@ -100,7 +100,10 @@ impl Ledger {
             (self.generation as usize).wrapping_mul(RECLAIM_WINDOW) % n
         };
         for r in self.reservations.iter().cycle().skip(start).take(n.min(RECLAIM_WINDOW)) {
-            verdicts.record(r.init, liveness.life(&r.init));
+            // A claim's own reservation has no process: only the DRA driver releases it.
+            if r.claim_of.is_none() {
+                verdicts.record(r.init, liveness.life(&r.init));
+            }
         }
         verdicts
     }
@@ -112,13 +115,13 @@ impl Ledger {
         let mut reclaimed = Reclaimed::default();
         let (dead, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
             .into_iter()
-            .partition(|r| verdicts.dead.contains(&r.init));
+            .partition(|r| r.claim_of.is_none() && verdicts.dead.contains(&r.init));
         self.reservations = live;
         reclaimed.reservations = dead;
         reclaimed.undecided = self
             .reservations
             .iter()
-            .filter(|r| verdicts.unknown.contains(&r.init))
+            .filter(|r| r.claim_of.is_none() && verdicts.unknown.contains(&r.init))
             .cloned()
             .collect();
         let (dead, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.queue)
@@ -133,7 +136,10 @@ impl Ledger {
             self.keep_place_of(t);
         }
         reclaimed.tickets = dead;
-        let complete = self.reservations.iter().all(|r| verdicts.live.contains(&r.init));
+        let complete = self
+            .reservations
+            .iter()
+            .all(|r| r.claim_of.is_some() || verdicts.live.contains(&r.init));
         (reclaimed, complete)
     }
 }

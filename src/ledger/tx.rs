@@ -268,7 +268,7 @@ mod tests {
         std::fs::write(state.ledger_path(), br#"{"schema":99}"#).unwrap();
         let err = state.read().unwrap_err().to_string();
         assert!(
-            err.contains("written by a newer vramgate (ledger format 99; this one reads up to 2)"),
+            err.contains("written by a newer vramgate (ledger format 99; this one reads up to 3)"),
             "{err}"
         );
         let aside = state.repair().unwrap().unwrap();

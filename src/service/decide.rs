@@ -22,9 +22,22 @@ pub(super) struct Decided {
     decision: Decision,
     /// The claim this container holds once with its pod's other holders, where it may.
     hold: Option<ClaimHold>,
+    /// The resource claim whose own reservation this container takes over.
+    took_over: Option<String>,
     snapshot: Snapshot,
     shares: Vec<GpuShare>,
     choose: Option<u32>,
+}
+
+/// The resource claim a container's checked claim devices all belong to: their CDI names are
+/// `<claim uid>-<device>` ([`crate::dra::cdi_spec`]). `None` without claim devices, or with
+/// devices of several claims.
+fn one_claim_uid(claim_devices: &[String]) -> Option<&str> {
+    let mut uids = claim_devices
+        .iter()
+        .map(|d| d.get(..36).filter(|_| d.as_bytes().get(36) == Some(&b'-')));
+    let first = uids.next()??;
+    uids.all(|u| u == Some(first)).then_some(first)
 }
 
 impl Service<'_> {
@@ -81,10 +94,52 @@ impl Service<'_> {
             self.claims_held_together && req.request.pod_sandbox.is_some() && !req.request.claim_devices.is_empty();
         let watch_runs = (holds_in_ledger || could_hold) && self.watch_runs();
         let hold = self.claim_hold(req.request, watch_runs);
+        // The claim's first container takes over the reservation the DRA driver made for the
+        // claim at allocation: the memory is already held, so it is admitted as it is, ahead of
+        // any queue, and the claim's own entry goes in the same write (counted once).
+        let claim = one_claim_uid(&req.request.claim_devices);
+        if let Some((at, uid)) = claim.and_then(|uid| Some((ledger.claim_reservation(uid)?, uid))) {
+            let held = &ledger.reservations[at].gpus;
+            let covered = shares.iter().all(|s| {
+                held.iter()
+                    .any(|h| h.uuid == s.uuid && h.bytes >= s.bytes && h.limit_bytes() >= s.limit_bytes())
+            });
+            if choose.is_none() && covered {
+                // What the container holds leaves the claim's entry; the rest of the claim (a
+                // request on another GPU that this container was not given) stays held by the
+                // claim until another of its containers takes it or the claim is deallocated.
+                let claim_entry = &mut ledger.reservations[at];
+                for share in &shares {
+                    if let Some(h) = claim_entry.gpus.iter_mut().find(|h| h.uuid == share.uuid) {
+                        *h = GpuShare::new(
+                            h.uuid.clone(),
+                            h.bytes - share.bytes,
+                            h.limit_bytes() - share.limit_bytes(),
+                        );
+                    }
+                }
+                claim_entry.gpus.retain(|h| h.bytes > 0);
+                if claim_entry.gpus.is_empty() {
+                    ledger.reservations.remove(at);
+                }
+                return Ok(Decided {
+                    decision: Decision::Admit {
+                        shares: shares.clone(),
+                        placement: None,
+                    },
+                    hold,
+                    took_over: Some(uid.to_string()),
+                    snapshot,
+                    shares,
+                    choose,
+                });
+            }
+        }
         if let Some(joined) = admission::joins_claim(ledger, hold.as_ref(), &shares, choose) {
             return Ok(Decided {
                 decision: joined,
                 hold,
+                took_over: None,
                 snapshot,
                 shares,
                 choose,
@@ -102,14 +157,9 @@ impl Service<'_> {
             } else {
                 ledger
             };
-            let usage = self.cgroup_usage(ledger);
-            let allocated =
-                attribution::attribute_measured(ledger, &snapshot.processes, procfs::pid_namespace, usage).allocated;
-            admission::decide(
+            self.rule_on(
                 ledger,
                 &snapshot,
-                &allocated,
-                &self.rules,
                 &shares,
                 choose,
                 progress.ticket,
@@ -128,10 +178,41 @@ impl Service<'_> {
         Ok(Decided {
             decision,
             hold,
+            took_over: None,
             snapshot,
             shares,
             choose,
         })
+    }
+
+    /// The admission rule ([`admission::decide`]) on `ledger` and the GPUs' numbers in
+    /// `snapshot`, with what the ledger's containers already allocated: what a container's
+    /// admission and a claim's reservation at allocation ([`Service::reserve_claim`]) both ask.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rule_on(
+        &self,
+        ledger: &Ledger,
+        snapshot: &Snapshot,
+        shares: &[GpuShare],
+        choose: Option<u32>,
+        ticket: Option<u64>,
+        expected_ms: Option<u64>,
+        now: crate::clock::Stamp,
+    ) -> Decision {
+        let usage = self.cgroup_usage(ledger);
+        let allocated =
+            attribution::attribute_measured(ledger, &snapshot.processes, procfs::pid_namespace, usage).allocated;
+        admission::decide(
+            ledger,
+            snapshot,
+            &allocated,
+            &self.rules,
+            shares,
+            choose,
+            ticket,
+            expected_ms,
+            now,
+        )
     }
 
     /// Carries a decision out on the ledger: reserve, refuse, or queue (the ticket is taken
@@ -146,9 +227,18 @@ impl Service<'_> {
         at: At,
     ) -> Step {
         let id = req.container;
+        // Another container of the pod took the claim over, and this one is not counted with it.
+        let claim_held_by_sibling = decided.hold.is_none()
+            && one_claim_uid(&req.request.claim_devices).is_some_and(|uid| {
+                ledger
+                    .reservations
+                    .iter()
+                    .any(|r| r.took_over_claim.as_deref() == Some(uid))
+            });
         let Decided {
             decision,
             hold,
+            took_over,
             snapshot,
             shares,
             choose,
@@ -178,6 +268,7 @@ impl Service<'_> {
                     claim: hold,
                     cgroup: req.cgroup.map(str::to_string),
                     name: req.request.name.clone(),
+                    took_over_claim: took_over.clone(),
                     ..Reservation::new(id, chosen.clone(), req.init, at.now.unix_ms)
                 });
                 let kind = if queued { Kind::AdmitAfterWait } else { Kind::Admit };
@@ -190,6 +281,9 @@ impl Service<'_> {
                 }
                 if let Some(placement) = &placement {
                     detail += &format!("; placed {}", placement.describe());
+                }
+                if let Some(uid) = &took_over {
+                    detail += &format!("; holds what resource claim {uid} reserved at allocation");
                 }
                 let mut event = self.event(kind, id, &chosen, detail);
                 event.placement = placement.clone();
@@ -244,9 +338,16 @@ impl Service<'_> {
         };
         progress.last = Some((shortage.clone(), position));
         if req.policy == Policy::Reject {
-            let refusal = Refusal::NoRoom {
-                container: id.to_string(),
-                shortage,
+            let refusal = if claim_held_by_sibling {
+                Refusal::ClaimHeldTwice {
+                    container: id.to_string(),
+                    shortage,
+                }
+            } else {
+                Refusal::NoRoom {
+                    container: id.to_string(),
+                    shortage,
+                }
             };
             return refuse(ledger, log, Kind::Refuse, refusal);
         }

@@ -12,6 +12,7 @@
 //! again while it is at the head of its GPUs' queues, until its timeout.
 
 mod attempt;
+mod claims;
 mod decide;
 mod heartbeat;
 mod outcome;
@@ -24,6 +25,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use attempt::Step;
+pub use claims::ClaimReserved;
 pub use heartbeat::{beat, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
 pub use queue_wait::{wait_for, Progress, CONTAINER_CHECK};

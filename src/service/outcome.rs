@@ -165,6 +165,10 @@ pub enum Refusal {
     },
     /// Another live container already holds a reservation under the same id.
     SameIdLive { container: String, holder_pid: u32 },
+    /// Policy `reject` and no room now, for a container whose pod's claim another of its
+    /// containers already holds: the node counts each holder whole, because no watch stops a
+    /// claim's holders together (see [`crate::ledger::ClaimHold`]).
+    ClaimHeldTwice { container: String, shortage: Shortage },
 }
 
 impl Refusal {
@@ -175,7 +179,8 @@ impl Refusal {
             | Refusal::TimedOut { container, .. }
             | Refusal::Cancelled { container, .. }
             | Refusal::ContainerGone { container, .. }
-            | Refusal::SameIdLive { container, .. } => container,
+            | Refusal::SameIdLive { container, .. }
+            | Refusal::ClaimHeldTwice { container, .. } => container,
         }
     }
 }
@@ -226,6 +231,10 @@ impl fmt::Display for Refusal {
             Refusal::NoRoom { container, shortage } => write!(
                 f,
                 "vramgate: refused container {container}: {shortage}; retry when a container on that GPU stops, request less, or set {POLICY_ANNOTATION}=wait to queue"
+            ),
+            Refusal::ClaimHeldTwice { container, shortage } => write!(
+                f,
+                "vramgate: refused container {container}: {shortage}: another container of its pod already holds the pod's resource claim, and the node counts each of a claim's containers whole unless vramgate watch stops them together ([enforce] over_use = \"kill\" with `vramgate watch` running: the chart's watch.enabled=true); run the watch, or give each container its own claim"
             ),
             Refusal::TimedOut {
                 container,

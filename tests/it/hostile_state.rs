@@ -228,9 +228,9 @@ fn hostile_setups() -> Vec<(&'static str, Box<dyn Fn(&Case)>, &'static str)> {
             "ledger has a future schema",
             Box::new(move |c: &Case| {
                 fresh_state(c);
-                std::fs::write(ledger(c), br#"{"schema":3,"everything":"different"}"#).unwrap();
+                std::fs::write(ledger(c), br#"{"schema":4,"everything":"different"}"#).unwrap();
             }),
-            "was written by a newer vramgate (ledger format 3; this one reads up to 2)",
+            "was written by a newer vramgate (ledger format 4; this one reads up to 3)",
         ),
         (
             "ledger is larger than 32 MiB",

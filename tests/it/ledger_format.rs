@@ -127,7 +127,7 @@ fn a_ledger_without_names_reads_and_the_next_admission_names_its_container() {
 #[test]
 fn a_newer_format_is_refused_by_hook_and_cli_and_left_alone() {
     let h = harness(GPUS);
-    let newer = br#"{"schema":3,"generation":5,"next_ticket":1,"reservations":[],"queue":[],"shares":"a new shape"}"#;
+    let newer = br#"{"schema":4,"generation":5,"next_ticket":1,"reservations":[],"queue":[],"shares":"a new shape"}"#;
     plant(&h, newer);
     let bundle = h.bundle("c", &[("vramgate.dev/memory", "1Gi"), ("vramgate.dev/gpus", "0")]);
     let container = FakeContainer::start();
@@ -139,7 +139,7 @@ fn a_newer_format_is_refused_by_hook_and_cli_and_left_alone() {
     assert!(!out.status.success(), "status: {cli_line}");
     for line in [&hook_line, &cli_line] {
         assert!(
-            line.contains("was written by a newer vramgate (ledger format 3; this one reads up to 2)")
+            line.contains("was written by a newer vramgate (ledger format 4; this one reads up to 3)")
                 && line.contains("finish upgrading vramgate"),
             "{line}"
         );

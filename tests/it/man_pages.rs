@@ -23,7 +23,7 @@ use vramgate::cli::{Cli, DevicePluginCli, DraCli, HookCli};
 const REGENERATE: &str = "UPDATE_MAN=1 cargo test --release --test it man_pages::";
 /// The date in the pages' title line: that of the last change to what they say. clap_mangen
 /// drops an empty date and shifts the title line's fields, so there must be one.
-const MAN_DATE: &str = "2026-11-25";
+const MAN_DATE: &str = "2026-11-28";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

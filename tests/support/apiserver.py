@@ -46,7 +46,8 @@ validation above, as kube-apiserver's
 admission does (tests/support/vap.py; needs cel-python, scripts/fetch-cel-python): a denial is
 the Status kube-apiserver answers, with the policy's message.
 
-Not implemented: watch, patch, server-side apply, TLS and other authentication, RBAC and
+Watch: ResourceClaims across namespaces only (`?watch=true`, what the DRA driver's claim
+watcher asks). Not implemented: other watches, patch, server-side apply, TLS and other authentication, RBAC and
 garbage collection (see above), protobuf, label selectors (ignored), other kinds and other API versions.
 
 Test-only endpoints: GET /_writes (every accepted write, with its time), GET /_rejected
@@ -498,6 +499,8 @@ class Store:
             self.nodes[name] = self.commit(self.stamp(node))
         self.slices = {}
         self.claims = {}
+        # Every change of a claim, as a watch sends it: (resourceVersion, type, the object).
+        self.claim_events = []
         self.writes = []
         self.rejected = []
         self.refusals = []
@@ -673,12 +676,18 @@ class Handler(BaseHTTPRequestHandler):
         store = self.store
         try:
             self.user = self.authenticate(store)
+            if method == "GET" and path == GROUP + "/resourceclaims" and query.get("watch", [""])[0] in ("true", "1"):
+                return self.watch_claims(query, store)
             with store.lock:
                 code, body, name = self.route(method, path, query, store)
                 if method != "GET":
                     store.writes.append({"method": method, "path": path, "name": name, "time_ns": time.time_ns()})
                 data = copy.deepcopy(body)
             self.reply(code, data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client went away before the answer (a driver stopped mid-call): nothing was
+            # refused, and there is no one left to answer.
+            pass
         except (Refused, Invalid) as e:
             code, reason, message = (e.code, e.reason, e.message) if isinstance(e, Refused) else (422, "Invalid", str(e))
             if method != "GET":
@@ -691,6 +700,36 @@ class Handler(BaseHTTPRequestHandler):
             with store.lock:
                 store.rejected.append({"method": method, "path": path, "code": 500, "message": message})
             self.reply(500, status(500, "InternalError", message))
+
+    def watch_claims(self, query, store):
+        """A watch of every namespace's claims from `resourceVersion`, as kube-apiserver streams
+        it: one JSON event a line (ADDED, MODIFIED, DELETED with the object), chunked, until
+        `timeoutSeconds` (at most 60 here). Every change is kept, so no version is too old."""
+        since = int(query.get("resourceVersion", ["0"])[0] or 0)
+        timeout = min(int(query.get("timeoutSeconds", ["60"])[0] or 60), 60)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(event):
+            line = json.dumps(event).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                with store.lock:
+                    new = [(v, t, copy.deepcopy(o)) for v, t, o in store.claim_events if v > since]
+                for version, kind, obj in new:
+                    send({"type": kind, "object": obj})
+                    since = version
+                time.sleep(0.02)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # The watcher closed it: a watch ends so.
 
     def authenticate(self, store):
         # No token is no user: the real server, anonymous requests off, answers 401 too.
@@ -845,6 +884,7 @@ class Handler(BaseHTTPRequestHandler):
         store.stamp(obj)
         store.admit_claim(obj)
         store.claims[(namespace, name)] = store.commit(obj)
+        store.claim_events.append((store.version, "ADDED", copy.deepcopy(obj)))
         return 201, obj, name
 
     def one_claim(self, method, namespace, name, status_subresource, store):
@@ -873,9 +913,14 @@ class Handler(BaseHTTPRequestHandler):
             store.admit_claim(updated)
             store.admit_claim_status_policy(namespace, name, updated, old, self.user)
             store.claims[key] = store.commit(updated)
+            store.claim_events.append((store.version, "MODIFIED", copy.deepcopy(updated)))
             return 200, updated, name
         del store.claims[key]
         store.commit(old)
+        # A deleted object's resourceVersion is the deletion's, as kube-apiserver sends it.
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = str(store.version)
+        store.claim_events.append((store.version, "DELETED", gone))
         return 200, old, name
 
     def do_GET(self):

@@ -208,9 +208,19 @@ impl ApiServer {
         self.get_json("/_writes").await.as_array().unwrap().clone()
     }
 
-    /// Every write it rejected, with the reason: the driver's must be none.
+    /// Every write it rejected, with the reason: the driver's must be none. A conflict of two
+    /// writers (409, the claim's resourceVersion moved between read and write) is not counted:
+    /// the driver's claim watcher and its prepare both write a claim's status, and the one
+    /// that loses reads the claim again and retries, which the final status each test asserts
+    /// shows. A conflict the test asked for (`refuse`) is counted.
     pub async fn rejected(&self) -> Vec<Value> {
-        self.get_json("/_rejected").await.as_array().unwrap().clone()
+        let all = self.get_json("/_rejected").await.as_array().unwrap().clone();
+        all.into_iter()
+            .filter(|r| {
+                let message = r["message"].as_str().unwrap_or_default();
+                !(r["code"] == 409 && message.contains("the object has been modified") && !message.contains("injected"))
+            })
+            .collect()
     }
 
     /// The next `count` writes of `method` whose path ends with `suffix` are answered with

@@ -142,12 +142,12 @@ fn known_fields_are_still_checked() {
 #[test]
 fn a_newer_format_is_refused_as_newer_and_format_zero_as_corrupt() {
     for newer in [
-        &br#"{"schema":3,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
-        br#"{"schema":3,"reservations":"a new shape"}"#,
+        &br#"{"schema":4,"generation":1,"next_ticket":1,"reservations":[],"queue":[]}"#[..],
+        br#"{"schema":4,"reservations":"a new shape"}"#,
     ] {
         let err = Ledger::parse(newer, Path::new("/l")).unwrap_err().to_string();
         assert!(
-            err.starts_with("ledger /l was written by a newer vramgate (ledger format 3; this one reads up to 2)"),
+            err.starts_with("ledger /l was written by a newer vramgate (ledger format 4; this one reads up to 3)"),
             "{err}"
         );
     }

@@ -12,6 +12,7 @@ use crate::quantity::Quantity;
 use crate::queue_order::BackfillOrder;
 use crate::request::GpuSelector;
 
+mod claims;
 mod fit;
 mod lifecycle;
 mod placement;
