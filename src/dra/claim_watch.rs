@@ -12,9 +12,11 @@
 //! queue), it sets [`super::UNAVAILABLE_CONDITION`] True with vramgate's one-line reason: the
 //! scheduler takes the allocation back and the pod returns to its queue, Pending with that
 //! reason, never left in ContainerCreating for memory. The claim's first container takes the
-//! reservation over when it starts (counted once); a claim deallocated or deleted first (its
-//! pod deleted before binding) has its reservation released. A driver back from a restart
-//! releases the reservations of claims no longer allocated here.
+//! reservation over when it starts (counted once), and gives it back to the claim when it
+//! leaves the ledger ([`crate::ledger::Ledger::hand_back_claims`]); a claim deallocated or
+//! deleted (its pod deleted, before binding or after) has its reservation released. A driver
+//! back from a restart, and each watch's end, releases the reservations of claims no longer
+//! allocated here.
 //!
 //! On an API server without binding conditions (DRADeviceBindingConditions, beta and on by
 //! default from Kubernetes 1.36) the slice's conditions are dropped, nothing waits, and the
@@ -368,16 +370,7 @@ pub async fn keep_claims(api: ApiClient, node: String, views: watch::Receiver<Ar
         }
         // What the ledger holds for claims no longer here, allocated elsewhere, or deallocated
         // while the driver was away.
-        match keeper.held().await {
-            Ok(held) => {
-                for (uid, own) in held {
-                    if own && !seen.contains_key(&uid) {
-                        keeper.release(&uid, "resource claim no longer allocated here");
-                    }
-                }
-            }
-            Err(e) => eprintln!("vramgate-dra: {e}"),
-        }
+        release_unseen(&keeper, &seen).await;
         seen.retain(|uid, _| present.contains(uid));
         loop {
             let params = WatchParams::default().timeout(WATCH_SECONDS);
@@ -423,6 +416,25 @@ pub async fn keep_claims(api: ApiClient, node: String, views: watch::Receiver<Ar
             if failed {
                 break;
             }
+            // A claim's memory handed back by its last container after the driver saw the
+            // claim deallocated (kubelet stopped the container late) is released here, at the
+            // end of each watch, rather than at the next list.
+            release_unseen(&keeper, &seen).await;
         }
+    }
+}
+
+/// Releases the claims' own reservations in the ledger whose claim is not allocated here by
+/// what the watch has seen (`seen`).
+async fn release_unseen(keeper: &Keeper, seen: &HashMap<String, bool>) {
+    match keeper.held().await {
+        Ok(held) => {
+            for (uid, own) in held {
+                if own && !seen.contains_key(&uid) {
+                    keeper.release(&uid, "resource claim no longer allocated here");
+                }
+            }
+        }
+        Err(e) => eprintln!("vramgate-dra: {e}"),
     }
 }

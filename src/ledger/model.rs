@@ -157,11 +157,13 @@ pub struct Reservation {
     /// reclaim it as a container whose init is gone, counting less (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_of: Option<ClaimOf>,
-    /// The uid of the resource claim whose own reservation this container took over when it
-    /// started ([`ClaimOf`]): what tells the DRA driver the claim is held. Only a record (the
-    /// memory is in `gpus`), so no format bump: an older reader keeps it in `extra`.
+    /// The resource claim whose own reservation this container took over when it started
+    /// ([`ClaimOf`]): what tells the DRA driver the claim is held, and what the memory goes
+    /// back to when the container's entry leaves the ledger while the claim is still allocated
+    /// ([`Ledger::hand_back_claims`]). Only a record (the memory is in `gpus`), so no format
+    /// bump: an older reader keeps it in `extra`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub took_over_claim: Option<String>,
+    pub took_over_claim: Option<ClaimOf>,
     /// Fields of a newer vramgate, kept on rewrite (see [`FORMAT`]).
     #[serde(flatten)]
     pub extra: Extra,
@@ -179,6 +181,10 @@ pub struct ClaimOf {
 }
 
 impl ClaimOf {
+    /// The process of a claim's own reservation: none (no `/proc/0`), so that nothing finds
+    /// processes of it; reclaim never asks.
+    pub const NO_PROCESS: ProcessIdentity = ProcessIdentity { pid: 0, start_time: 0 };
+
     /// The id its reservation is recorded under: never a container's (runc's ids are the
     /// engine's; `claim-` and a uid is what only the driver writes).
     pub fn container_id(&self) -> String {
@@ -449,18 +455,25 @@ impl Ledger {
         self.reservations.iter().find(|r| r.container_id == container_id)
     }
 
+    /// Removes the reservation of `container_id`; a resource claim it held gets its memory back
+    /// ([`Ledger::hand_back_claims`]).
     pub fn remove_reservation(&mut self, container_id: &str) -> Option<Reservation> {
         let at = self.reservations.iter().position(|r| r.container_id == container_id)?;
-        Some(self.reservations.remove(at))
+        let removed = self.reservations.remove(at);
+        self.hand_back_claims(std::slice::from_ref(&removed));
+        Some(removed)
     }
 
-    /// Removes the reservation that a stop of this container (id and bundle) releases.
+    /// Removes the reservation that a stop of this container (id and bundle) releases; a
+    /// resource claim it held gets its memory back ([`Ledger::hand_back_claims`]).
     pub fn remove_reservation_of(&mut self, container_id: &str, bundle: Option<&Path>) -> Option<Reservation> {
         let at = self
             .reservations
             .iter()
             .position(|r| r.belongs_to(container_id, bundle))?;
-        Some(self.reservations.remove(at))
+        let removed = self.reservations.remove(at);
+        self.hand_back_claims(std::slice::from_ref(&removed));
+        Some(removed)
     }
 
     pub fn ticket(&self, ticket: u64) -> Option<&Ticket> {
@@ -648,7 +661,63 @@ impl Ledger {
             || self
                 .reservations
                 .iter()
-                .any(|r| r.took_over_claim.as_deref() == Some(uid))
+                .any(|r| r.took_over_claim.as_ref().is_some_and(|c| c.uid == uid))
+    }
+
+    /// Gives the memory of `removed` (entries that just left the ledger: a container's stop,
+    /// a reclaim) that held a resource claim they took over back to that claim, which stays
+    /// allocated to this node until the DRA driver sees it deallocated or deleted and releases
+    /// it: held from allocation to deallocation, whatever its containers do (a container that
+    /// restarts takes it over again). Where another holder of the same pod's claim devices
+    /// remains ([`Reservation::claim`]), it carries the record on and nothing is put back.
+    pub fn hand_back_claims(&mut self, removed: &[Reservation]) {
+        for gone in removed {
+            let Some(claim) = &gone.took_over_claim else {
+                continue;
+            };
+            if let Some(sibling) = self
+                .reservations
+                .iter_mut()
+                .find(|r| gone.claim.is_some() && r.claim == gone.claim && r.took_over_claim.is_none())
+            {
+                sibling.took_over_claim = Some(claim.clone());
+                continue;
+            }
+            // Shown as the driver shows it: `<namespace>/<pod>/claim:<name>`, the pod's part
+            // from the container's name (`<namespace>/<pod>/<container>`).
+            let name = gone
+                .name
+                .as_deref()
+                .and_then(|n| n.rsplit_once('/'))
+                .map(|(pod, _)| format!("{pod}/claim:{}", claim.name));
+            match self.claim_reservation(&claim.uid) {
+                Some(at) => {
+                    let own = &mut self.reservations[at];
+                    for share in &gone.gpus {
+                        match own.gpus.iter_mut().find(|h| h.uuid == share.uuid) {
+                            Some(h) => {
+                                *h = GpuShare::new(
+                                    h.uuid.clone(),
+                                    h.bytes.saturating_add(share.bytes),
+                                    h.limit_bytes().saturating_add(share.limit_bytes()),
+                                )
+                            }
+                            None => own.gpus.push(share.clone()),
+                        }
+                    }
+                }
+                None => self.reservations.push(Reservation {
+                    claim_of: Some(claim.clone()),
+                    name,
+                    ..Reservation::new(
+                        claim.container_id(),
+                        gone.gpus.clone(),
+                        ClaimOf::NO_PROCESS,
+                        gone.created_unix_ms,
+                    )
+                }),
+            }
+        }
     }
 
     /// Sum of reserved bytes on one GPU ([`Ledger::held_on`]). Saturating: a ledger edited by

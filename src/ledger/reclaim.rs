@@ -117,6 +117,8 @@ impl Ledger {
             .into_iter()
             .partition(|r| r.claim_of.is_none() && verdicts.dead.contains(&r.init));
         self.reservations = live;
+        // A gone container's resource claim, still allocated here, keeps its memory.
+        self.hand_back_claims(&dead);
         reclaimed.reservations = dead;
         reclaimed.undecided = self
             .reservations

@@ -8,7 +8,6 @@ use super::{Refusal, Result, Service, Shortage};
 use crate::admission::Decision;
 use crate::events::{self, Kind};
 use crate::ledger::{ClaimOf, GpuShare, Reservation, LOCK_TIMEOUT};
-use crate::procfs::ProcessIdentity;
 
 /// What [`Service::reserve_claim`] found or did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,10 +27,6 @@ fn not_now(claim: &ClaimOf, shortage: Shortage) -> ClaimReserved {
         claim.namespace, claim.name
     ))
 }
-
-/// A claim's own reservation has no process: this identity names none (no `/proc/0`), so that
-/// nothing finds processes of it; reclaim never asks ([`crate::ledger::Reservation::claim_of`]).
-const NO_PROCESS: ProcessIdentity = ProcessIdentity { pid: 0, start_time: 0 };
 
 impl Service<'_> {
     /// Reserves `shares` for resource claim `claim` under the node's rule, now or never: a
@@ -61,7 +56,7 @@ impl Service<'_> {
                 tx.ledger.reservations.push(Reservation {
                     claim_of: Some(claim.clone()),
                     name: name.map(str::to_string),
-                    ..Reservation::new(&id, chosen.clone(), NO_PROCESS, now.unix_ms)
+                    ..Reservation::new(&id, chosen.clone(), ClaimOf::NO_PROCESS, now.unix_ms)
                 });
                 tx.ledger.counters.record_admit(None);
                 let detail = format!("resource claim {}/{}, at allocation", claim.namespace, claim.name);
@@ -153,7 +148,7 @@ impl Service<'_> {
         let taken = ledger
             .reservations
             .iter()
-            .filter_map(|r| r.took_over_claim.clone().map(|uid| (uid, false)));
+            .filter_map(|r| r.took_over_claim.as_ref().map(|c| (c.uid.clone(), false)));
         Ok(own.chain(taken).collect())
     }
 }

@@ -12,7 +12,7 @@ use crate::attribution;
 use crate::config::Policy;
 use crate::events::{Event, Kind};
 use crate::inventory::Snapshot;
-use crate::ledger::{ClaimHold, GpuShare, Ledger, Reclaimed, Reservation, Ticket};
+use crate::ledger::{ClaimHold, ClaimOf, GpuShare, Ledger, Reclaimed, Reservation, Ticket};
 use crate::procfs;
 use crate::quantity::format_duration;
 use crate::request::{Request, RequestError};
@@ -23,7 +23,7 @@ pub(super) struct Decided {
     /// The claim this container holds once with its pod's other holders, where it may.
     hold: Option<ClaimHold>,
     /// The resource claim whose own reservation this container takes over.
-    took_over: Option<String>,
+    took_over: Option<ClaimOf>,
     snapshot: Snapshot,
     shares: Vec<GpuShare>,
     choose: Option<u32>,
@@ -98,7 +98,7 @@ impl Service<'_> {
         // claim at allocation: the memory is already held, so it is admitted as it is, ahead of
         // any queue, and the claim's own entry goes in the same write (counted once).
         let claim = one_claim_uid(&req.request.claim_devices);
-        if let Some((at, uid)) = claim.and_then(|uid| Some((ledger.claim_reservation(uid)?, uid))) {
+        if let Some(at) = claim.and_then(|uid| ledger.claim_reservation(uid)) {
             let held = &ledger.reservations[at].gpus;
             let covered = shares.iter().all(|s| {
                 held.iter()
@@ -109,6 +109,7 @@ impl Service<'_> {
                 // request on another GPU that this container was not given) stays held by the
                 // claim until another of its containers takes it or the claim is deallocated.
                 let claim_entry = &mut ledger.reservations[at];
+                let took_over = claim_entry.claim_of.clone();
                 for share in &shares {
                     if let Some(h) = claim_entry.gpus.iter_mut().find(|h| h.uuid == share.uuid) {
                         *h = GpuShare::new(
@@ -128,7 +129,7 @@ impl Service<'_> {
                         placement: None,
                     },
                     hold,
-                    took_over: Some(uid.to_string()),
+                    took_over,
                     snapshot,
                     shares,
                     choose,
@@ -233,7 +234,7 @@ impl Service<'_> {
                 ledger
                     .reservations
                     .iter()
-                    .any(|r| r.took_over_claim.as_deref() == Some(uid))
+                    .any(|r| r.took_over_claim.as_ref().is_some_and(|c| c.uid == uid))
             });
         let Decided {
             decision,
@@ -282,8 +283,11 @@ impl Service<'_> {
                 if let Some(placement) = &placement {
                     detail += &format!("; placed {}", placement.describe());
                 }
-                if let Some(uid) = &took_over {
-                    detail += &format!("; holds what resource claim {uid} reserved at allocation");
+                if let Some(claim) = &took_over {
+                    detail += &format!(
+                        "; holds what resource claim {}/{} reserved at allocation",
+                        claim.namespace, claim.name
+                    );
                 }
                 let mut event = self.event(kind, id, &chosen, detail);
                 event.placement = placement.clone();

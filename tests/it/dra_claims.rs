@@ -383,6 +383,9 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
     wait_reserved(&tb, "both-main", 6 * GI);
     assert_eq!(shares_of(&tb, "both-main"), [("GPU-zero".to_string(), 6 * GI)]);
     stop(&tb, "both-main", &mut main);
+    // Back to the claim, which holds it while it is allocated (the allocator below counts it).
+    let both_id = format!("claim-{both}");
+    assert_eq!(reservations(&tb), [(both_id.clone(), 6 * GI)]);
 
     // 8 GiB and 6 GiB: gpu-0 has 10 GiB left, so the 6 GiB go to gpu-1.
     let apart = create_claim(
@@ -405,11 +408,16 @@ fn two_requests_add_up_on_one_gpu_and_different_amounts_on_two_are_refused_at_st
         "{said}"
     );
     // Nothing of the container; the claim's own reservation, made by the driver at its
-    // allocation (issue 56), holds both requests.
+    // allocation (issue 56), holds both requests (beside the first claim's).
     let claim_id = format!("claim-{apart}");
     wait_until("only the claim's own reservation", Duration::from_secs(10), || {
         let now = reservations(&tb);
-        (now == [(claim_id.clone(), 8 * GI), (claim_id.clone(), 6 * GI)], now)
+        let want = [
+            (both_id.clone(), 6 * GI),
+            (claim_id.clone(), 8 * GI),
+            (claim_id.clone(), 6 * GI),
+        ];
+        (now == want, now)
     });
     // A container that names only the small request gets only its device, and takes over
     // that much of the claim's reservation: the claim keeps holding the other 8 GiB.
@@ -607,8 +615,15 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
         assert!(shares_of(&tb, id).is_empty(), "{id}: {:?}", reservations(&tb));
     }
 
+    // The pod's last holder stops: the claim, still allocated, keeps its memory (issue 56)
+    // until it is deleted.
     stop(&tb, "shared-sidecar", &mut sidecar);
-    assert_eq!(reserved_on_gpu0(), 0);
+    assert_eq!(reserved_on_gpu0(), 10 * GI, "{:?}", reservations(&tb));
+    assert_eq!(reservations(&tb), [(format!("claim-{uid}"), 10 * GI)]);
+    rt.block_on(api.delete_claim("default", "shared"));
+    wait_until("the deleted claim's memory released", Duration::from_secs(10), || {
+        (reserved_on_gpu0() == 0, reservations(&tb))
+    });
     assert_nothing_rejected(&rt, &api);
     // Containers first: their testbed (config, runc root) goes with `dir`.
     drop(cleanup);

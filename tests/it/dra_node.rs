@@ -277,11 +277,17 @@ fn a_claim_prepared_by_the_driver_reserves_exactly_its_consumed_memory_on_its_gp
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, ["nvidia.yaml"], "only the toolkit's own spec is left");
-    assert!(
-        reservations_by_gpu(&cri.tb).iter().all(|(_, list)| list.is_empty()),
-        "{:?}",
-        reservations_by_gpu(&cri.tb)
-    );
+    // The claims, still allocated, hold their memory until they are deleted (issue 56): then
+    // nothing is left.
+    let held: Vec<String> = reservations(&cri.tb).into_iter().map(|(id, _)| id).collect();
+    assert!(held.iter().all(|id| id.starts_with("claim-")), "{held:?}");
+    for name in ["trainer-gpu", "late-gpu", "plain-gpu"] {
+        cri.block_on(api.delete_claim("default", name));
+    }
+    wait_until("the deleted claims' memory released", Duration::from_secs(10), || {
+        let now = reservations_by_gpu(&cri.tb);
+        (now.iter().all(|(_, list)| list.is_empty()), now)
+    });
     let rejected = cri.block_on(api.rejected());
     assert!(rejected.is_empty(), "{rejected:#?}");
 }

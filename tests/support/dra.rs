@@ -319,6 +319,13 @@ impl ApiServer {
         created.metadata.uid.unwrap()
     }
 
+    /// Deletes claim `namespace`/`name`, as its pod's deletion has the garbage collector do:
+    /// what lets the driver release the claim's own reservation.
+    pub async fn delete_claim(&self, namespace: &str, name: &str) {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client().await, namespace);
+        api.delete(name, &Default::default()).await.unwrap();
+    }
+
     /// The claim's `status.devices` as stored (empty when it has none: Kubernetes omits an
     /// empty list). Its absence counts only where `status` holds nothing but the fields the
     /// scheduler and kubelet write: a status under another name fails here, naming it, instead

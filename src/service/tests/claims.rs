@@ -99,7 +99,7 @@ fn the_claims_first_container_takes_its_reservation_over_counted_once_ahead_of_t
     assert!(ledger.claim_reservation(UID).is_none());
     assert!(ledger.claim_is_held(UID));
     let r = ledger.reservations.iter().find(|r| r.container_id == "ctr-1").unwrap();
-    assert_eq!(r.took_over_claim.as_deref(), Some(UID));
+    assert_eq!(r.took_over_claim.as_ref().map(|c| c.uid.as_str()), Some(UID));
     assert!(
         log.iter().any(|e| e.detail.contains("reserved at allocation")),
         "{log:?}"
@@ -134,4 +134,66 @@ fn a_second_container_of_the_claims_pod_refused_for_room_is_told_about_the_watch
     assert!(matches!(side, Refusal::ClaimHeldTwice { .. }), "{side}");
     let line = side.to_string();
     assert!(line.contains("watch.enabled=true") && !line.contains('\n'), "{line}");
+}
+
+#[test]
+fn a_claims_memory_goes_back_to_the_claim_when_its_container_leaves_and_a_restart_takes_it_again() {
+    let w = World::new(1, 8 * GI);
+    let s = w.service();
+    s.reserve_claim(&claim(), &share(0, 6 * GI), Some("default/trainer/claim:trainer-gpu"))
+        .unwrap();
+    let mine = Request {
+        name: Some("default/trainer/main".into()),
+        ..claim_container_request(6 * GI)
+    };
+    let mut ledger = w.state.read().unwrap();
+    assert!(admitted(
+        &first_step(&s, &mut ledger, &admit_req("main", 9, &mine, Policy::Reject)).0
+    ));
+    // The container stops: the claim, still allocated, holds its memory again, under its name.
+    let gone = ledger.remove_reservation("main").unwrap();
+    assert_eq!(gone.took_over_claim, Some(claim()));
+    let at = ledger.claim_reservation(UID).expect("handed back");
+    assert_eq!(
+        ledger.reservations[at].name.as_deref(),
+        Some("default/trainer/claim:trainer-gpu")
+    );
+    assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
+    // A container outside the claim still finds no room...
+    let outside = request(4 * GI, "GPU-0");
+    let r = refusal(first_step(&s, &mut ledger, &admit_req("runc-1", 10, &outside, Policy::Reject)).0);
+    assert!(r.to_string().contains("runc-1"), "{r}");
+    // ...and the claim's restarted container takes it over again.
+    assert!(admitted(
+        &first_step(&s, &mut ledger, &admit_req("main-2", 11, &mine, Policy::Reject)).0
+    ));
+    assert!(ledger.claim_reservation(UID).is_none());
+    assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
+    // Reclaimed (its init gone without a stop seen): handed back the same way.
+    let reclaimed = ledger.reclaim_with(|p| p.pid != 11);
+    assert_eq!(reclaimed.reservations.len(), 1);
+    assert!(ledger.claim_reservation(UID).is_some());
+    assert_eq!(ledger.reserved_on("GPU-0"), 6 * GI);
+}
+
+#[test]
+fn a_container_given_part_of_a_claim_takes_that_part_and_gives_it_back() {
+    let w = World::new(2, 8 * GI);
+    let s = w.service();
+    let both = vec![GpuShare::new("GPU-0", 4 * GI, 0), GpuShare::new("GPU-1", 2 * GI, 0)];
+    s.reserve_claim(&claim(), &both, None).unwrap();
+    let mut ledger = w.state.read().unwrap();
+    let part = Request {
+        claim_devices: vec![format!("{UID}-gpu-1")],
+        ..request(2 * GI, "GPU-1")
+    };
+    assert!(admitted(
+        &first_step(&s, &mut ledger, &admit_req("part", 9, &part, Policy::Reject)).0
+    ));
+    let at = ledger.claim_reservation(UID).expect("the rest stays the claim's");
+    assert_eq!(ledger.reservations[at].gpus, vec![GpuShare::new("GPU-0", 4 * GI, 0)]);
+    assert_eq!(ledger.reserved_on("GPU-1"), 2 * GI, "counted once");
+    ledger.remove_reservation("part").unwrap();
+    let at = ledger.claim_reservation(UID).unwrap();
+    assert_eq!(ledger.reservations[at].gpus, both);
 }
