@@ -322,6 +322,9 @@ fn queue_lock(args: &[String]) {
     let counted_before = lines().lines().count();
     let started = Instant::now();
     let mut latencies = Vec::new();
+    // Probes that had no inotify instance (fs.inotify.max_user_instances, shared by every
+    // process of the user, was used up): they learn of the release only at their poll.
+    let mut unwatched = 0;
     for r in 1..=rounds {
         let id = format!("slot-{r}");
         let mut probe = h.spawn_hook("createRuntime", &oci_state(&id, Some(init.pid()), &slot_bundle));
@@ -329,6 +332,9 @@ fn queue_lock(args: &[String]) {
             std::thread::sleep(Duration::from_millis(2));
         }
         std::thread::sleep(Duration::from_millis(100));
+        if !watches_inotify(probe.id()) {
+            unwatched += 1;
+        }
         timed_hook(
             &h,
             "poststop",
@@ -364,6 +370,17 @@ fn queue_lock(args: &[String]) {
         (measured.len() - by_crowd) as f64 / rounds as f64,
     );
     report(&format!("  release -> admission ({order}, {crowd_on})"), latencies);
+    if unwatched > 0 {
+        println!("  {unwatched} of {rounds} probes had no inotify instance and woke only at their poll");
+    }
+}
+
+/// Whether process `pid` holds an inotify instance (the waiter's ledger watcher).
+fn watches_inotify(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify"))
+    })
 }
 
 fn main() {
