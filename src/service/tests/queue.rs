@@ -210,7 +210,7 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
     let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
     let r = request(GI, "0");
     let req = admit_req("c", 1, &r, Policy::Wait);
-    let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
+    let mut watcher = wake::LedgerWatcher::new(&w.state, None);
     let started = std::time::Instant::now();
     service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -230,7 +230,7 @@ fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
         // The sleeping waiter notices within CONTAINER_CHECK (a second), whatever the poll
         // interval: it woke before its 10 s poll, which is all that tells the check from the
         // poll, and leaves a loaded machine the rest of those 10 s.
-        let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
+        let mut watcher = wake::LedgerWatcher::new(&w.state, None);
         let started = std::time::Instant::now();
         service.sleep_until_worth_trying(&req, &progress, &mut watcher);
         assert!(CONTAINER_CHECK < w.config.queue.poll_interval);
@@ -716,4 +716,60 @@ fn fifo_still_serves_only_the_head_and_stays_off_the_lock_behind_it() {
     assert!(!tries(&service, &ledger, &next, false));
     w.liveness.gone.borrow_mut().insert(10_002);
     assert!(tries(&service, &ledger, &next, false));
+}
+
+#[test]
+fn only_a_few_waiters_hold_an_inotify_instance_and_a_freed_slot_is_taken() {
+    // fs.inotify.max_user_instances is shared by every root process on the node: a queue of
+    // any length holds at most WAKE_SLOTS instances, and the rest watch the ledger's stat.
+    let w = World::new(1, GI);
+    let mut watchers: Vec<_> = (0..3 * usize::from(WAKE_SLOTS))
+        .map(|_| wake::LedgerWatcher::new(&w.state, None))
+        .collect();
+    let holding = |ws: &[wake::LedgerWatcher]| ws.iter().filter(|w| w.has_slot()).count();
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS));
+    // A holder admitted or crashed closes its slot's file (the kernel does it for a crash):
+    // a waiter without one takes it at its next try (SLOT_RETRY, a second).
+    let first = watchers.iter().position(|w| w.has_slot()).unwrap();
+    drop(watchers.remove(first));
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS) - 1);
+    let started = std::time::Instant::now();
+    while holding(&watchers) < usize::from(WAKE_SLOTS) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the freed slot was never taken"
+        );
+        for w in watchers.iter_mut().filter(|w| !w.has_slot()) {
+            let _ = w.wait(Duration::from_millis(10));
+        }
+    }
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS));
+}
+
+#[test]
+fn a_waiter_without_a_slot_learns_of_a_commit_from_the_ledgers_stat() {
+    let w = World::new(1, GI);
+    let holders: Vec<_> = (0..WAKE_SLOTS)
+        .map(|_| wake::LedgerWatcher::new(&w.state, None))
+        .collect();
+    assert!(holders.iter().all(|h| h.has_slot()));
+    let mut watcher = wake::LedgerWatcher::new(&w.state, None);
+    assert!(!watcher.has_slot());
+    // Nothing changed: the wait runs out, false.
+    assert!(!watcher.wait(3 * STAT_POLL));
+    let committer = {
+        let state = w.state.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(2 * STAT_POLL);
+            let tx = state.begin().unwrap();
+            drop(tx.commit().unwrap());
+        })
+    };
+    let started = std::time::Instant::now();
+    assert!(watcher.wait(Duration::from_secs(5)), "the commit was not seen");
+    // Within a few stat polls of the commit, far inside the wait.
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    committer.join().unwrap();
+    // And the same commit is not seen twice.
+    assert!(!watcher.wait(2 * STAT_POLL));
 }
