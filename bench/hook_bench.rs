@@ -322,9 +322,10 @@ fn queue_lock(args: &[String]) {
     let counted_before = lines().lines().count();
     let started = Instant::now();
     let mut latencies = Vec::new();
-    // Probes that had no inotify instance (fs.inotify.max_user_instances, shared by every
-    // process of the user, was used up): they learn of the release only at their poll.
+    // Probes without an inotify instance: every wake slot was taken (src/service/wake.rs), and
+    // they learn of the release from the ledger's stat, within STAT_POLL.
     let mut unwatched = 0;
+    let crowd_inotify = crowd.iter().filter(|c| watches_inotify(c.id())).count();
     for r in 1..=rounds {
         let id = format!("slot-{r}");
         let mut probe = h.spawn_hook("createRuntime", &oci_state(&id, Some(init.pid()), &slot_bundle));
@@ -370,9 +371,10 @@ fn queue_lock(args: &[String]) {
         (measured.len() - by_crowd) as f64 / rounds as f64,
     );
     report(&format!("  release -> admission ({order}, {crowd_on})"), latencies);
-    if unwatched > 0 {
-        println!("  {unwatched} of {rounds} probes had no inotify instance and woke only at their poll");
-    }
+    println!(
+        "  inotify instances: {crowd_inotify} held by the crowd of {waiters}; {} of {rounds} probes held one, the others watched the ledger's stat",
+        rounds - unwatched
+    );
 }
 
 /// Whether process `pid` holds an inotify instance (the waiter's ledger watcher).
