@@ -4,8 +4,11 @@
 //!   cargo run --release --example hook-bench -- latency  [--state-root DIR] [--live N] [--runs N]
 //!   cargo run --release --example hook-bench -- runc     [--runs N]
 //!   cargo run --release --example hook-bench -- queue    [--runs N]
+//!   cargo run --release --example hook-bench -- queue-lock --order fifo|backfill
+//!       [--crowd other|same] [--waiters N] [--rounds N]
 //!
-//! Run through `bench/hook-latency.sh` and `bench/queue-latency.sh`, which build first.
+//! Run through `bench/hook-latency.sh`, `bench/queue-latency.sh` and `bench/queue-lock.sh`,
+//! which build first.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -238,12 +241,157 @@ fn queue(args: &[String]) {
     let _ = w.wait();
 }
 
+/// Lock acquisitions and release-to-admission time with a crowd of waiters that cannot fit.
+///
+/// Two static 80 GiB GPUs. GPU 0: a filler holds 55 GiB and a slot 20 GiB. The crowd: `--waiters`
+/// hooks asking 30 GiB each, queued on GPU 1 (`other`: a blocker holds 60 GiB there) or on GPU 0
+/// itself (`same`: only backfill can serve anyone past them). Each round queues a probe asking
+/// 20 GiB on GPU 0, releases the slot (the previous probe), and times the probe's admission
+/// from the end of the release; the probe then holds the slot. Every lock a process takes is
+/// counted by vramgate itself (`VRAMGATE_LOCK_LOG`, see `ledger::LOCK_LOG_ENV`), from the first
+/// round to the last, and split into the crowd's and the rest's (probes and releases: three
+/// per round). The crowd never fits, so every lock it takes is one a waiter could have saved.
+fn queue_lock(args: &[String]) {
+    let order = arg(args, "--order", "backfill");
+    let crowd_on = arg(args, "--crowd", "other");
+    let waiters: usize = arg(args, "--waiters", "200").parse().unwrap();
+    let rounds: usize = arg(args, "--rounds", "30").parse().unwrap();
+    let backfill = match order.as_str() {
+        "fifo" => false,
+        "backfill" => true,
+        other => panic!("--order {other}: fifo or backfill"),
+    };
+    let crowd_gpu = match crowd_on.as_str() {
+        "other" => "1",
+        "same" => "0",
+        other => panic!("--crowd {other}: other or same"),
+    };
+    assert!(
+        backfill || crowd_gpu == "1",
+        "under FIFO nothing passes a crowd on its own GPU"
+    );
+    let gpus = (0..2)
+        .map(|i| format!("[[inventory.gpus]]\nindex = {i}\nuuid = \"GPU-lock-{i}\"\ntotal = \"80Gi\"\n"))
+        .collect::<String>();
+    // The bound is out of reach: a crowd ahead on the same GPU must stay passable all run long.
+    let config = format!(
+        "[queue]\nbackfill = {backfill}\nbackfill_bound = \"1h\"\npoll_interval = \"1s\"\n[inventory]\nbackend = \"static\"\n{gpus}"
+    );
+    let mut h = HookHarness::new_in(Path::new("/dev/shm"), bin("vramgate-hook"), &config);
+    let lock_log = h.dir().join("locks.log");
+    h.env
+        .push((vramgate::ledger::LOCK_LOG_ENV.into(), lock_log.display().to_string()));
+    let init = FakeContainer::start();
+    let bundle = |name: &str, memory: &str, gpu: &str, wait: bool| {
+        let mut annotations = vec![("vramgate.dev/memory", memory), ("vramgate.dev/gpus", gpu)];
+        if wait {
+            annotations.extend([("vramgate.dev/policy", "wait"), ("vramgate.dev/timeout", "1h")]);
+        }
+        h.bundle(name, &annotations)
+    };
+    let admit = |id: &str, b: &Path| timed_hook(&h, "createRuntime", &oci_state(id, Some(init.pid()), b));
+    let (filler, slot_bundle) = (bundle("filler", "55Gi", "0", false), bundle("slot", "20Gi", "0", true));
+    admit("filler", &filler);
+    admit("slot-0", &slot_bundle);
+    if crowd_gpu == "1" {
+        admit("blocker", &bundle("blocker", "60Gi", "1", false));
+    }
+    let crowd_bundle = bundle("crowd", "30Gi", crowd_gpu, true);
+    let dir = h.open_state();
+    let queued = |n: usize| dir.read().map(|l| l.queue.len() >= n).unwrap_or(false);
+    let mut crowd = Vec::new();
+    for i in 0..waiters {
+        crowd.push(h.spawn_hook(
+            "createRuntime",
+            &oci_state(&format!("crowd-{i}"), Some(init.pid()), &crowd_bundle),
+        ));
+        // A few at a time, as a burst of starts arrives: all at once would only measure the fork.
+        if i % 20 == 19 {
+            while !queued(i + 1) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    while !queued(waiters) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Past every waiter's first poll: the crowd is settled when the rounds start.
+    std::thread::sleep(Duration::from_secs(2));
+    let crowd_pids: std::collections::HashSet<u32> = crowd.iter().map(|c| c.id()).collect();
+    let lines = || std::fs::read_to_string(&lock_log).unwrap_or_default();
+    let counted_before = lines().lines().count();
+    let started = Instant::now();
+    let mut latencies = Vec::new();
+    // Probes without an inotify instance: every wake slot was taken (src/service/wake.rs), and
+    // they learn of the release from the ledger's stat, within STAT_POLL.
+    let mut unwatched = 0;
+    let crowd_inotify = crowd.iter().filter(|c| watches_inotify(c.id())).count();
+    for r in 1..=rounds {
+        let id = format!("slot-{r}");
+        let mut probe = h.spawn_hook("createRuntime", &oci_state(&id, Some(init.pid()), &slot_bundle));
+        while !dir.read().is_ok_and(|l| l.queue.iter().any(|t| t.container_id == id)) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if !watches_inotify(probe.id()) {
+            unwatched += 1;
+        }
+        timed_hook(
+            &h,
+            "poststop",
+            &oci_state(&format!("slot-{}", r - 1), None, &slot_bundle),
+        );
+        let released = Instant::now();
+        let status = probe.wait().unwrap();
+        latencies.push(released.elapsed());
+        assert!(status.success(), "probe {id} was not admitted");
+    }
+    let elapsed = started.elapsed();
+    // The herd an admission's commit wakes lands after the probe's hook exits: let it finish.
+    std::thread::sleep(Duration::from_millis(500));
+    let all = lines();
+    let measured: Vec<u32> = all
+        .lines()
+        .skip(counted_before)
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
+    let by_crowd = measured.iter().filter(|p| crowd_pids.contains(p)).count();
+    let still_waiting = dir.read().map(|l| l.queue.len()).unwrap_or(0);
+    for mut c in crowd {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert_eq!(still_waiting, waiters, "the crowd waited all along and nobody else did");
+    println!(
+        "{order}, crowd of {waiters} on {} GPU, {rounds} rounds in {:.1} s: {:.1} lock acquisitions per admission ({:.1} by the crowd, {:.1} by the probe and the release)",
+        if crowd_gpu == "1" { "the other" } else { "the same" },
+        elapsed.as_secs_f64(),
+        measured.len() as f64 / rounds as f64,
+        by_crowd as f64 / rounds as f64,
+        (measured.len() - by_crowd) as f64 / rounds as f64,
+    );
+    report(&format!("  release -> admission ({order}, {crowd_on})"), latencies);
+    println!(
+        "  inotify instances: {crowd_inotify} held by the crowd of {waiters}; {} of {rounds} probes held one, the others watched the ledger's stat",
+        rounds - unwatched
+    );
+}
+
+/// Whether process `pid` holds an inotify instance (the waiter's ledger watcher).
+fn watches_inotify(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify"))
+    })
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("latency") => latency(&args),
         Some("runc") => runc_ratio(&args),
         Some("queue") => queue(&args),
-        _ => eprintln!("usage: hook-bench latency|runc|queue [options]"),
+        Some("queue-lock") => queue_lock(&args),
+        _ => eprintln!("usage: hook-bench latency|runc|queue|queue-lock [options]"),
     }
 }

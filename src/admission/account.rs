@@ -62,6 +62,14 @@ impl GpuAccount {
         super::held_back(share, self.available(), self.limit_room()).is_none()
     }
 
+    /// Whether `share` could fit on this GPU by the ledger alone: its request by rule 1 (the
+    /// capacity less what is reserved), its limit by rule 4; the driver's free memory (rule 2)
+    /// taken as no bound. At least [`GpuAccount::has_room_for`]: see
+    /// [`super::ledger_has_room`].
+    pub fn ledger_has_room_for(&self, share: &GpuShare) -> bool {
+        super::held_back(share, self.capacity().saturating_sub(self.reserved), self.limit_room()).is_none()
+    }
+
     /// What the reservations on this GPU may add up to (rule 1): the most a request can ever
     /// have here.
     pub fn capacity(&self) -> u64 {

@@ -297,10 +297,52 @@ fn held_back(share: &GpuShare, memory: u64, limits: u64) -> Option<(u64, Bound)>
 /// would otherwise let backfill pass an old waiter for as long as the step, and one stepped
 /// forward would end backfill for every waiter at once.
 fn tickets_ahead(ledger: &Ledger, rules: &Rules, shares: &[GpuShare], ticket: Option<u64>, now: Stamp) -> usize {
+    holding_back(ledger, rules, shares, ticket, now).count()
+}
+
+/// The tickets that rule 3 puts ahead of `ticket` (`None`: a new arrival) on `shares`' GPUs,
+/// oldest first: every older one without backfill, only those that have waited the bound with
+/// it. What [`decide`] counts, and what a waiter looks at before it takes the lock: while one
+/// of them is alive, nothing but its leaving (a ledger change) can let this one in, and time
+/// only adds to them.
+pub fn holding_back<'a>(
+    ledger: &'a Ledger,
+    rules: &Rules,
+    shares: &'a [GpuShare],
+    ticket: Option<u64>,
+    now: Stamp,
+) -> impl Iterator<Item = &'a crate::ledger::Ticket> + 'a {
     let bound = u64::try_from(rules.backfill_bound.as_millis()).unwrap_or(u64::MAX);
+    let backfill = rules.backfill;
     crate::queue_order::ahead_of(ledger, ticket, shares)
-        .filter(|t| !rules.backfill || now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound)
-        .count()
+        .filter(move |t| !backfill || now.ms_since(t.enqueued_unix_ms, t.enqueued_boot_ms) >= bound)
+}
+
+/// Whether `shares` (`choose` of them, for a placement) could have room by the rules that the
+/// ledger alone decides, capacity (rule 1) and limits (rule 4), on the GPUs as last seen
+/// (`gpus`). What a waiter asks of an unlocked read of the ledger before it takes the lock
+/// (see `service/queue_wait.rs`). Rule 2 (the driver's free memory) is left to the attempt: it
+/// can only hold a request back further, so `false` here is `NoRoom` from [`decide`] on this
+/// ledger whatever the GPUs' free memory is; memory freed outside vramgate never makes the
+/// room that rule 1 denies. A GPU missing from `gpus` counts as having room: the attempt
+/// reads the inventory and says.
+pub fn ledger_has_room(
+    ledger: &Ledger,
+    gpus: &[GpuMemory],
+    rules: &Rules,
+    shares: &[GpuShare],
+    choose: Option<u32>,
+) -> bool {
+    let no_usage = Allocated::new();
+    let room = |share: &&GpuShare| {
+        gpus.iter()
+            .find(|g| g.uuid == share.uuid)
+            .is_none_or(|g| account(ledger, g, &no_usage, rules).ledger_has_room_for(share))
+    };
+    match choose {
+        None => shares.iter().all(|s| room(&s)),
+        Some(n) => shares.iter().filter(room).count() >= n as usize,
+    }
 }
 
 /// The waiters that a request which fits (claiming `mine`, see [`crate::queue_order::claim`]) lets

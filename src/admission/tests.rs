@@ -362,3 +362,88 @@ fn the_sum_of_limits_is_bounded_by_limit_overcommit() {
         Decision::Never { request, bound: Bound::Limits, .. } if request == 13 * GI
     ));
 }
+
+/// `ledger_has_room` errs only towards "room": wherever `decide` admits, on any free memory,
+/// allocation, headroom and limits, it says so too. A waiter that trusts its "no" and stays
+/// off the lock can therefore never miss an admission the ledger it read allows.
+#[test]
+fn ledger_has_room_never_denies_what_decide_admits() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    const GI: u64 = 1 << 30;
+    let (mut admitted, mut denied) = (0, 0);
+    for _ in 0..20_000 {
+        let total = 16 * GI;
+        let rules = Rules {
+            headroom: Quantity::Bytes(next(3) * GI / 2),
+            limit_overcommit_ppm: [0, 250_000][next(2) as usize],
+            ..rules()
+        };
+        let mut ledger = Ledger::default();
+        let mut allocated = Allocated::new();
+        for i in 0..next(5) {
+            let uuid = ["A", "B"][next(2) as usize];
+            let bytes = (1 + next(6)) * GI;
+            let limit = if next(2) == 0 { 0 } else { bytes + next(4) * GI };
+            let id = format!("r{i}");
+            allocated.insert((id.clone(), uuid.to_string()), next(bytes + 1));
+            ledger.reservations.push(Reservation::held(
+                &id,
+                vec![GpuShare::new(uuid, bytes, limit)],
+                ProcessIdentity { pid: 1, start_time: 1 },
+            ));
+        }
+        let gpus: Vec<GpuMemory> = ["A", "B"]
+            .iter()
+            .map(|u| gpu(u, total, total - next(total / GI + 1) * GI))
+            .collect();
+        let snapshot = Snapshot {
+            gpus: gpus.clone(),
+            ..Default::default()
+        };
+        let asked = |next: &mut dyn FnMut(u64) -> u64, uuid: &str| {
+            let bytes = (1 + next(8)) * GI;
+            GpuShare::new(uuid, bytes, if next(2) == 0 { 0 } else { bytes + next(3) * GI })
+        };
+        let (shares, choose) = match next(3) {
+            0 => {
+                let uuid = ["A", "B"][next(2) as usize];
+                (vec![asked(&mut next, uuid)], None)
+            }
+            1 => (vec![asked(&mut next, "A"), asked(&mut next, "B")], None),
+            _ => {
+                let a = asked(&mut next, "A");
+                let b = GpuShare {
+                    uuid: "B".into(),
+                    ..a.clone()
+                };
+                (vec![a, b], Some(1))
+            }
+        };
+        let decision = decide(
+            &ledger,
+            &snapshot,
+            &allocated,
+            &rules,
+            &shares,
+            choose,
+            None,
+            None,
+            Stamp::wall(0),
+        );
+        let room = ledger_has_room(&ledger, &gpus, &rules, &shares, choose);
+        if matches!(decision, Decision::Admit { .. }) {
+            admitted += 1;
+            assert!(room, "{ledger:?} {gpus:?} {shares:?} {choose:?}");
+        } else if !room {
+            denied += 1;
+        }
+    }
+    // Both sides were exercised.
+    assert!(admitted > 1000 && denied > 1000, "{admitted} {denied}");
+}

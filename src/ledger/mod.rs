@@ -27,7 +27,7 @@ pub use model::{
 };
 pub use reclaim::{Reclaimed, Verdicts, RECLAIM_WINDOW};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
-pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_TIMEOUT};
+pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_LOG_ENV, LOCK_TIMEOUT};
 
 impl Reservation {
     /// A confirmed reservation of `gpus` for `container_id`, held by `init` since the epoch,

@@ -300,7 +300,10 @@ impl StateDir {
         let mut pause = Duration::from_micros(200);
         loop {
             match lock.try_lock() {
-                Ok(()) => return Ok(lock),
+                Ok(()) => {
+                    super::tx::log_lock(started.elapsed());
+                    return Ok(lock);
+                }
                 Err(std::fs::TryLockError::WouldBlock) => {
                     let waited = started.elapsed();
                     if waited >= timeout {

@@ -19,6 +19,12 @@ use crate::procfs::Liveness;
 /// middle state is never seen. Only the runtime's hook entry (written by the admin) sets a
 /// hook's environment, never a container.
 pub const AUDIT_LOG_ENV: &str = "VRAMGATE_AUDIT_LOG";
+/// Opt-in count of lock acquisitions for benchmarks (`bench/queue-lock.sh`): when set (an
+/// absolute path), every time a process takes the ledger lock it appends one line to that file,
+/// its pid and how long it waited for the lock in microseconds. Counted where the lock is
+/// taken, so what it counts is what hook processes really did, not a model of it; unset (as on
+/// every real host), it costs one environment lookup per lock. Set like [`AUDIT_LOG_ENV`].
+pub const LOCK_LOG_ENV: &str = "VRAMGATE_LOCK_LOG";
 /// How long a transaction waits for the lock when its caller gives no tighter budget.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -151,6 +157,24 @@ pub struct Committed {
 /// Appends one committed ledger to the audit log (see [`AUDIT_LOG_ENV`]). Best effort: the
 /// commit already happened, so a failure is reported and the transaction stands.
 fn append_audit(path: &Path, ledger_json: &[u8]) {
+    let mut line = Vec::with_capacity(ledger_json.len() + 1);
+    line.extend_from_slice(ledger_json);
+    line.push(b'\n');
+    append_line(path, &line, "audit log");
+}
+
+/// One line of the lock log ([`LOCK_LOG_ENV`]), when it is set: this lock was taken after
+/// `waited`.
+pub(super) fn log_lock(waited: Duration) {
+    if let Some(path) = std::env::var_os(LOCK_LOG_ENV) {
+        let line = format!("{} {}\n", std::process::id(), waited.as_micros());
+        append_line(Path::new(&path), line.as_bytes(), "lock log");
+    }
+}
+
+/// Appends `line` to the file at `path` (absolute, never followed through a symlink), one
+/// `write` so that lines of concurrent processes do not interleave; best effort, with a warning.
+fn append_line(path: &Path, line: &[u8], what: &str) {
     let result = if path.is_absolute() {
         OpenOptions::new()
             .append(true)
@@ -158,20 +182,12 @@ fn append_audit(path: &Path, ledger_json: &[u8]) {
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
             .open(path)
-            .and_then(|mut f| {
-                let mut line = Vec::with_capacity(ledger_json.len() + 1);
-                line.extend_from_slice(ledger_json);
-                line.push(b'\n');
-                f.write_all(&line)
-            })
+            .and_then(|mut f| f.write_all(line))
     } else {
         Err(std::io::Error::other("it is not an absolute path"))
     };
     if let Err(e) = result {
-        eprintln!(
-            "vramgate: warning: cannot append to the audit log {}: {e}",
-            path.display()
-        );
+        eprintln!("vramgate: warning: cannot append to the {what} {}: {e}", path.display());
     }
 }
 

@@ -48,7 +48,7 @@ impl Service<'_> {
         let mut queued = false;
         // The watcher exists before a ticket can be committed, so a release that lands between
         // the commit and the first sleep still wakes this waiter.
-        let new_watcher = || wake::LedgerWatcher::new(self.dir.path(), req.pending.then_some(req.bundle).flatten());
+        let new_watcher = || wake::LedgerWatcher::new(&self.dir, req.pending.then_some(req.bundle).flatten());
         let mut watcher = (req.policy == Policy::Wait).then(new_watcher);
         loop {
             match self.attempt(req, &mut progress)? {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::attempt::{At, Step};
-use super::queue_wait::Progress;
+use super::queue_wait::{Asked, Progress};
 use super::{Admission, AdmitRequest, Refusal, Result, Service, ServiceError, Shortage};
 use crate::admission::{self, Decision};
 use crate::attribution;
@@ -27,6 +27,9 @@ pub(super) struct Decided {
     snapshot: Snapshot,
     shares: Vec<GpuShare>,
     choose: Option<u32>,
+    /// The request's own shares, before a limit reserved whole for an older reader widened
+    /// them: what a waiter judges its room by ([`super::queue_wait::Asked`]).
+    asked: Vec<GpuShare>,
 }
 
 /// The resource claim a container's checked claim devices all belong to: their CDI names are
@@ -79,6 +82,7 @@ impl Service<'_> {
                 .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?,
         };
         let (mut shares, choose) = shares_for(req.request, &snapshot, req.container, req.pending)?;
+        let asked = shares.clone();
         // A hook of a release without limits waits and will read what this writes: the limit
         // is decided on and reserved whole, as that release would (see ledger/compat.rs), so
         // the rewrite that leaves limits out of the file cannot fill a GPU past its memory.
@@ -133,6 +137,7 @@ impl Service<'_> {
                     snapshot,
                     shares,
                     choose,
+                    asked,
                 });
             }
         }
@@ -144,6 +149,7 @@ impl Service<'_> {
                 snapshot,
                 shares,
                 choose,
+                asked,
             });
         }
         let decide = |ledger: &Ledger| {
@@ -183,6 +189,7 @@ impl Service<'_> {
             snapshot,
             shares,
             choose,
+            asked,
         })
     }
 
@@ -243,6 +250,7 @@ impl Service<'_> {
             snapshot,
             shares,
             choose,
+            asked,
         } = decided;
         let refuse = |ledger: &mut Ledger, log: &mut Vec<Event>, kind: Kind, refusal: Refusal| {
             log.push(self.event(kind, id, &shares, refusal.to_string()));
@@ -341,6 +349,9 @@ impl Service<'_> {
             Shortage::Memory { .. } => crate::queue_order::position(ledger, progress.ticket, &shares),
         };
         progress.last = Some((shortage.clone(), position));
+        // A container that could join its pod's claim hold takes nothing when it does, so
+        // no room can be judged for it: it keeps trying on every change.
+        progress.asked = hold.is_none().then(|| Asked::new(asked, choose, &snapshot));
         if req.policy == Policy::Reject {
             let refusal = if claim_held_by_sibling {
                 Refusal::ClaimHeldTwice {

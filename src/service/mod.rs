@@ -30,6 +30,7 @@ pub use heartbeat::{beat, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FIL
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
 pub use queue_wait::{wait_for, Progress, CONTAINER_CHECK};
 pub use release::Released;
+pub use wake::{STAT_POLL, WAKE_FILE, WAKE_SLOTS};
 
 use crate::admission::Rules;
 use crate::attribution;

@@ -349,3 +349,116 @@ fn status_shows_the_queue() {
     println!("waiter admitted {took:?} after the holder was killed");
     assert!(waiter.wait().unwrap().success());
 }
+
+/// Waiting hooks, killed and reaped however the test ends.
+struct Crowd(Vec<Child>);
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The inotify instances process `pid` holds (0 once it is gone).
+fn inotify_instances(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| {
+        fds.flatten()
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:inotify"))
+            .count()
+    })
+}
+
+#[test]
+fn a_queue_of_300_leaves_the_host_its_inotify_instances() {
+    // fs.inotify.max_user_instances (128 on Debian) counts every instance of every root
+    // process: one per waiter once made containerd's CRI plugin and the DRA driver fail with
+    // EMFILE past about 128 waiters. Built hooks, as the runtime starts them.
+    const WAITERS: usize = 300;
+    let h = support::harness(
+        "[queue]\npoll_interval = \"1s\"\n[inventory]\nbackend = \"static\"\n\
+         [[inventory.gpus]]\nindex = 0\nuuid = \"GPU-wake\"\ntotal = \"10Gi\"\n",
+    );
+    let init = vramgate_testbed::FakeContainer::start();
+    let holder = h.bundle("holder", &[("vramgate.dev/memory", "9Gi"), ("vramgate.dev/gpus", "0")]);
+    let out = h.hook(
+        "createRuntime",
+        &vramgate_testbed::oci_state("holder", Some(init.pid()), &holder),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let waiting = h.bundle(
+        "waiter",
+        &[
+            ("vramgate.dev/memory", "5Gi"),
+            ("vramgate.dev/gpus", "0"),
+            ("vramgate.dev/policy", "wait"),
+            ("vramgate.dev/timeout", "60s"),
+        ],
+    );
+    let dir = h.open_state();
+    let queued = || dir.read().map_or(0, |l| l.queue.len());
+    let mut crowd = Crowd(Vec::new());
+    for i in 0..WAITERS {
+        let state = vramgate_testbed::oci_state(&format!("w-{i}"), Some(init.pid()), &waiting);
+        crowd.0.push(h.spawn_hook("createRuntime", &state));
+        // A burst, a few dozen at a time: all at once would only measure the fork.
+        if i % 50 == 49 {
+            eventually("a batch queued", Duration::from_secs(30), || queued() > i);
+        }
+    }
+    let took = eventually("all queued", Duration::from_secs(30), || queued() == WAITERS);
+    println!("{WAITERS} waiters queued ({took:?} after the last start)");
+    let held = |crowd: &Crowd| crowd.0.iter().map(|c| inotify_instances(c.id())).sum::<usize>();
+    let instances = held(&crowd);
+    assert!(
+        (1..=usize::from(vramgate::service::WAKE_SLOTS)).contains(&instances),
+        "{WAITERS} waiters hold {instances} inotify instances"
+    );
+    // What watching the ledger's stat costs the host: the crowd's CPU over 2 s.
+    let ticks = || {
+        crowd
+            .0
+            .iter()
+            .filter_map(|c| std::fs::read_to_string(format!("/proc/{}/stat", c.id())).ok())
+            .filter_map(|stat| {
+                // utime and stime, the 14th and 15th fields; the name before them is in ().
+                let rest = &stat[stat.rfind(')')? + 2..];
+                let f: Vec<&str> = rest.split(' ').collect();
+                Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+            })
+            .sum::<u64>()
+    };
+    let (before, at) = (ticks(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    // USER_HZ is 100 on Linux: ticks per second are per cent of one core.
+    let percent = (ticks() - before) as f64 / at.elapsed().as_secs_f64();
+    println!("{WAITERS} waiters use {percent:.1} % of one core while nothing changes");
+    assert!(percent < 50.0, "{WAITERS} waiters use {percent:.1} % of one core");
+    // Another root process still gets one.
+    let other = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::IN_CLOEXEC);
+    assert!(other.is_ok(), "inotify_init while {WAITERS} wait: {other:?}");
+    drop(other);
+
+    // A holder of a slot crashes: another waiter takes its slot.
+    let crashed = crowd.0.iter().position(|c| inotify_instances(c.id()) > 0).unwrap();
+    let mut c = crowd.0.remove(crashed);
+    c.kill().unwrap();
+    c.wait().unwrap();
+    eventually("the crashed waiter's slot taken", Duration::from_secs(10), || {
+        held(&crowd) == instances
+    });
+
+    // A release still wakes the queue: the two oldest alive fit in the 10 GiB freed.
+    let out = h.hook("poststop", &vramgate_testbed::oci_state("holder", None, &holder));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let released = Instant::now();
+    let admitted = || dir.read().map_or(0, |l| l.reservations.len());
+    eventually("two waiters admitted", LOADED_MACHINE_BOUND, || admitted() == 2);
+    println!(
+        "release -> 2 admissions: {:?}; inotify instances of the waiters: {instances}",
+        released.elapsed()
+    );
+    assert!(held(&crowd) <= usize::from(vramgate::service::WAKE_SLOTS));
+}

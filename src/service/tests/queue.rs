@@ -210,7 +210,7 @@ fn a_waiter_that_wakes_after_its_poll_time_does_not_panic() {
     let service = Service::new(w.state.clone(), &w.inventory, &clock, &w.liveness, &w.config);
     let r = request(GI, "0");
     let req = admit_req("c", 1, &r, Policy::Wait);
-    let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
+    let mut watcher = wake::LedgerWatcher::new(&w.state, None);
     let started = std::time::Instant::now();
     service.sleep_until_worth_trying(&req, &Progress::default(), &mut watcher);
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -230,7 +230,7 @@ fn a_waiter_whose_container_can_no_longer_start_gives_up_its_place() {
         // The sleeping waiter notices within CONTAINER_CHECK (a second), whatever the poll
         // interval: it woke before its 10 s poll, which is all that tells the check from the
         // poll, and leaves a loaded machine the rest of those 10 s.
-        let mut watcher = wake::LedgerWatcher::new(w.state.path(), None);
+        let mut watcher = wake::LedgerWatcher::new(&w.state, None);
         let started = std::time::Instant::now();
         service.sleep_until_worth_trying(&req, &progress, &mut watcher);
         assert!(CONTAINER_CHECK < w.config.queue.poll_interval);
@@ -534,4 +534,244 @@ fn a_kept_place_goes_once_to_the_same_pod_container_within_the_first_wait() {
     let t = ledger.queue.iter().find(|t| t.container_id == "big-4").unwrap();
     assert!(t.ticket > first.ticket, "past that deadline the place is gone");
     assert!(ledger.kept_places.is_empty());
+}
+
+/// What a waiter woken by a change (`polled` false) or by its poll does: true when it would
+/// take the lock for an attempt, false when it goes back to sleep on its unlocked read.
+fn tries(service: &Service, ledger: &Ledger, progress: &Progress, polled: bool) -> bool {
+    service.worth_trying_in(ledger, progress, polled)
+}
+
+#[test]
+fn a_backfill_waiter_stays_off_the_lock_until_the_ledger_leaves_it_room() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    let service = w.service();
+    let mut ledger = Ledger::default();
+    for (id, n, gib) in [("a", 1, 5), ("b", 2, 2), ("c", 3, 2)] {
+        let r = request(gib * GI, "0");
+        assert!(admitted(
+            &first_step(&service, &mut ledger, &admit_req(id, n, &r, Policy::Wait)).0
+        ));
+    }
+    // Two waiters: big (8 GiB) first, then small (2 GiB), which backfill may let pass.
+    let (big, small) = (request(8 * GI, "0"), request(2 * GI, "0"));
+    let big_waits = queued(&service, &mut ledger, &admit_req("big", 4, &big, Policy::Wait));
+    let small_waits = queued(&service, &mut ledger, &admit_req("small", 5, &small, Policy::Wait));
+    // c leaves: 3 GiB free. Too little for big, which stays off the lock; enough for small.
+    ledger.remove_reservation("c");
+    assert!(!tries(&service, &ledger, &big_waits, false));
+    assert!(tries(&service, &ledger, &small_waits, false));
+    let mut small_waits = small_waits;
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 5, &small, Policy::Wait),
+            &mut small_waits
+        )
+        .0
+    ));
+    // b leaves: 3 GiB again, still too little for big; a leaves: 8 GiB, and big tries.
+    ledger.remove_reservation("b");
+    assert!(!tries(&service, &ledger, &big_waits, false));
+    ledger.remove_reservation("a");
+    assert!(tries(&service, &ledger, &big_waits, false));
+    let mut big_waits = big_waits;
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("big", 4, &big, Policy::Wait),
+            &mut big_waits
+        )
+        .0
+    ));
+}
+
+#[test]
+fn a_backfill_waiter_behind_one_past_the_bound_stays_off_the_lock_while_it_lives() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    w.config.queue.backfill_bound = Duration::from_secs(30);
+    let service = w.service();
+    let (big, small) = (request(8 * GI, "0"), request(2 * GI, "0"));
+    let mut ledger = Ledger::default();
+    for (id, n, gib) in [("a", 1, 6), ("b", 2, 3)] {
+        let r = request(gib * GI, "0");
+        assert!(admitted(
+            &first_step(&service, &mut ledger, &admit_req(id, n, &r, Policy::Wait)).0
+        ));
+    }
+    let _big_waits = queued(&service, &mut ledger, &admit_req("big", 3, &big, Policy::Wait));
+    let small_waits = queued(&service, &mut ledger, &admit_req("small", 4, &small, Policy::Wait));
+    // b leaves: room for small, not for big. Backfill lets small pass big for 30 s, not after:
+    // then only big leaving lets it in.
+    ledger.remove_reservation("b");
+    assert!(tries(&service, &ledger, &small_waits, false));
+    w.clock.advance(Duration::from_secs(31));
+    assert!(!tries(&service, &ledger, &small_waits, false));
+    assert!(!tries(&service, &ledger, &small_waits, true));
+    // big's hook is gone: a transaction must remove its ticket, and small makes it.
+    w.liveness.gone.borrow_mut().insert(10_003);
+    assert!(tries(&service, &ledger, &small_waits, false));
+}
+
+#[test]
+fn a_waiter_at_the_head_still_takes_the_lock_at_every_poll() {
+    for backfill in [false, true] {
+        // A holder that died without its release: the ledger still counts its 6 GiB, so no
+        // unlocked read gives the waiter room; at its poll it tries, and the attempt reclaims.
+        let mut w = World::new(1, 10 * GI);
+        w.config.queue.backfill = backfill;
+        let service = w.service();
+        service
+            .admit(&admit_req("holder", 1, &request(6 * GI, "0"), Policy::Reject))
+            .unwrap();
+        let big = request(8 * GI, "0");
+        let req = admit_req("waiter", 2, &big, Policy::Wait);
+        let mut progress = Progress::start(&w.clock);
+        assert!(matches!(service.attempt(&req, &mut progress), Ok(Step::Wait)));
+        w.liveness.gone.borrow_mut().insert(1);
+        let ledger = w.state.read().unwrap();
+        assert!(!tries(&service, &ledger, &progress, false), "a change alone");
+        assert!(
+            tries(&service, &ledger, &progress, true),
+            "its poll (backfill {backfill})"
+        );
+        let admission = service.attempt(&req, &mut progress).unwrap();
+        assert!(matches!(admission, Step::Done(Admission::Admitted { .. })));
+    }
+}
+
+#[test]
+fn memory_freed_outside_vramgate_is_found_at_a_poll() {
+    let mut w = World::new(1, 10 * GI);
+    w.config.queue.backfill = true;
+    let service = w.service();
+    // A head that does not fit (9 GiB), and behind it a waiter for 6 GiB that the ledger has
+    // room for but the GPU has not: 5 GiB are in use outside vramgate.
+    w.inventory.use_outside(0, 5 * GI);
+    let (huge, mid) = (request(9 * GI + GI / 2, "0"), request(6 * GI, "0"));
+    let mut head = Progress::start(&w.clock);
+    let mut behind = Progress::start(&w.clock);
+    let head_req = admit_req("head", 1, &huge, Policy::Wait);
+    let behind_req = admit_req("behind", 2, &mid, Policy::Wait);
+    assert!(matches!(service.attempt(&head_req, &mut head), Ok(Step::Wait)));
+    assert!(matches!(service.attempt(&behind_req, &mut behind), Ok(Step::Wait)));
+    let ledger = w.state.read().unwrap();
+    // Nothing in the ledger tells, so it tries at its polls (and changes): a lock each, which
+    // is what finding outside memory freed costs.
+    assert!(tries(&service, &ledger, &behind, true));
+    w.inventory.use_outside(0, 0);
+    let admission = service.attempt(&behind_req, &mut behind).unwrap();
+    assert!(matches!(admission, Step::Done(Admission::Admitted { .. })));
+}
+
+#[test]
+fn fifo_still_serves_only_the_head_and_stays_off_the_lock_behind_it() {
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
+    let mut ledger = held(&service, &big);
+    let big_waits = queued(&service, &mut ledger, &admit_req("big", 2, &big, Policy::Wait));
+    let small_waits = queued(&service, &mut ledger, &admit_req("small", 3, &small, Policy::Wait));
+    // small would fit, but big asked first: small tries neither on a change nor at a poll.
+    for polled in [false, true] {
+        assert!(!tries(&service, &ledger, &small_waits, polled));
+    }
+    // big heads the queue: no room on a change, but it tries at its poll, as before.
+    assert!(!tries(&service, &ledger, &big_waits, false));
+    assert!(tries(&service, &ledger, &big_waits, true));
+    // The holder leaves: big tries on the change and is admitted; small still waits for room.
+    ledger.remove_reservation("holder");
+    assert!(tries(&service, &ledger, &big_waits, false));
+    let mut big_waits = big_waits;
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("big", 2, &big, Policy::Wait),
+            &mut big_waits
+        )
+        .0
+    ));
+    assert!(tries(&service, &ledger, &small_waits, false), "at the head with room");
+    let mut small_waits = small_waits;
+    assert!(admitted(
+        &step(
+            &service,
+            &mut ledger,
+            &admit_req("small", 3, &small, Policy::Wait),
+            &mut small_waits
+        )
+        .0
+    ));
+    // A head whose hook is gone lets the next one try, which removes it.
+    let w = World::new(1, 10 * GI);
+    let service = w.service();
+    let mut ledger = held(&service, &big);
+    let _gone = queued(&service, &mut ledger, &admit_req("gone", 2, &big, Policy::Wait));
+    let next = queued(&service, &mut ledger, &admit_req("next", 3, &small, Policy::Wait));
+    assert!(!tries(&service, &ledger, &next, false));
+    w.liveness.gone.borrow_mut().insert(10_002);
+    assert!(tries(&service, &ledger, &next, false));
+}
+
+#[test]
+fn only_a_few_waiters_hold_an_inotify_instance_and_a_freed_slot_is_taken() {
+    // fs.inotify.max_user_instances is shared by every root process on the node: a queue of
+    // any length holds at most WAKE_SLOTS instances, and the rest watch the ledger's stat.
+    let w = World::new(1, GI);
+    let mut watchers: Vec<_> = (0..3 * usize::from(WAKE_SLOTS))
+        .map(|_| wake::LedgerWatcher::new(&w.state, None))
+        .collect();
+    let holding = |ws: &[wake::LedgerWatcher]| ws.iter().filter(|w| w.has_slot()).count();
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS));
+    // A holder admitted or crashed closes its slot's file (the kernel does it for a crash):
+    // a waiter without one takes it at its next try (SLOT_RETRY, a second).
+    let first = watchers.iter().position(|w| w.has_slot()).unwrap();
+    drop(watchers.remove(first));
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS) - 1);
+    let started = std::time::Instant::now();
+    while holding(&watchers) < usize::from(WAKE_SLOTS) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the freed slot was never taken"
+        );
+        for w in watchers.iter_mut().filter(|w| !w.has_slot()) {
+            let _ = w.wait(Duration::from_millis(10));
+        }
+    }
+    assert_eq!(holding(&watchers), usize::from(WAKE_SLOTS));
+}
+
+#[test]
+fn a_waiter_without_a_slot_learns_of_a_commit_from_the_ledgers_stat() {
+    let w = World::new(1, GI);
+    let holders: Vec<_> = (0..WAKE_SLOTS)
+        .map(|_| wake::LedgerWatcher::new(&w.state, None))
+        .collect();
+    assert!(holders.iter().all(|h| h.has_slot()));
+    let mut watcher = wake::LedgerWatcher::new(&w.state, None);
+    assert!(!watcher.has_slot());
+    // Nothing changed: the wait runs out, false.
+    assert!(!watcher.wait(3 * STAT_POLL));
+    let committer = {
+        let state = w.state.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(2 * STAT_POLL);
+            // A change, or the commit writes nothing.
+            let mut tx = state.begin().unwrap();
+            tx.ledger.next_ticket += 1;
+            assert!(tx.commit().unwrap().changed);
+        })
+    };
+    let started = std::time::Instant::now();
+    assert!(watcher.wait(Duration::from_secs(5)), "the commit was not seen");
+    // Within a few stat polls of the commit, far inside the wait.
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    committer.join().unwrap();
+    // And the same commit is not seen twice.
+    assert!(!watcher.wait(2 * STAT_POLL));
 }
