@@ -56,28 +56,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 /// Per pod: allocation to bind, and allocation to the driver's `reserved` answer (ms).
 fn run(c: &Cluster, binding_conditions: bool, pods: usize) -> Vec<(f64, Option<f64>)> {
-    let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
-    c.apply_file(&k8s.join("dra.yaml"));
-    let token = c.kubectl_ok(&[
-        "create",
-        "token",
-        "vramgate-dra",
-        "-n",
-        "kube-system",
-        "--bound-object-kind",
-        "Node",
-        "--bound-object-name",
-        &c.node,
-        "--duration",
-        "1h",
-    ]);
-    let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
-    let cdi_dir = c.tb().dir.join("containerd/cdi");
     let flag = format!("--binding-conditions={binding_conditions}");
-    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, &[&flag]);
-    c.wait("kubelet registers the driver", POD_LIMIT, "kubelet", || {
-        (driver.log_text().contains("registered with kubelet as"), ())
-    });
+    let driver = start_dra_driver(c, &[&flag]);
     c.wait("the slice is published", POD_LIMIT, "vramgate-dra", || {
         let slices = c.get_json(&["resourceslices"]).unwrap_or_default();
         let ours = slices["items"].as_array().into_iter().flatten().any(|s| {

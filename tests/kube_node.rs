@@ -675,39 +675,7 @@ impl Drop for DeleteSlices<'_> {
 /// ServiceAccount's token bound to this node, as the DaemonSet's projected token is, so that
 /// the shipped admission policies and the API server's associated-node check judge its writes.
 fn start_driver(c: &Cluster) -> dra_support::Driver {
-    start_driver_with(c, &[])
-}
-
-/// [`start_driver`] with more of the driver's flags.
-fn start_driver_with(c: &Cluster, extra: &[&str]) -> dra_support::Driver {
-    let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
-    c.apply_file(&k8s.join("dra.yaml"));
-    let token = c.kubectl_ok(&[
-        "create",
-        "token",
-        "vramgate-dra",
-        "-n",
-        "kube-system",
-        "--bound-object-kind",
-        "Node",
-        "--bound-object-name",
-        &c.node,
-        "--duration",
-        "1h",
-    ]);
-    let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
-    let cdi_dir = c.tb().dir.join("containerd/cdi");
-    let registrations = |log: &str| log.matches("registered with kubelet as").count();
-    let before = registrations(&std::fs::read_to_string(c.dir.join("vramgate-dra.log")).unwrap_or_default());
-    let driver = dra_support::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, extra);
-    // Returned once kubelet has registered this process: a pod created before that (its
-    // slice may be the previous driver's, still published) has kubelet dial the previous
-    // process's socket, fail its prepare and retry only after its back-off (60 to 80 s here).
-    c.wait("kubelet registers the driver", POD_LIMIT, "kubelet", || {
-        let log = driver.log_text();
-        (registrations(&log) > before, tail_text(&log, 5))
-    });
-    driver
+    start_dra_driver(c, &[])
 }
 
 /// The driver's slice for this node, if published.
@@ -752,11 +720,6 @@ fn wait_slice(
     })
     .1
     .unwrap_or_default()
-}
-
-fn tail_text(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A ResourceClaimTemplate `name` asking `count` devices of vramgate's class with `memory` each.
@@ -1042,7 +1005,7 @@ fn dra_claim_shared_by_two_containers_of_a_pod_runs_in_both(c: &Cluster) {
 /// restarted while the pod runs (it deletes the node's slices at start): the driver registers
 /// and publishes again, nothing is restarted or counted twice; deleting the pod releases it.
 fn dra_driver_and_kubelet_restarted_mid_way_lose_nothing(c: &Cluster) {
-    let mut driver = start_driver_with(c, &["--binding-conditions=false"]);
+    let mut driver = start_dra_driver(c, &["--binding-conditions=false"]);
     wait_slice(c, &driver, "the driver's slice offers the GPU's 8Gi", &["8Gi"], |s| {
         s["spec"]["devices"][0]["bindingConditions"].is_null()
     });

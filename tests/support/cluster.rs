@@ -540,3 +540,45 @@ pub fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "panicked".into())
 }
+
+/// The built `vramgate-dra` as a process on the host with `extra` flags, after k8s/dra.yaml
+/// (DeviceClass, RBAC, admission policies) is applied server-side, with its ServiceAccount's
+/// token bound to this node, as the DaemonSet's projected token is, so that the shipped
+/// admission policies and the API server's associated-node check judge its writes.
+pub fn start_dra_driver(c: &Cluster, extra: &[&str]) -> crate::support::dra::Driver {
+    let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
+    c.apply_file(&k8s.join("dra.yaml"));
+    let token = c.kubectl_ok(&[
+        "create",
+        "token",
+        "vramgate-dra",
+        "-n",
+        "kube-system",
+        "--bound-object-kind",
+        "Node",
+        "--bound-object-name",
+        &c.node,
+        "--duration",
+        "1h",
+    ]);
+    let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
+    let cdi_dir = c.tb().dir.join("containerd/cdi");
+    let registrations = |log: &str| log.matches("registered with kubelet as").count();
+    let before = registrations(&std::fs::read_to_string(c.dir.join("vramgate-dra.log")).unwrap_or_default());
+    let driver =
+        crate::support::dra::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, extra);
+    // Returned once kubelet has registered this process: a pod created before that (its
+    // slice may be the previous driver's, still published) has kubelet dial the previous
+    // process's socket, fail its prepare and retry only after its back-off (60 to 80 s here).
+    c.wait("kubelet registers the driver", POD_LIMIT, "kubelet", || {
+        let log = driver.log_text();
+        (registrations(&log) > before, tail_text(&log, 5))
+    });
+    driver
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail_text(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
