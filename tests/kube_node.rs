@@ -81,6 +81,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         "dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to_the_scheduler",
         dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to_the_scheduler,
     ),
+    (
+        "dra_pod_the_first_node_cannot_hold_is_placed_on_a_second_node",
+        dra_pod_the_first_node_cannot_hold_is_placed_on_a_second_node,
+    ),
 ];
 
 /// What a test pod is: every one runs the imported busybox image until stopped.
@@ -737,6 +741,11 @@ fn claim_template(c: &Cluster, name: &str, count: u64, memory: &str) {
 /// A pod of the vramgate RuntimeClass whose containers `containers` all use one claim made
 /// from `template`.
 fn dra_pod(c: &Cluster, name: &str, template: &str, containers: &[&str]) {
+    c.apply(&dra_pod_json(name, template, containers).to_string());
+}
+
+/// The pod [`dra_pod`] applies.
+fn dra_pod_json(name: &str, template: &str, containers: &[&str]) -> Value {
     let mut pod: Value = serde_json::from_str(&pod_yaml(
         name,
         &PodSpec {
@@ -756,7 +765,7 @@ fn dra_pod(c: &Cluster, name: &str, template: &str, containers: &[&str]) {
         })
         .collect();
     pod["spec"]["resourceClaims"] = serde_json::json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
-    c.apply(&pod.to_string());
+    pod
 }
 
 /// Prints how long a step took when it took more than 5 s (where a scenario's time goes).
@@ -1470,4 +1479,145 @@ fn dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to
     wait_ledger(c, "nothing is reserved", vec![]);
     c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-held"]);
     drop(driver);
+}
+
+/// The devices' memory in the driver's slice for node `node`, in the slice's order.
+fn offered_on(c: &Cluster, node: &str) -> Vec<String> {
+    let slices = c.get_json(&["resourceslices"]).unwrap_or_default();
+    slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["spec"]["driver"] == dra_support::DRIVER && s["spec"]["nodeName"] == node)
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| {
+            d["capacity"]["memory"]["value"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// The node a claim's allocation names (its node selector's one `metadata.name`).
+fn allocated_node(claim: &Value) -> String {
+    let term = &claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0];
+    term["matchFields"][0]["values"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no node in the allocation: {claim}"))
+        .to_string()
+}
+
+/// The case binding conditions exist for, across nodes: a pod the node kube-scheduler chose
+/// cannot hold goes back to the scheduler and is placed on another node, with nobody's help.
+/// A second node joins (its own kubelet, root, containerd and ledger, 8Gi like the first). The
+/// first node's driver is stopped (SIGSTOP) while a runc container takes 4Gi of its GPU; a pod
+/// whose claim asks 6Gi, preferring the first node, is allocated there from the stale slice.
+/// Once the driver runs again, it refuses the claim with vramgate's line, the scheduler takes
+/// the allocation back, and places the pod on the second node, where it runs with the 6Gi
+/// held in that node's ledger. The first node's ledger never holds the claim.
+fn dra_pod_the_first_node_cannot_hold_is_placed_on_a_second_node(c: &Cluster) {
+    // The second kubelet runs in a mount namespace of its own, where its device-plugin
+    // directory (which --root-dir does not move, and which kubelet empties at start) is not
+    // the first one's.
+    use std::os::unix::fs::MetadataExt;
+    let first_socket = std::path::Path::new(DEVICE_PLUGINS).join("kubelet.sock");
+    let socket_inode = || std::fs::metadata(&first_socket).map(|m| m.ino()).ok();
+    let first_inode = socket_inode();
+    assert!(first_inode.is_some(), "{} is missing", first_socket.display());
+    let second = c.start_second_node();
+    assert_eq!(
+        socket_inode(),
+        first_inode,
+        "the second kubelet replaced the first one's socket"
+    );
+    let other = second.info.node.clone();
+    let driver = start_driver(c);
+    let second_driver = second.start_dra_driver(&[]);
+    wait_slice(c, &driver, "the first node's slice offers 8Gi", &["8Gi"], |_| true);
+    c.wait("the second node's slice offers 8Gi", POD_LIMIT, "vramgate-dra", || {
+        let offered = offered_on(c, &other);
+        (offered == ["8Gi"], (offered, tail_text(&second_driver.log_text(), 5)))
+    });
+    claim_template(c, "gpu-6gi-two-nodes", 1, "6Gi");
+    let stopped = nix::unistd::Pid::from_raw(driver.child.id() as i32);
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let tb = c.tb();
+    let bundle = tb
+        .bundle(
+            "outside-two-nodes",
+            &["sleep", "600"],
+            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "0")],
+            &[],
+            true,
+        )
+        .unwrap();
+    let mut outside = tb
+        .runc_run(&bundle, "outside-two-nodes")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ledger(
+        c,
+        "the runc container's 4Gi is reserved on the first node",
+        vec![("outside-two-nodes".into(), 4)],
+    );
+    let mut pod = dra_pod_json("dra-two-nodes", "gpu-6gi-two-nodes", &["main"]);
+    pod["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [c.node]}]}}]}});
+    c.apply(&pod.to_string());
+    let first = wait_allocated(c, "dra-two-nodes");
+    assert_eq!(allocated_node(&first), c.node, "the preferred node first: {first}");
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGCONT).unwrap();
+
+    let running = wait_dra_running(c, &second_driver, "dra-two-nodes");
+    assert_eq!(running["spec"]["nodeName"], other.as_str(), "{running}");
+    let refused = pod_event_with(c, "dra-two-nodes", "MemoryUnavailable")
+        .unwrap_or_else(|| panic!("no refusal from the first node in the pod's events: {}", c.state()));
+    assert!(refused.contains("vramgate:"), "{refused}");
+    let claim = claims(c)
+        .into_iter()
+        .find(|cl| cl["metadata"]["ownerReferences"][0]["name"] == "dra-two-nodes")
+        .expect("the pod's claim");
+    assert_eq!(allocated_node(&claim), other, "{claim}");
+    let id = container_id(&running);
+    c.wait(
+        "the second node holds the claim's 6Gi, by its container",
+        POD_LIMIT,
+        "second-kubelet",
+        || {
+            let held = second.ledger();
+            (held == [(id.clone(), 6)], held)
+        },
+    );
+    assert_eq!(
+        ledger(c),
+        [("outside-two-nodes".to_string(), 4)],
+        "the first node never held the claim"
+    );
+
+    delete_dra_pod(c, "dra-two-nodes");
+    c.wait("the second node's ledger is empty", POD_LIMIT, "vramgate-dra", || {
+        let held = second.ledger();
+        (held.is_empty(), held)
+    });
+    c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-two-nodes"]);
+    tb.runc(&["kill", "outside-two-nodes", "KILL"]).output().unwrap();
+    let _ = outside.wait();
+    let _ = tb.runc(&["delete", "--force", "outside-two-nodes"]).output();
+    wait_ledger(c, "nothing is reserved on the first node", vec![]);
+    drop(second_driver);
+    drop(driver);
+    drop(second);
+    assert!(
+        c.get_json(&["node", &other]).is_none(),
+        "the second node is gone from the API"
+    );
+    assert_eq!(
+        socket_inode(),
+        first_inode,
+        "the first kubelet's socket is its own still"
+    );
 }

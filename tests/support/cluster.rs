@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use testnode::host_before::HostBefore;
 use testnode::kube::Kube;
-use testnode::node::{control, NodeFile, HOST_FILE};
+use testnode::node::{control, NodeFile, SecondNodeFile, HOST_FILE};
 // What the scenarios check the node against.
 #[allow(unused_imports)]
 pub use testnode::node::{
@@ -546,6 +546,26 @@ pub fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
 /// token bound to this node, as the DaemonSet's projected token is, so that the shipped
 /// admission policies and the API server's associated-node check judge its writes.
 pub fn start_dra_driver(c: &Cluster, extra: &[&str]) -> crate::support::dra::Driver {
+    let on = DriverNode {
+        node: &c.node,
+        kube_dir: &c.dir,
+        config: &c.tb().config_path,
+        cdi_dir: &c.tb().dir.join("containerd/cdi"),
+    };
+    start_dra_driver_on(c, &on, extra)
+}
+
+/// The node a DRA driver serves: its name, kubelet's files (its root is `kube_dir/kubelet`;
+/// the driver's log goes there), its vramgate config and its containerd's CDI directory.
+pub struct DriverNode<'a> {
+    pub node: &'a str,
+    pub kube_dir: &'a Path,
+    pub config: &'a Path,
+    pub cdi_dir: &'a Path,
+}
+
+/// [`start_dra_driver`] for the node `on`.
+pub fn start_dra_driver_on(c: &Cluster, on: &DriverNode, extra: &[&str]) -> crate::support::dra::Driver {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
     let token = c.kubectl_ok(&[
@@ -557,16 +577,14 @@ pub fn start_dra_driver(c: &Cluster, extra: &[&str]) -> crate::support::dra::Dri
         "--bound-object-kind",
         "Node",
         "--bound-object-name",
-        &c.node,
+        on.node,
         "--duration",
         "1h",
     ]);
-    let kubeconfig = c.write_kubeconfig("vramgate-dra", &token);
-    let cdi_dir = c.tb().dir.join("containerd/cdi");
+    let kubeconfig = c.write_kubeconfig(&format!("vramgate-dra-{}", on.node), &token);
     let registrations = |log: &str| log.matches("registered with kubelet as").count();
-    let before = registrations(&std::fs::read_to_string(c.dir.join("vramgate-dra.log")).unwrap_or_default());
-    let driver =
-        crate::support::dra::Driver::start_as(&c.dir, &c.tb().config_path, &kubeconfig, &c.node, &cdi_dir, extra);
+    let before = registrations(&std::fs::read_to_string(on.kube_dir.join("vramgate-dra.log")).unwrap_or_default());
+    let driver = crate::support::dra::Driver::start_as(on.kube_dir, on.config, &kubeconfig, on.node, on.cdi_dir, extra);
     // Returned once kubelet has registered this process: a pod created before that (its
     // slice may be the previous driver's, still published) has kubelet dial the previous
     // process's socket, fail its prepare and retry only after its back-off (60 to 80 s here).
@@ -575,6 +593,61 @@ pub fn start_dra_driver(c: &Cluster, extra: &[&str]) -> crate::support::dra::Dri
         (registrations(&log) > before, tail_text(&log, 5))
     });
     driver
+}
+
+/// The second node (`second up` on the node's control socket), for as long as this lives: a
+/// kubelet of its own (its own name, root and containerd 2.1) and its own vramgate config,
+/// ledger and simulated GPU ([`SECOND_GPU`](testnode::node::SECOND_GPU)), joined to the
+/// cluster. Dropped: `second down` deletes its pods, stops it and removes its Node.
+pub struct SecondNode<'a> {
+    c: &'a Cluster,
+    pub info: SecondNodeFile,
+    /// Its vramgate testbed (config, ledger), as the first node's is [`Cluster::tb`].
+    pub tb: vramgate_testbed::Testbed,
+}
+
+impl Cluster {
+    /// Starts the second node; returns once it is Ready.
+    pub fn start_second_node(&self) -> SecondNode<'_> {
+        let started = Instant::now();
+        control(&self.info.control_socket, "second up", Duration::from_secs(300)).unwrap_or_else(|e| panic!("{e}"));
+        let info = SecondNodeFile::read(&self.info.dir).unwrap_or_else(|e| panic!("{e}"));
+        let tb = vramgate_testbed::Testbed::open(&info.dir, "runc", &self.info.vramgate_bin.join("vramgate-hook"))
+            .unwrap_or_else(|e| panic!("the second node's testbed in {}: {e:#}", info.dir.display()));
+        eprintln!("  second node {} Ready in {:?}", info.node, started.elapsed());
+        SecondNode { c: self, info, tb }
+    }
+}
+
+impl SecondNode<'_> {
+    /// The built `vramgate-dra` for this node, as [`start_dra_driver`] starts the first's.
+    pub fn start_dra_driver(&self, extra: &[&str]) -> crate::support::dra::Driver {
+        let on = DriverNode {
+            node: &self.info.node,
+            kube_dir: &self.info.kube_dir,
+            config: &self.info.vramgate_config,
+            cdi_dir: &self.info.cdi_dir,
+        };
+        start_dra_driver_on(self.c, &on, extra)
+    }
+
+    /// What its ledger holds: (id, GiB), sorted.
+    pub fn ledger(&self) -> Vec<(String, u64)> {
+        let mut held: Vec<(String, u64)> = reservations(&self.tb)
+            .into_iter()
+            .map(|(id, b)| (id, b / GIB))
+            .collect();
+        held.sort();
+        held
+    }
+}
+
+impl Drop for SecondNode<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = control(&self.c.info.control_socket, "second down", Duration::from_secs(180)) {
+            eprintln!("second down: {e}");
+        }
+    }
 }
 
 /// The last `lines` lines of `text`.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::host_dirs::flock_at;
-use crate::node::{BRIDGE, CGROUP_ROOT, DEVICE_PLUGINS, HOST_LOCK, KUBELET_SYSCTLS};
+use crate::node::{BRIDGE, CGROUP_ROOT, DEVICE_PLUGINS, HOST_LOCK, KUBELET_SYSCTLS, SECOND_CGROUP_ROOT};
 
 /// The host as it was before the node: what teardown puts back and then checks.
 #[derive(Debug, Serialize, Deserialize)]
@@ -219,8 +219,10 @@ pub fn leftovers(dir: Option<&Path>, bin: &Path) -> Vec<String> {
         }
     }
     for h in cgroup_hierarchies() {
-        if h.join(CGROUP_ROOT).exists() {
-            left.push(format!("the cgroup {} is still there", h.join(CGROUP_ROOT).display()));
+        for root in [CGROUP_ROOT, SECOND_CGROUP_ROOT] {
+            if h.join(root).exists() {
+                left.push(format!("the cgroup {} is still there", h.join(root).display()));
+            }
         }
     }
     if let Some(dir) = dir.filter(|d| d.exists()) {

@@ -32,6 +32,10 @@
 //!   Other chains (another test binary's Docker) are left alone.
 //! - containerd 2.1's /run/containerd/{s,runc/k8s.io}, CNI's /var/lib/cni, and the CNI bridge's
 //!   link: removed when this node made them.
+//!
+//! A second node joins on request (`second up` on the control socket, supervisor/second.rs):
+//! its own kubelet, root, containerd and vramgate ledger, for the scenarios where
+//! kube-scheduler chooses between nodes.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -77,6 +81,13 @@ const KCM: u16 = 10357;
 const SCHEDULER: u16 = 10359;
 const KUBELET: u16 = 10350;
 const KUBELET_HEALTHZ: u16 = 10348;
+/// The second node's kubelet ([`SecondNodeFile`]).
+const SECOND_KUBELET: u16 = 10352;
+const SECOND_KUBELET_HEALTHZ: u16 = 10346;
+/// The second node's pods' cgroup root, in every hierarchy.
+pub const SECOND_CGROUP_ROOT: &str = "vramgate-kube-second";
+/// The second node's one simulated GPU, as large as the first node's.
+pub const SECOND_GPU: &str = "GPU-4b000000-0000-0000-0000-000000000046";
 /// What kubelet sets at start (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables
 /// with protectKernelDefaults off).
 pub const KUBELET_SYSCTLS: &[&str] = &[
@@ -160,6 +171,8 @@ pub fn kubernetes_bin() -> PathBuf {
 
 /// The file a Ready node's supervisor writes in its directory for its clients.
 pub const NODE_FILE: &str = "node.json";
+/// The file the supervisor writes once the second node is Ready, removed when it goes.
+pub const SECOND_FILE: &str = "second.json";
 /// The host as it was, written before anything changes it.
 pub const HOST_FILE: &str = "host-before.json";
 /// The pids of the node's processes, rewritten on every start and stop.
@@ -236,6 +249,37 @@ impl NodeFile {
             logs: self.logs.clone(),
         }
     }
+}
+
+/// The second node, as a client uses it: written by the supervisor once it is Ready. Its own
+/// vramgate config, ledger and simulated GPU; its kubelet's root is `kube_dir/kubelet` (where a
+/// DRA driver for it registers), its containerd's CDI directory `cdi_dir`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecondNodeFile {
+    pub node: String,
+    /// Its vramgate testbed (config, state, rootfs); everything of the node is under it.
+    pub dir: PathBuf,
+    pub vramgate_config: PathBuf,
+    /// kubelet's files (its root, config, logs).
+    pub kube_dir: PathBuf,
+    pub containerd: ContainerdFile,
+    pub cdi_dir: PathBuf,
+}
+
+impl SecondNodeFile {
+    /// The second node of the node in `dir`, or one line saying why there is none.
+    pub fn read(dir: &Path) -> Result<SecondNodeFile, String> {
+        let path = dir.join(SECOND_FILE);
+        let text = std::fs::read(&path)
+            .map_err(|e| format!("{}: {e}: no second node (ask for one with `second up`)", path.display()))?;
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// The second node's vramgate config beyond its state directory: one simulated GPU of the
+/// first node's size.
+pub fn second_config_extra() -> String {
+    default_config_extra().replace(SIMULATED_GPU, SECOND_GPU)
 }
 
 /// What `testnode up` is given.

@@ -20,6 +20,8 @@ use crate::host_dirs::{host_dirs_enter, host_dirs_leave};
 use crate::kube::Kube;
 use crate::process::{daemon, path_with_sbin, require, run_ok, stderr, stop_pid};
 
+mod second;
+
 struct Component {
     name: &'static str,
     child: Child,
@@ -32,6 +34,8 @@ struct Running {
     containerd: Option<Child>,
     /// How each containerd that ended ended (raw wait statuses), in order.
     containerd_exits: Vec<i32>,
+    /// The second node, while it is up (its processes are among `components`).
+    second: Option<SecondNodeFile>,
 }
 
 /// The node's supervisor: it started everything, keeps containerd running, answers its
@@ -139,6 +143,7 @@ impl Supervisor {
                 components: Vec::new(),
                 containerd: None,
                 containerd_exits: Vec::new(),
+                second: None,
             }),
             changed: Condvar::new(),
             _lock: lock,
@@ -191,7 +196,8 @@ impl Supervisor {
                 "admintoken,admin,admin,system:masters\n\
                  kcmtoken,system:kube-controller-manager,kcm\n\
                  schedtoken,system:kube-scheduler,sched\n\
-                 nodetoken,system:node:{node},node,system:nodes\n"
+                 nodetoken,system:node:{node},node,system:nodes\n\
+                 secondnodetoken,system:node:{node}-second,second-node,system:nodes\n"
             ),
         )
         .unwrap();
@@ -200,6 +206,7 @@ impl Supervisor {
             ("kcm", "kcmtoken"),
             ("sched", "schedtoken"),
             ("kubelet", "nodetoken"),
+            ("second-kubelet", "secondnodetoken"),
         ] {
             write_kubeconfig(&self.dir, name, token);
         }
@@ -208,18 +215,24 @@ impl Supervisor {
     /// Starts `program` as component `name`, its output in `<name>.log` (appended: a restart
     /// keeps the first run's lines).
     fn spawn(&self, name: &'static str, program: &Path, args: &[String], path: Option<&str>) {
-        let log = self.kube.log(name);
         let mut cmd = daemon(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(
+        cmd.args(args);
+        if let Some(path) = path {
+            cmd.env("PATH", path);
+        }
+        self.spawn_command(name, cmd);
+    }
+
+    /// Starts `cmd` (a [`daemon`]) as component `name`, as [`Supervisor::spawn`] does.
+    fn spawn_command(&self, name: &'static str, mut cmd: Command) {
+        let log = self.kube.log(name);
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&log)
                 .unwrap_or_else(|e| panic!("{}: {e}", log.display())),
         );
-        if let Some(path) = path {
-            cmd.env("PATH", path);
-        }
         let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {name}: {e}"));
         let mut running = self.running.lock().unwrap();
         running.components.push(Component { name, child });
@@ -305,6 +318,16 @@ impl Supervisor {
     /// (so that the node reports its network ready) and the node's images imported.
     fn start_containerd(&self, tb: &Testbed) {
         let ctd = &self.info.containerd;
+        self.configure_containerd(ctd, tb);
+        self.spawn_containerd();
+        self.import_images(ctd, tb, "containerd");
+    }
+
+    /// containerd's config in `ctd.dir` for the node whose vramgate testbed is `tb`: its host
+    /// config, the CNI bridge config (so that the node reports its network ready; one bridge
+    /// and one address store for the nodes of this host), and the drop-in of the built
+    /// `vramgate setup containerd`.
+    fn configure_containerd(&self, ctd: &ContainerdFile, tb: &Testbed) {
         let cni = ctd.dir.join("cni");
         for sub in ["cni/bin", "cni/net.d", "cdi"] {
             std::fs::create_dir_all(ctd.dir.join(sub)).unwrap();
@@ -325,7 +348,7 @@ impl Supervisor {
                 {"type": "bridge", "bridge": BRIDGE, "isGateway": true, "ipMasq": false,
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.45.0/24"}]],
                           "routes": [{"dst": "0.0.0.0/0"}],
-                          "dataDir": tb.dir.join("cni-ipam").display().to_string()}},
+                          "dataDir": self.info.dir.join("cni-ipam").display().to_string()}},
                 {"type": "loopback"}
             ]
         });
@@ -341,25 +364,26 @@ impl Supervisor {
                 .arg("--containerd-config")
                 .arg(&ctd.main_config),
         );
-        self.spawn_containerd();
-        let info = self.crictl_json(&["info"]);
+    }
+
+    /// Checks that the running containerd at `ctd` has vramgate's runtime, and imports the
+    /// node's images (built from `tb`'s rootfs) into it; `log` names its log for a failure.
+    fn import_images(&self, ctd: &ContainerdFile, tb: &Testbed, log: &str) {
+        let crictl_on = |args: &[&str]| crictl(&self.bin, &ctd.address, args);
+        let info: serde_json::Value = serde_json::from_str(&run_ok(&mut crictl_on(&["info"]))).unwrap_or_default();
         assert!(
             info["config"]["containerd"]["runtimes"][HANDLER].is_object(),
             "containerd has no `{HANDLER}` runtime after `vramgate setup containerd`: {}",
             info["config"]["containerd"]["runtimes"]
         );
         let tar = build_images(tb);
-        run_ok(self.ctr(&["images", "import"]).arg(&tar));
+        run_ok(crate::containerd::ctr(&ctd.path, &ctd.address, &["images", "import"]).arg(&tar));
         for image in [PAUSE_IMAGE, APP_IMAGE] {
-            self.kube.wait(
-                &format!("the CRI plugin sees {image}"),
-                CONTAINERD_LIMIT,
-                "containerd",
-                || {
-                    let out = self.crictl(&["inspecti", image]).output().unwrap();
+            self.kube
+                .wait(&format!("the CRI plugin sees {image}"), CONTAINERD_LIMIT, log, || {
+                    let out = crictl_on(&["inspecti", image]).output().unwrap();
                     (out.status.success(), stderr(&out))
-                },
-            );
+                });
         }
     }
 
@@ -391,10 +415,6 @@ impl Supervisor {
         crictl(&self.bin, &self.info.containerd.address, args)
     }
 
-    fn crictl_json(&self, args: &[&str]) -> serde_json::Value {
-        serde_json::from_str(&run_ok(&mut self.crictl(args))).unwrap_or_default()
-    }
-
     /// ctr in the CRI plugin's `k8s.io` namespace.
     pub fn ctr(&self, args: &[&str]) -> Command {
         crate::containerd::ctr(&self.info.containerd.path, &self.info.containerd.address, args)
@@ -405,37 +425,13 @@ impl Supervisor {
     }
 
     fn kubelet_config(&self) -> PathBuf {
-        let d = self.dir.display();
-        let socket = self.containerd_socket().display();
-        let config = format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-containerRuntimeEndpoint: unix://{socket}
-cgroupDriver: cgroupfs
-cgroupRoot: /{CGROUP_ROOT}
-failSwapOn: false
-# Since 1.35 kubelet refuses a cgroup v1 host unless told; this one mounts the v1 controllers.
-failCgroupV1: false
-port: {KUBELET}
-healthzPort: {KUBELET_HEALTHZ}
-readOnlyPort: 0
-podLogsDir: {d}/podlogs
-authentication:
-  anonymous: {{enabled: true}}
-  webhook: {{enabled: false}}
-authorization: {{mode: AlwaysAllow}}
-# The images are imported and cannot be pulled again: never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{}}
-# kubelet's deadline on each CRI call (2m by default), short so that a test can wait past it:
-# a start queued in vramgate longer than this is cancelled by kubelet itself.
-runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
-"
-        );
-        let path = self.dir.join("kubelet.yaml");
-        std::fs::write(&path, config).unwrap();
-        path
+        kubelet_config(
+            &self.dir,
+            self.containerd_socket(),
+            CGROUP_ROOT,
+            KUBELET,
+            KUBELET_HEALTHZ,
+        )
     }
 
     /// Starts kubelet (again, after [`Supervisor::stop_kubelet`]).
@@ -508,6 +504,8 @@ runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
             std::thread::sleep(Duration::from_millis(50));
         }
         eprintln!("testnode: stopping the node");
+        // The second node first, while the API server runs: its Node object goes too.
+        supervisor.second_down();
         teardown(&supervisor.info.dir, Some(&supervisor.kube), supervisor.kubelet_runs());
         host_dirs_leave();
     }
@@ -563,11 +561,13 @@ runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
                 (Ok(after), Ok(seconds)) => self.wait_containerd_exit(after, Duration::from_secs(seconds)),
                 _ => format!("error: bad request {line:?}"),
             },
+            ["second", "up"] => self.second_up(),
+            ["second", "down"] => self.second_down(),
             ["down"] => {
                 STOP.store(true, Ordering::SeqCst);
                 "ok".to_string()
             }
-            _ => format!("error: unknown request {:?} (kubelet stop|start, containerd pid|exits, containerd wait-exit N SECONDS, down)", line.trim()),
+            _ => format!("error: unknown request {:?} (kubelet stop|start, containerd pid|exits, containerd wait-exit N SECONDS, second up|down, down)", line.trim()),
         };
         let _ = (&stream).write_all(format!("{reply}\n").as_bytes());
     }
@@ -585,4 +585,40 @@ runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
         }
         format!("exited {}", running.containerd_exits[after])
     }
+}
+
+/// kubelet's config in `dir` (`kubelet.yaml`) for a node on the containerd at `socket`, with
+/// its pods under cgroup `cgroup_root` and its ports; returns its path.
+fn kubelet_config(dir: &Path, socket: &Path, cgroup_root: &str, port: u16, healthz: u16) -> PathBuf {
+    let d = dir.display();
+    let socket = socket.display();
+    let config = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://{socket}
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup_root}
+failSwapOn: false
+# Since 1.35 kubelet refuses a cgroup v1 host unless told; this one mounts the v1 controllers.
+failCgroupV1: false
+port: {port}
+healthzPort: {healthz}
+readOnlyPort: 0
+podLogsDir: {d}/podlogs
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+# The images are imported and cannot be pulled again: never collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{}}
+# kubelet's deadline on each CRI call (2m by default), short so that a test can wait past it:
+# a start queued in vramgate longer than this is cancelled by kubelet itself.
+runtimeRequestTimeout: {RUNTIME_REQUEST_TIMEOUT_S}s
+"
+    );
+    let path = dir.join("kubelet.yaml");
+    std::fs::write(&path, config).unwrap();
+    path
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{crictl, NodeFile, CGROUP_ROOT, HOST_FILE, PIDS_FILE};
+use super::{crictl, NodeFile, SecondNodeFile, CGROUP_ROOT, HOST_FILE, PIDS_FILE, SECOND_CGROUP_ROOT};
 use crate::host_before::{cgroup_hierarchies, HostBefore};
 use crate::kube::Kube;
 use crate::process::{remove_cgroup, stop_pid, unmount_under};
@@ -47,23 +47,27 @@ pub fn teardown(dir: &Path, kube: Option<&Kube>, kubelet_runs: bool) {
         kube.delete_all_pods();
     }
     stop("kubelet", Duration::from_secs(20));
-    let config = dir.join("config.toml");
+    stop("second-kubelet", Duration::from_secs(20));
     if let Some(info) = &info {
-        kill_queued_hooks(&info.vramgate_bin.join("vramgate"), &config);
-        let _ = crictl(
-            &info.kubernetes_bin,
-            &info.containerd.address,
-            &["rmp", "--all", "--force"],
-        )
-        .output();
+        // The second node's too, when it was up (its supervisor's `second down` did not run).
+        let second = SecondNodeFile::read(dir).ok();
+        let nodes = [(dir.join("config.toml"), info.containerd.address.clone())]
+            .into_iter()
+            .chain(second.map(|s| (s.vramgate_config, s.containerd.address)));
+        for (config, address) in nodes {
+            kill_queued_hooks(&info.vramgate_bin.join("vramgate"), &config);
+            let _ = crictl(&info.kubernetes_bin, &address, &["rmp", "--all", "--force"]).output();
+        }
     }
     stop("containerd", Duration::from_secs(10));
+    stop("second-containerd", Duration::from_secs(10));
     for name in ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"] {
         stop(name, Duration::from_secs(10));
     }
     unmount_under(dir);
     for h in cgroup_hierarchies() {
         remove_cgroup(&h.join(CGROUP_ROOT));
+        remove_cgroup(&h.join(SECOND_CGROUP_ROOT));
     }
     let host: Option<HostBefore> = std::fs::read(dir.join(HOST_FILE))
         .ok()
