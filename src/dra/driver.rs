@@ -239,6 +239,7 @@ pub fn run(options: Options) -> Result<()> {
     let (views, wake) = start_refresher(&options)?;
     // The refresher has checked that the state directory is there: the pods' notices are in it.
     let notice_dir = StateDir::open_existing(&config.state_dir)?;
+    let presence_dir = StateDir::open_existing(&config.state_dir)?;
     // The claims' reservations at allocation, on a thread of their own (super::claim_watch).
     let keeper = super::claim_watch::Keeper::start(config.clone())?;
     let claim_views = views.clone();
@@ -268,6 +269,9 @@ pub fn run(options: Options) -> Result<()> {
         let statuses = tokio::spawn(super::plugin::refresh_statuses(preparer.clone()));
         let notices =
             notice_dir.map(|dir| tokio::spawn(super::notices::post_notices(notice_api, options.node.clone(), dir)));
+        // Its sign of life for the node's ledger: the claims' own reservations outlive a driver
+        // gone for good by crate::ledger::DRA_ABSENT_LIMIT only.
+        let presence = presence_dir.map(|dir| tokio::spawn(beat_presence(dir)));
         let claims = tokio::spawn(super::claim_watch::keep_claims(
             claim_api,
             options.node.clone(),
@@ -281,9 +285,23 @@ pub fn run(options: Options) -> Result<()> {
             notices.abort();
         }
         claims.abort();
+        if let Some(presence) = presence {
+            presence.abort();
+        }
         drop(wake);
         served
     })
+}
+
+/// Touches the driver's heartbeat in the state directory every [`crate::ledger::DRA_BEAT`].
+async fn beat_presence(dir: StateDir) {
+    let mut written = false;
+    loop {
+        if let Err(e) = crate::service::beat_file(&dir, crate::ledger::DRA_HEARTBEAT_FILE, &mut written) {
+            eprintln!("vramgate-dra: {e}");
+        }
+        tokio::time::sleep(crate::ledger::DRA_BEAT).await;
+    }
 }
 
 /// Starts the view thread; returns once the first view is there (or what stopped it).

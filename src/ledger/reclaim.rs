@@ -7,6 +7,7 @@
 //! container's memory to someone else is the one mistake reclaim must never make.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use super::model::{Ledger, Reservation, Ticket};
 use crate::procfs::{Life, Liveness, ProcessIdentity};
@@ -15,6 +16,22 @@ use crate::procfs::{Life, Liveness, ProcessIdentity};
 /// `/proc/<pid>/stat` costs about 10 us of system time each, which at 1,000 reservations
 /// would be most of a container start's hook time.
 pub const RECLAIM_WINDOW: usize = 64;
+
+/// The file in the state directory whose modification time is the DRA driver's last sign of
+/// life (`vramgate-dra` touches it every [`DRA_BEAT`]).
+pub const DRA_HEARTBEAT_FILE: &str = "dra.heartbeat";
+
+/// How often a running DRA driver touches [`DRA_HEARTBEAT_FILE`].
+pub const DRA_BEAT: Duration = Duration::from_secs(30);
+
+/// How long the DRA driver may be gone before the claims' own reservations it kept leave the
+/// ledger ([`Ledger::release_claims_of_absent_driver`]). Only the driver sees a claim
+/// deallocated; one removed for good (the chart uninstalled, the node taken out of its
+/// DaemonSet) would leave them held forever. Longer than a driver's restart, an upgrade's
+/// image pull and kubelet's longest crash-loop back-off (5 minutes), and as long as
+/// kube-scheduler's default wait for binding conditions: a pod whose driver is gone that long
+/// cannot have its claim prepared on this node anyway.
+pub const DRA_ABSENT_LIMIT: Duration = Duration::from_secs(600);
 
 /// Which recorded processes a look at `/proc` found alive, gone, or could not tell. A process
 /// found gone stays gone (its identity includes its start time), so verdicts taken outside the
@@ -62,6 +79,26 @@ impl Reclaimed {
 }
 
 impl Ledger {
+    /// Drops the claims' own reservations (a claim's memory held before or between its
+    /// containers, never a container's) once the DRA driver has given no sign of life
+    /// (`driver_seen_unix_ms`, its heartbeat; None when it never beat here) for longer than
+    /// [`DRA_ABSENT_LIMIT`], counted from the later of that sign and the reservation's own
+    /// making. A clock set back keeps them (the age reads as none). The claims' containers,
+    /// when they start, are then admitted as any request is.
+    pub fn release_claims_of_absent_driver(
+        &mut self,
+        now_unix_ms: u64,
+        driver_seen_unix_ms: Option<u64>,
+    ) -> Vec<Reservation> {
+        let limit = DRA_ABSENT_LIMIT.as_millis() as u64;
+        let seen = driver_seen_unix_ms.unwrap_or(0);
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
+            .into_iter()
+            .partition(|r| r.claim_of.is_some() && now_unix_ms.saturating_sub(seen.max(r.created_unix_ms)) > limit);
+        self.reservations = kept;
+        gone
+    }
+
     /// Checks every reservation and ticket and drops those whose process is gone.
     pub fn reclaim_all(&mut self, liveness: &dyn Liveness) -> Reclaimed {
         let mut verdicts = Verdicts::default();
@@ -246,5 +283,60 @@ mod tests {
         assert!(!complete, "not known to be alive either");
         let reclaimed = ledger.reclaim_all(&probe);
         assert!(reclaimed.reservations.is_empty() && reclaimed.undecided.len() == 1);
+    }
+
+    fn claims_own(uid: &str, created_unix_ms: u64) -> Reservation {
+        use crate::ledger::ClaimOf;
+        let claim = ClaimOf {
+            namespace: "default".into(),
+            name: format!("pod-{uid}"),
+            uid: uid.into(),
+        };
+        Reservation {
+            claim_of: Some(claim.clone()),
+            ..Reservation::new(
+                claim.container_id(),
+                vec![GpuShare::new("GPU-a", 1, 0)],
+                ClaimOf::NO_PROCESS,
+                created_unix_ms,
+            )
+        }
+    }
+
+    #[test]
+    fn a_claims_own_reservation_outlives_an_absent_driver_by_the_limit_only() {
+        use crate::ledger::ClaimOf;
+        let limit = DRA_ABSENT_LIMIT.as_millis() as u64;
+        let taken_over = Reservation {
+            took_over_claim: Some(ClaimOf {
+                namespace: "default".into(),
+                name: "pod-b".into(),
+                uid: "b".into(),
+            }),
+            ..reservation("holder-of-b", 8)
+        };
+        let mut ledger = Ledger {
+            reservations: vec![claims_own("a", 1_000), reservation("container", 7), taken_over],
+            ..Ledger::default()
+        };
+        let now = 1_000 + 2 * limit;
+        // Seen within the limit: kept.
+        assert!(ledger
+            .release_claims_of_absent_driver(now, Some(now - limit))
+            .is_empty());
+        // Never seen here, but made within the limit: kept.
+        assert!(ledger.release_claims_of_absent_driver(1_000 + limit, None).is_empty());
+        // A clock set back (the sign of life reads as in the future): kept.
+        assert!(ledger.release_claims_of_absent_driver(5_000, Some(now)).is_empty());
+        assert_eq!(ledger.reservations.len(), 3);
+        // Gone past the limit: the claim's own reservation leaves; the containers' stay, the
+        // one holding another claim included (its memory is its container's).
+        let released = ledger.release_claims_of_absent_driver(now, Some(now - limit - 1));
+        let ids = |rs: &[Reservation]| rs.iter().map(|r| r.container_id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&released), ["claim-a"]);
+        assert_eq!(ids(&ledger.reservations), ["container", "holder-of-b"]);
+        // Never seen and made past the limit: leaves too.
+        ledger.reservations.push(claims_own("c", 1_000));
+        assert_eq!(ids(&ledger.release_claims_of_absent_driver(now, None)), ["claim-c"]);
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::model::Ledger;
-use super::reclaim::Reclaimed;
+use super::reclaim::{Reclaimed, DRA_HEARTBEAT_FILE};
 use super::store::StateDir;
 use super::Result;
 use crate::procfs::Liveness;
@@ -66,12 +66,16 @@ impl StateDir {
     /// taken, on an unlocked copy of the ledger: the lock then only applies the verdicts (a
     /// process found gone stays gone), and other container starts wait that much less for it.
     /// Returns what was reclaimed and whether every remaining reservation is known to be alive.
+    /// Claims' own reservations left by a DRA driver gone for good go too
+    /// ([`Ledger::release_claims_of_absent_driver`]; one `fstatat` of its heartbeat, taken only
+    /// when the ledger holds such a reservation).
     pub fn begin_reclaiming(
         &self,
         liveness: &dyn Liveness,
+        now_unix_ms: u64,
         lock_timeout: Duration,
     ) -> Result<(Transaction, Reclaimed, bool)> {
-        self.begin_reclaiming_after(self.peek()?, liveness, lock_timeout)
+        self.begin_reclaiming_after(self.peek()?, liveness, now_unix_ms, lock_timeout)
     }
 
     /// Reads the ledger without the lock, for a caller that looks before it decides whether a
@@ -88,11 +92,22 @@ impl StateDir {
         &self,
         peek: Peek,
         liveness: &dyn Liveness,
+        now_unix_ms: u64,
         lock_timeout: Duration,
     ) -> Result<(Transaction, Reclaimed, bool)> {
         let verdicts = peek.ledger.check_window(liveness);
+        let driver_seen = peek
+            .ledger
+            .reservations
+            .iter()
+            .any(|r| r.claim_of.is_some())
+            .then(|| self.modified_unix_ms(DRA_HEARTBEAT_FILE));
         let mut tx = self.begin_after(Some(peek), lock_timeout)?;
-        let (reclaimed, checked_all) = tx.ledger.reclaim_known(&verdicts, liveness);
+        let (mut reclaimed, checked_all) = tx.ledger.reclaim_known(&verdicts, liveness);
+        if let Some(seen) = driver_seen {
+            let released = tx.ledger.release_claims_of_absent_driver(now_unix_ms, seen);
+            reclaimed.reservations.extend(released);
+        }
         Ok((tx, reclaimed, checked_all))
     }
 
@@ -231,7 +246,7 @@ mod tests {
         let holder = state.begin().unwrap();
         let started = std::time::Instant::now();
         let err = state
-            .begin_reclaiming(&crate::procfs::ProcLiveness, Duration::from_millis(50))
+            .begin_reclaiming(&crate::procfs::ProcLiveness, 0, Duration::from_millis(50))
             .err()
             .expect("the lock is held");
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -239,7 +254,7 @@ mod tests {
         assert!(err.to_string().contains("fuser -v"), "{err}");
         drop(holder);
         assert!(state
-            .begin_reclaiming(&crate::procfs::ProcLiveness, Duration::from_millis(50))
+            .begin_reclaiming(&crate::procfs::ProcLiveness, 0, Duration::from_millis(50))
             .is_ok());
     }
 

@@ -118,9 +118,12 @@ impl Service<'_> {
                         .snapshot_with_processes(&|uuid: &str| ledger.has_reservations_on(uuid))?,
                 );
             }
-            let (mut tx, mut reclaimed, checked_all) =
-                self.dir
-                    .begin_reclaiming_after(peek, self.liveness, self.lock_timeout(req, progress))?;
+            let (mut tx, mut reclaimed, checked_all) = self.dir.begin_reclaiming_after(
+                peek,
+                self.liveness,
+                self.clock.now_unix_ms(),
+                self.lock_timeout(req, progress),
+            )?;
             if snapshot.is_none() && needs_inventory(&tx.ledger, req) {
                 // The ledger changed between the look and the lock (what was to be confirmed
                 // was released): give the lock back, read the GPUs, and look again.
@@ -174,7 +177,9 @@ impl Service<'_> {
     /// bounded: returns the error to report, which says so when the ticket still stands.
     fn remove_ticket_after(&self, container: &str, ticket: u64, error: ServiceError) -> ServiceError {
         let removed = (|| -> Result<()> {
-            let (mut tx, reclaimed, _) = self.dir.begin_reclaiming(self.liveness, TICKET_REMOVAL_LOCK_TIMEOUT)?;
+            let (mut tx, reclaimed, _) =
+                self.dir
+                    .begin_reclaiming(self.liveness, self.clock.now_unix_ms(), TICKET_REMOVAL_LOCK_TIMEOUT)?;
             let mut log = Vec::new();
             if let Some(t) = tx.ledger.remove_ticket(ticket) {
                 tx.ledger.counters.record_abandon();

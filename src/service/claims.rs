@@ -41,7 +41,9 @@ impl Service<'_> {
         let snapshot = self
             .inventory
             .snapshot_with_processes(&|uuid: &str| peek.ledger().has_reservations_on(uuid))?;
-        let (mut tx, reclaimed, _) = self.dir.begin_reclaiming_after(peek, self.liveness, LOCK_TIMEOUT)?;
+        let (mut tx, reclaimed, _) =
+            self.dir
+                .begin_reclaiming_after(peek, self.liveness, self.clock.now_unix_ms(), LOCK_TIMEOUT)?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
         if tx.ledger.claim_is_held(&claim.uid) {

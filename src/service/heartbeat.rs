@@ -61,13 +61,19 @@ pub fn watch_seen(dir: &StateDir, now_unix_ms: u64, interval: Duration) -> Watch
 /// touch, not a rewrite: nothing synced to disk every interval; a heartbeat lost in a crash is
 /// a stale one, which counts more). Its content, the watch's pid, is written when it differs.
 pub fn beat(dir: &StateDir, written: &mut bool) -> Result<(), LedgerError> {
+    beat_file(dir, HEARTBEAT_FILE, written)
+}
+
+/// [`beat`] on the heartbeat file `name` (the DRA driver's is
+/// [`crate::ledger::DRA_HEARTBEAT_FILE`]).
+pub fn beat_file(dir: &StateDir, name: &str, written: &mut bool) -> Result<(), LedgerError> {
     if !*written {
-        dir.write_file(HEARTBEAT_FILE, format!("{}\n", std::process::id()).as_bytes())?;
+        dir.write_file(name, format!("{}\n", std::process::id()).as_bytes())?;
         *written = true;
     }
-    let file = dir.open_file(HEARTBEAT_FILE, Access::Read)?;
+    let file = dir.open_file(name, Access::Read)?;
     file.set_modified(SystemTime::now()).map_err(|source| LedgerError::Io {
-        path: dir.path().join(HEARTBEAT_FILE),
+        path: dir.path().join(name),
         source,
     })
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 pub use attempt::Step;
 pub use claims::ClaimReserved;
-pub use heartbeat::{beat, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
+pub use heartbeat::{beat, beat_file, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
 pub use queue_wait::{wait_for, Progress, CONTAINER_CHECK};
 pub use release::Released;
@@ -188,7 +188,13 @@ impl<'a> Service<'a> {
 
     fn reclaim_events(&self, reclaimed: &Reclaimed, log: &mut Vec<Event>) {
         for r in &reclaimed.reservations {
-            let detail = format!("init pid {} is gone", r.init.pid);
+            let detail = match &r.claim_of {
+                Some(_) => format!(
+                    "vramgate-dra has not been seen for over {}s: the claim's reservation is released",
+                    crate::ledger::DRA_ABSENT_LIMIT.as_secs()
+                ),
+                None => format!("init pid {} is gone", r.init.pid),
+            };
             log.push(
                 self.event(Kind::Reclaim, &r.container_id, &r.gpus, detail)
                     .named(&r.name),

@@ -38,7 +38,9 @@ impl Service<'_> {
         if !held(peek.ledger()) {
             return Ok(Released::default());
         }
-        let (mut tx, mut reclaimed, _) = self.dir.begin_reclaiming_after(peek, self.liveness, LOCK_TIMEOUT)?;
+        let (mut tx, mut reclaimed, _) =
+            self.dir
+                .begin_reclaiming_after(peek, self.liveness, self.clock.now_unix_ms(), LOCK_TIMEOUT)?;
         let mut released = Released {
             reservation: tx.ledger.remove_reservation_of(container, bundle),
             cancelled: tx.ledger.remove_tickets_of(container, bundle),

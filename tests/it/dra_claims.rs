@@ -630,3 +630,77 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
     drop(driver);
     drop(dir);
 }
+
+/// A driver removed for good (its chart uninstalled, its node taken out of its DaemonSet)
+/// leaves the claims' own reservations it kept, and nothing else sees a claim deallocated. They
+/// stay held while its heartbeat is recent (a restarting driver loses nothing) and leave the
+/// ledger at the next container start once it has been gone past vramgate's limit (10 minutes;
+/// here the heartbeat and the reservation are aged by hand, as the clock would age them).
+#[test]
+fn a_claims_reservation_outlives_a_driver_gone_for_good_by_the_limit_only() {
+    let (dir, tb) = runc_testbed("vramgate-dra-claims-absent", GPUS);
+    let cleanup = Cleanup(&tb);
+    let (rt, api, driver, _registered) = driver_on(&tb);
+    let uid = create_claim(&rt, &api, "orphan", json!([request("gpu", "10Gi", json!({}))]));
+    assert_eq!(decided(&allocate(&rt, &api, "orphan")), want(&[("gpu-0", "10Gi")]));
+    let claim_id = format!("claim-{uid}");
+    wait_until("the claim's own reservation", Duration::from_secs(10), || {
+        let held = reservations(&tb);
+        (held == [(claim_id.clone(), 10 * GI)], held)
+    });
+    let heartbeat = tb.state_dir.join("dra.heartbeat");
+    assert!(
+        heartbeat.is_file(),
+        "the driver's heartbeat in {}",
+        tb.state_dir.display()
+    );
+    drop(driver);
+    let eight_on_gpu0 = |id: &str| {
+        spawn_container(
+            &tb,
+            id,
+            &["sleep", "60"],
+            &[("vramgate.dev/memory", "8Gi"), ("vramgate.dev/gpus", "GPU-zero")],
+        )
+    };
+
+    // Just gone: the claim's 10 of GPU 0's 16 GiB stay held.
+    let out = eight_on_gpu0("too-soon").wait_with_output().unwrap();
+    assert!(!out.status.success(), "8Gi beside the claim's 10Gi started");
+    assert_eq!(reservations(&tb), [(claim_id.clone(), 10 * GI)]);
+
+    // Gone for 11 minutes, by its heartbeat and by the reservation's own time.
+    let eleven_minutes = Duration::from_secs(11 * 60);
+    let then = std::time::SystemTime::now() - eleven_minutes;
+    std::fs::File::options()
+        .write(true)
+        .open(&heartbeat)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+    let ledger_path = tb.state_dir.join("ledger.json");
+    let mut ledger: Value = serde_json::from_slice(&std::fs::read(&ledger_path).unwrap()).unwrap();
+    let made = &mut ledger["reservations"][0]["created_unix_ms"];
+    *made = json!(made.as_u64().unwrap() - eleven_minutes.as_millis() as u64);
+    let aged = ledger_path.with_extension("aged");
+    std::fs::write(&aged, ledger.to_string()).unwrap();
+    std::fs::rename(&aged, &ledger_path).unwrap();
+
+    let mut later = eight_on_gpu0("later");
+    wait_reserved(&tb, "later", 8 * GI);
+    assert_eq!(reservations(&tb), [("later".to_string(), 8 * GI)]);
+    let released = events_in(&tb.state_dir)
+        .into_iter()
+        .find(|e| e["event"] == "reclaim" && e["container"] == claim_id.as_str())
+        .unwrap_or_else(|| panic!("no reclaim event for {claim_id}: {:?}", events_in(&tb.state_dir)));
+    assert!(
+        released["detail"]
+            .as_str()
+            .unwrap()
+            .contains("vramgate-dra has not been seen for over 600s"),
+        "{released}"
+    );
+    stop(&tb, "later", &mut later);
+    drop(cleanup);
+    drop(dir);
+}
