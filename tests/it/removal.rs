@@ -97,6 +97,10 @@ fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
         .open_state()
         .write_file(&record_name(None, "one"), &serde_json::to_vec(&record).unwrap())
         .unwrap();
+    // The watch's and the DRA driver's heartbeats, as they beat.
+    for name in [vramgate::service::HEARTBEAT_FILE, vramgate::ledger::DRA_HEARTBEAT_FILE] {
+        vramgate::service::beat_file(&scratch.open_state(), name, &mut false).unwrap();
+    }
 
     // A pod's container given no GPU under the pod's memory annotation: the hook's notice.
     let pod = scratch.bundle(
@@ -117,7 +121,15 @@ fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
     inits.push(init);
 
     let names = tree(&scratch.state_dir);
-    for expected in ["ledger.json", "lock", "events.jsonl", "events.jsonl.1", "held"] {
+    for expected in [
+        "ledger.json",
+        "lock",
+        "events.jsonl",
+        "events.jsonl.1",
+        "held",
+        "watch.heartbeat",
+        "dra.heartbeat",
+    ] {
         assert!(names.iter().any(|n| n == expected), "{expected} in {names:?}");
     }
     for prefix in [
