@@ -610,7 +610,8 @@ impl Cluster {
     /// Starts the second node; returns once it is Ready.
     pub fn start_second_node(&self) -> SecondNode<'_> {
         let started = Instant::now();
-        control(&self.info.control_socket, "second up", Duration::from_secs(300)).unwrap_or_else(|e| panic!("{e}"));
+        // Past the supervisor's own bounds on each step (about 6 minutes at worst).
+        control(&self.info.control_socket, "second up", Duration::from_secs(480)).unwrap_or_else(|e| panic!("{e}"));
         let info = SecondNodeFile::read(&self.info.dir).unwrap_or_else(|e| panic!("{e}"));
         let tb = vramgate_testbed::Testbed::open(&info.dir, "runc", &self.info.vramgate_bin.join("vramgate-hook"))
             .unwrap_or_else(|e| panic!("the second node's testbed in {}: {e:#}", info.dir.display()));

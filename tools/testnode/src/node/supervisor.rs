@@ -36,6 +36,8 @@ struct Running {
     containerd_exits: Vec<i32>,
     /// The second node, while it is up (its processes are among `components`).
     second: Option<SecondNodeFile>,
+    /// Whether a `second up` is under way (one at a time; `second down` waits for it).
+    second_starting: bool,
 }
 
 /// The node's supervisor: it started everything, keeps containerd running, answers its
@@ -144,6 +146,7 @@ impl Supervisor {
                 containerd: None,
                 containerd_exits: Vec::new(),
                 second: None,
+                second_starting: false,
             }),
             changed: Condvar::new(),
             _lock: lock,

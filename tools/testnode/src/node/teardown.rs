@@ -49,11 +49,19 @@ pub fn teardown(dir: &Path, kube: Option<&Kube>, kubelet_runs: bool) {
     stop("kubelet", Duration::from_secs(20));
     stop("second-kubelet", Duration::from_secs(20));
     if let Some(info) = &info {
-        // The second node's too, when it was up (its supervisor's `second down` did not run).
-        let second = SecondNodeFile::read(dir).ok();
+        // The second node's too, when one was started (its supervisor's `second down` did not
+        // run), at the paths it starts with: `second.json` is written only once it is Ready.
+        let second = SecondNodeFile::read(dir)
+            .ok()
+            .map(|s| (s.vramgate_config, s.containerd.address));
+        let second = second.or_else(|| {
+            let at = dir.join("second");
+            at.is_dir()
+                .then(|| (at.join("config.toml"), at.join("containerd/containerd.sock")))
+        });
         let nodes = [(dir.join("config.toml"), info.containerd.address.clone())]
             .into_iter()
-            .chain(second.map(|s| (s.vramgate_config, s.containerd.address)));
+            .chain(second);
         for (config, address) in nodes {
             kill_queued_hooks(&info.vramgate_bin.join("vramgate"), &config);
             let _ = crictl(&info.kubernetes_bin, &address, &["rmp", "--all", "--force"]).output();

@@ -28,11 +28,16 @@ impl Supervisor {
     /// Starts the second node; answers `ok` once it is Ready and `second.json` is written, or
     /// `error: ...` (what started is stopped again).
     pub(super) fn second_up(&self) -> String {
-        if self.running.lock().unwrap().second.is_some() {
-            return "error: the second node is up already".into();
+        {
+            let mut running = self.running.lock().unwrap();
+            if running.second.is_some() || running.second_starting {
+                return "error: the second node is up already".into();
+            }
+            running.second_starting = true;
         }
         let started = Instant::now();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_second())) {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_second()));
+        let reply = match outcome {
             Ok(info) => {
                 write_json(&self.info.dir.join(SECOND_FILE), &info);
                 self.running.lock().unwrap().second = Some(info);
@@ -48,7 +53,10 @@ impl Supervisor {
                 self.stop_second(&self.info.dir.join("second"), &format!("{}-second", self.node));
                 format!("error: the second node did not come up: {}", why.replace('\n', " | "))
             }
-        }
+        };
+        self.running.lock().unwrap().second_starting = false;
+        self.changed.notify_all();
+        reply
     }
 
     fn start_second(&self) -> SecondNodeFile {
@@ -82,6 +90,7 @@ impl Supervisor {
             cdi_dir: ctd_dir.join("cdi"),
         };
         let ctd = &info.containerd;
+        stop_asked();
         self.configure_containerd(ctd, &tb);
         // The first node's kubelet made the directory; the tmpfs covers it in the namespace.
         std::fs::create_dir_all(DEVICE_PLUGINS).unwrap();
@@ -115,6 +124,7 @@ impl Supervisor {
             },
         );
         self.import_images(ctd, &tb, "second-containerd");
+        stop_asked();
 
         for h in cgroup_hierarchies() {
             let _ = std::fs::create_dir_all(h.join(SECOND_CGROUP_ROOT));
@@ -153,11 +163,21 @@ impl Supervisor {
     }
 
     /// Stops the second node and removes it (its pods, its Node and slices, its processes, its
-    /// cgroup root, its directory); `ok` also when none runs.
+    /// cgroup root, its directory); `ok` also when none runs. A `second up` under way is waited
+    /// for first (at most [`SECOND_UP_LIMIT`] and a minute: a stop asked meanwhile ends it at
+    /// its next step, and it removes what it started).
     pub(super) fn second_down(&self) -> String {
-        let Some(info) = self.running.lock().unwrap().second.take() else {
+        let running = self.running.lock().unwrap();
+        let (mut running, _) = self
+            .changed
+            .wait_timeout_while(running, SECOND_UP_LIMIT + Duration::from_secs(60), |r| {
+                r.second_starting
+            })
+            .unwrap();
+        let Some(info) = running.second.take() else {
             return "ok".into();
         };
+        drop(running);
         let _ = std::fs::remove_file(self.info.dir.join(SECOND_FILE));
         self.stop_second(&info.dir, &info.node);
         "ok".into()
