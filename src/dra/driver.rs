@@ -293,11 +293,10 @@ pub fn run(options: Options) -> Result<()> {
     })
 }
 
-/// Touches the driver's heartbeat in the state directory every [`crate::ledger::DRA_BEAT`].
+/// Writes the driver's heartbeat in the state directory every [`crate::ledger::DRA_BEAT`].
 async fn beat_presence(dir: StateDir) {
-    let mut written = false;
     loop {
-        if let Err(e) = crate::service::beat_file(&dir, crate::ledger::DRA_HEARTBEAT_FILE, &mut written) {
+        if let Err(e) = crate::service::beat_dra(&dir, &crate::clock::SystemClock) {
             eprintln!("vramgate-dra: {e}");
         }
         tokio::time::sleep(crate::ledger::DRA_BEAT).await;

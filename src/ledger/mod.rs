@@ -25,7 +25,10 @@ pub use model::{
     ClaimHold, ClaimOf, Extra, GpuShare, Held, KeptPlace, Ledger, PodContainer, Reservation, Ticket, FORMAT,
     FORMAT_WITHOUT_LIMITS, MAX_KEPT_PLACES, MAX_LEDGER_BYTES,
 };
-pub use reclaim::{Reclaimed, Verdicts, DRA_ABSENT_LIMIT, DRA_BEAT, DRA_HEARTBEAT_FILE, RECLAIM_WINDOW};
+pub use reclaim::{
+    dra_heartbeat_stamp, dra_heartbeat_text, Reclaimed, Verdicts, DRA_ABSENT_LIMIT, DRA_BEAT, DRA_HEARTBEAT_FILE,
+    RECLAIM_WINDOW,
+};
 pub use store::{Access, StateDir, LEDGER_FILE, LOCK_FILE};
 pub use tx::{Committed, Peek, Transaction, AUDIT_LOG_ENV, LOCK_LOG_ENV, LOCK_TIMEOUT};
 

@@ -151,8 +151,10 @@ pub struct Reservation {
     pub name: Option<String>,
     /// Set on a resource claim's own reservation, made by the DRA driver when the scheduler
     /// allocated the claim to this node, before any container of it exists ([`ClaimOf`]). Such
-    /// a reservation has no process: reclaim never takes it (`init` is the driver's, for the
-    /// record only); the driver releases it when the claim is deallocated or deleted, and the
+    /// a reservation has no process: reclaim never takes it for one (`init` is
+    /// [`ClaimOf::NO_PROCESS`]), only once the driver itself has been gone for
+    /// [`crate::ledger::DRA_ABSENT_LIMIT`]; the driver releases it when the claim is
+    /// deallocated or deleted, and the
     /// claim's first container takes it over when it starts. Format 3: an older reader would
     /// reclaim it as a container whose init is gone, counting less (see [`FORMAT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::model::{Ledger, Reservation, Ticket};
+use crate::clock::Stamp;
 use crate::procfs::{Life, Liveness, ProcessIdentity};
 
 /// Reservations whose liveness one transaction checks when the ledger holds more: reading
@@ -17,12 +18,33 @@ use crate::procfs::{Life, Liveness, ProcessIdentity};
 /// would be most of a container start's hook time.
 pub const RECLAIM_WINDOW: usize = 64;
 
-/// The file in the state directory whose modification time is the DRA driver's last sign of
-/// life (`vramgate-dra` touches it every [`DRA_BEAT`]).
+/// The file in the state directory that holds the DRA driver's last sign of life
+/// ([`dra_heartbeat_text`]), written anew every [`DRA_BEAT`].
 pub const DRA_HEARTBEAT_FILE: &str = "dra.heartbeat";
 
-/// How often a running DRA driver touches [`DRA_HEARTBEAT_FILE`].
+/// How often a running DRA driver writes [`DRA_HEARTBEAT_FILE`].
 pub const DRA_BEAT: Duration = Duration::from_secs(30);
+
+/// The DRA driver's heartbeat as it writes it: its pid and the instant of the beat on both
+/// clocks, `<pid> <unix_ms> <boot_ms>` (`-` for a boot clock it could not read). The instant is
+/// in the text, not the file's modification time, so that its age is taken on the boot clock
+/// (a wall clock stepped forward must not make a live driver look gone).
+pub fn dra_heartbeat_text(pid: u32, at: Stamp) -> String {
+    let boot = at.boot_ms.map_or_else(|| "-".to_string(), |b| b.to_string());
+    format!("{pid} {} {boot}\n", at.unix_ms)
+}
+
+/// The instant a heartbeat's text says it was written; None for a text that is not one.
+pub fn dra_heartbeat_stamp(text: &str) -> Option<Stamp> {
+    let mut words = text.split_whitespace();
+    let _pid: u32 = words.next()?.parse().ok()?;
+    let unix_ms = words.next()?.parse().ok()?;
+    let boot_ms = match words.next()? {
+        "-" => None,
+        boot => Some(boot.parse().ok()?),
+    };
+    words.next().is_none().then_some(Stamp { unix_ms, boot_ms })
+}
 
 /// How long the DRA driver may be gone before the claims' own reservations it kept leave the
 /// ledger ([`Ledger::release_claims_of_absent_driver`]). Only the driver sees a claim
@@ -80,21 +102,27 @@ impl Reclaimed {
 
 impl Ledger {
     /// Drops the claims' own reservations (a claim's memory held before or between its
-    /// containers, never a container's) once the DRA driver has given no sign of life
-    /// (`driver_seen_unix_ms`, its heartbeat; None when it never beat here) for longer than
-    /// [`DRA_ABSENT_LIMIT`], counted from the later of that sign and the reservation's own
-    /// making. A clock set back keeps them (the age reads as none). The claims' containers,
-    /// when they start, are then admitted as any request is.
-    pub fn release_claims_of_absent_driver(
-        &mut self,
-        now_unix_ms: u64,
-        driver_seen_unix_ms: Option<u64>,
-    ) -> Vec<Reservation> {
-        let limit = DRA_ABSENT_LIMIT.as_millis() as u64;
-        let seen = driver_seen_unix_ms.unwrap_or(0);
+    /// containers, never a container's) once the DRA driver's last sign of life
+    /// (`driver_seen`, its heartbeat) is older than [`DRA_ABSENT_LIMIT`]. Without a heartbeat
+    /// nothing is dropped: a driver of a vramgate that wrote none may be running. The age is
+    /// taken on the boot clock where both instants have it and no reboot came between (the
+    /// boot clock then starts below the beat), else on the wall clock; a clock set back keeps
+    /// them (the age reads as none). The claims' containers, when they start, are then
+    /// admitted as any request is.
+    pub fn release_claims_of_absent_driver(&mut self, now: Stamp, driver_seen: Option<Stamp>) -> Vec<Reservation> {
+        let Some(seen) = driver_seen else {
+            return Vec::new();
+        };
+        let age = match (now.boot_ms, seen.boot_ms) {
+            (Some(now_boot), Some(seen_boot)) if now_boot >= seen_boot => now_boot - seen_boot,
+            _ => now.unix_ms.saturating_sub(seen.unix_ms),
+        };
+        if age <= DRA_ABSENT_LIMIT.as_millis() as u64 {
+            return Vec::new();
+        }
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reservations)
             .into_iter()
-            .partition(|r| r.claim_of.is_some() && now_unix_ms.saturating_sub(seen.max(r.created_unix_ms)) > limit);
+            .partition(|r| r.claim_of.is_some());
         self.reservations = kept;
         gone
     }
@@ -137,7 +165,8 @@ impl Ledger {
             (self.generation as usize).wrapping_mul(RECLAIM_WINDOW) % n
         };
         for r in self.reservations.iter().cycle().skip(start).take(n.min(RECLAIM_WINDOW)) {
-            // A claim's own reservation has no process: only the DRA driver releases it.
+            // A claim's own reservation has no process to check: the DRA driver releases it, or
+            // its absence does (Ledger::release_claims_of_absent_driver).
             if r.claim_of.is_none() {
                 verdicts.record(r.init, liveness.life(&r.init));
             }
@@ -319,24 +348,49 @@ mod tests {
             reservations: vec![claims_own("a", 1_000), reservation("container", 7), taken_over],
             ..Ledger::default()
         };
-        let now = 1_000 + 2 * limit;
+        let at = |unix_ms: u64, boot_ms: u64| Stamp {
+            unix_ms,
+            boot_ms: Some(boot_ms),
+        };
+        let day = 86_400_000;
+        let now = at(10 * day, day);
+        let kept =
+            |ledger: &mut Ledger, seen: Option<Stamp>| ledger.release_claims_of_absent_driver(now, seen).is_empty();
+        // No heartbeat (a driver that writes none may run): kept.
+        assert!(kept(&mut ledger, None));
         // Seen within the limit: kept.
-        assert!(ledger
-            .release_claims_of_absent_driver(now, Some(now - limit))
-            .is_empty());
-        // Never seen here, but made within the limit: kept.
-        assert!(ledger.release_claims_of_absent_driver(1_000 + limit, None).is_empty());
-        // A clock set back (the sign of life reads as in the future): kept.
-        assert!(ledger.release_claims_of_absent_driver(5_000, Some(now)).is_empty());
+        assert!(kept(&mut ledger, Some(at(10 * day - limit, day - limit))));
+        // The wall clock stepped forward past the limit, the boot clock says the driver beat
+        // a moment ago: kept.
+        assert!(kept(&mut ledger, Some(at(10 * day - 2 * limit, day - 1_000))));
+        // A clock set back (the beat reads as in the future): kept.
+        assert!(kept(&mut ledger, Some(Stamp::wall(11 * day))));
         assert_eq!(ledger.reservations.len(), 3);
-        // Gone past the limit: the claim's own reservation leaves; the containers' stay, the
-        // one holding another claim included (its memory is its container's).
-        let released = ledger.release_claims_of_absent_driver(now, Some(now - limit - 1));
+        // Gone past the limit on the boot clock, whatever the wall clock says: the claim's own
+        // reservation leaves; the containers' stay, the one holding another claim included (its
+        // memory is its container's).
+        let released = ledger.release_claims_of_absent_driver(now, Some(at(10 * day, day - limit - 1)));
         let ids = |rs: &[Reservation]| rs.iter().map(|r| r.container_id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(&released), ["claim-a"]);
         assert_eq!(ids(&ledger.reservations), ["container", "holder-of-b"]);
-        // Never seen and made past the limit: leaves too.
+        // A beat from before a reboot (its boot instant past now's): judged on the wall clock.
         ledger.reservations.push(claims_own("c", 1_000));
-        assert_eq!(ids(&ledger.release_claims_of_absent_driver(now, None)), ["claim-c"]);
+        assert!(kept(&mut ledger, Some(at(10 * day - 1_000, 2 * day))));
+        let released = ledger.release_claims_of_absent_driver(now, Some(at(10 * day - limit - 1, 2 * day)));
+        assert_eq!(ids(&released), ["claim-c"]);
+    }
+
+    #[test]
+    fn a_heartbeat_reads_back_as_written_and_anything_else_as_none() {
+        let at = Stamp {
+            unix_ms: 1_764_000_000_000,
+            boot_ms: Some(123_456),
+        };
+        assert_eq!(dra_heartbeat_stamp(&dra_heartbeat_text(42, at)), Some(at));
+        let wall = Stamp::wall(5);
+        assert_eq!(dra_heartbeat_stamp(&dra_heartbeat_text(42, wall)), Some(wall));
+        for text in ["", "42\n", "42 5", "42 5 x", "x 5 6", "42 5 6 7", "42 -5 6", "1234\n"] {
+            assert_eq!(dra_heartbeat_stamp(text), None, "{text:?}");
+        }
     }
 }

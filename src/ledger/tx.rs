@@ -7,9 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::model::Ledger;
-use super::reclaim::{Reclaimed, DRA_HEARTBEAT_FILE};
+use super::reclaim::{dra_heartbeat_stamp, Reclaimed, DRA_HEARTBEAT_FILE};
+use super::store::Access;
 use super::store::StateDir;
 use super::Result;
+use crate::clock::Stamp;
 use crate::procfs::Liveness;
 
 /// Opt-in audit trail for tests and debugging: when set (an absolute path), every committed
@@ -67,15 +69,15 @@ impl StateDir {
     /// process found gone stays gone), and other container starts wait that much less for it.
     /// Returns what was reclaimed and whether every remaining reservation is known to be alive.
     /// Claims' own reservations left by a DRA driver gone for good go too
-    /// ([`Ledger::release_claims_of_absent_driver`]; one `fstatat` of its heartbeat, taken only
-    /// when the ledger holds such a reservation).
+    /// ([`Ledger::release_claims_of_absent_driver`]; its heartbeat, a few bytes, is read only
+    /// when the ledger holds such a reservation). `now` is this instant on both clocks.
     pub fn begin_reclaiming(
         &self,
         liveness: &dyn Liveness,
-        now_unix_ms: u64,
+        now: Stamp,
         lock_timeout: Duration,
     ) -> Result<(Transaction, Reclaimed, bool)> {
-        self.begin_reclaiming_after(self.peek()?, liveness, now_unix_ms, lock_timeout)
+        self.begin_reclaiming_after(self.peek()?, liveness, now, lock_timeout)
     }
 
     /// Reads the ledger without the lock, for a caller that looks before it decides whether a
@@ -92,23 +94,30 @@ impl StateDir {
         &self,
         peek: Peek,
         liveness: &dyn Liveness,
-        now_unix_ms: u64,
+        now: Stamp,
         lock_timeout: Duration,
     ) -> Result<(Transaction, Reclaimed, bool)> {
         let verdicts = peek.ledger.check_window(liveness);
-        let driver_seen = peek
-            .ledger
-            .reservations
-            .iter()
-            .any(|r| r.claim_of.is_some())
-            .then(|| self.modified_unix_ms(DRA_HEARTBEAT_FILE));
+        let claims_held = peek.ledger.reservations.iter().any(|r| r.claim_of.is_some());
+        let driver_seen = if claims_held { self.dra_heartbeat() } else { None };
         let mut tx = self.begin_after(Some(peek), lock_timeout)?;
         let (mut reclaimed, checked_all) = tx.ledger.reclaim_known(&verdicts, liveness);
-        if let Some(seen) = driver_seen {
-            let released = tx.ledger.release_claims_of_absent_driver(now_unix_ms, seen);
-            reclaimed.reservations.extend(released);
-        }
+        let released = tx.ledger.release_claims_of_absent_driver(now, driver_seen);
+        reclaimed.reservations.extend(released);
         Ok((tx, reclaimed, checked_all))
+    }
+
+    /// The DRA driver's last beat ([`DRA_HEARTBEAT_FILE`]); None where there is none, or it
+    /// cannot be read, or it is not one.
+    fn dra_heartbeat(&self) -> Option<Stamp> {
+        use std::io::Read;
+        let mut text = String::new();
+        self.open_file(DRA_HEARTBEAT_FILE, Access::Read)
+            .ok()?
+            .take(128)
+            .read_to_string(&mut text)
+            .ok()?;
+        dra_heartbeat_stamp(&text)
     }
 
     /// Starts a transaction after an unlocked peek: under the lock the file is read again, and
@@ -246,7 +255,7 @@ mod tests {
         let holder = state.begin().unwrap();
         let started = std::time::Instant::now();
         let err = state
-            .begin_reclaiming(&crate::procfs::ProcLiveness, 0, Duration::from_millis(50))
+            .begin_reclaiming(&crate::procfs::ProcLiveness, Stamp::wall(0), Duration::from_millis(50))
             .err()
             .expect("the lock is held");
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -254,7 +263,7 @@ mod tests {
         assert!(err.to_string().contains("fuser -v"), "{err}");
         drop(holder);
         assert!(state
-            .begin_reclaiming(&crate::procfs::ProcLiveness, 0, Duration::from_millis(50))
+            .begin_reclaiming(&crate::procfs::ProcLiveness, Stamp::wall(0), Duration::from_millis(50))
             .is_ok());
     }
 

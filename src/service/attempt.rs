@@ -121,7 +121,7 @@ impl Service<'_> {
             let (mut tx, mut reclaimed, checked_all) = self.dir.begin_reclaiming_after(
                 peek,
                 self.liveness,
-                self.clock.now_unix_ms(),
+                self.clock.stamp(),
                 self.lock_timeout(req, progress),
             )?;
             if snapshot.is_none() && needs_inventory(&tx.ledger, req) {
@@ -179,7 +179,7 @@ impl Service<'_> {
         let removed = (|| -> Result<()> {
             let (mut tx, reclaimed, _) =
                 self.dir
-                    .begin_reclaiming(self.liveness, self.clock.now_unix_ms(), TICKET_REMOVAL_LOCK_TIMEOUT)?;
+                    .begin_reclaiming(self.liveness, self.clock.stamp(), TICKET_REMOVAL_LOCK_TIMEOUT)?;
             let mut log = Vec::new();
             if let Some(t) = tx.ledger.remove_ticket(ticket) {
                 tx.ledger.counters.record_abandon();

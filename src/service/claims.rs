@@ -43,7 +43,7 @@ impl Service<'_> {
             .snapshot_with_processes(&|uuid: &str| peek.ledger().has_reservations_on(uuid))?;
         let (mut tx, reclaimed, _) =
             self.dir
-                .begin_reclaiming_after(peek, self.liveness, self.clock.now_unix_ms(), LOCK_TIMEOUT)?;
+                .begin_reclaiming_after(peek, self.liveness, self.clock.stamp(), LOCK_TIMEOUT)?;
         let mut log = Vec::new();
         self.reclaim_events(&reclaimed, &mut log);
         if tx.ledger.claim_is_held(&claim.uid) {

@@ -61,19 +61,22 @@ pub fn watch_seen(dir: &StateDir, now_unix_ms: u64, interval: Duration) -> Watch
 /// touch, not a rewrite: nothing synced to disk every interval; a heartbeat lost in a crash is
 /// a stale one, which counts more). Its content, the watch's pid, is written when it differs.
 pub fn beat(dir: &StateDir, written: &mut bool) -> Result<(), LedgerError> {
-    beat_file(dir, HEARTBEAT_FILE, written)
-}
-
-/// [`beat`] on the heartbeat file `name` (the DRA driver's is
-/// [`crate::ledger::DRA_HEARTBEAT_FILE`]).
-pub fn beat_file(dir: &StateDir, name: &str, written: &mut bool) -> Result<(), LedgerError> {
     if !*written {
-        dir.write_file(name, format!("{}\n", std::process::id()).as_bytes())?;
+        dir.write_file(HEARTBEAT_FILE, format!("{}\n", std::process::id()).as_bytes())?;
         *written = true;
     }
-    let file = dir.open_file(name, Access::Read)?;
+    let file = dir.open_file(HEARTBEAT_FILE, Access::Read)?;
     file.set_modified(SystemTime::now()).map_err(|source| LedgerError::Io {
-        path: dir.path().join(name),
+        path: dir.path().join(HEARTBEAT_FILE),
         source,
     })
+}
+
+/// The DRA driver's beat, every [`crate::ledger::DRA_BEAT`]: its heartbeat written anew
+/// (atomically) with this instant on both clocks ([`crate::ledger::dra_heartbeat_text`]). A
+/// rewrite, not a touch: the instant is in the text, and a file removed meanwhile is made
+/// again.
+pub fn beat_dra(dir: &StateDir, clock: &dyn crate::clock::Clock) -> Result<(), LedgerError> {
+    let text = crate::ledger::dra_heartbeat_text(std::process::id(), clock.stamp());
+    dir.write_file(crate::ledger::DRA_HEARTBEAT_FILE, text.as_bytes())
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 pub use attempt::Step;
 pub use claims::ClaimReserved;
-pub use heartbeat::{beat, beat_file, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
+pub use heartbeat::{beat, beat_dra, heartbeat_window, watch_seen, WatchSeen, HEARTBEAT_FILE};
 pub use outcome::{Admission, GoneProcess, Refusal, Shortage};
 pub use queue_wait::{wait_for, Progress, CONTAINER_CHECK};
 pub use release::Released;

@@ -40,7 +40,7 @@ impl Service<'_> {
         }
         let (mut tx, mut reclaimed, _) =
             self.dir
-                .begin_reclaiming_after(peek, self.liveness, self.clock.now_unix_ms(), LOCK_TIMEOUT)?;
+                .begin_reclaiming_after(peek, self.liveness, self.clock.stamp(), LOCK_TIMEOUT)?;
         let mut released = Released {
             reservation: tx.ledger.remove_reservation_of(container, bundle),
             cancelled: tx.ledger.remove_tickets_of(container, bundle),

@@ -634,8 +634,9 @@ fn a_claim_shared_by_a_pods_containers_is_held_once_and_a_forged_marker_is_refus
 /// A driver removed for good (its chart uninstalled, its node taken out of its DaemonSet)
 /// leaves the claims' own reservations it kept, and nothing else sees a claim deallocated. They
 /// stay held while its heartbeat is recent (a restarting driver loses nothing) and leave the
-/// ledger at the next container start once it has been gone past vramgate's limit (10 minutes;
-/// here the heartbeat and the reservation are aged by hand, as the clock would age them).
+/// ledger at the next transaction (here a container's start) once it has been gone past
+/// vramgate's limit (10 minutes; here its last beat is aged by hand, on both clocks, as time
+/// would age it).
 #[test]
 fn a_claims_reservation_outlives_a_driver_gone_for_good_by_the_limit_only() {
     let (dir, tb) = runc_testbed("vramgate-dra-claims-absent", GPUS);
@@ -669,22 +670,19 @@ fn a_claims_reservation_outlives_a_driver_gone_for_good_by_the_limit_only() {
     assert!(!out.status.success(), "8Gi beside the claim's 10Gi started");
     assert_eq!(reservations(&tb), [(claim_id.clone(), 10 * GI)]);
 
-    // Gone for 11 minutes, by its heartbeat and by the reservation's own time.
-    let eleven_minutes = Duration::from_secs(11 * 60);
-    let then = std::time::SystemTime::now() - eleven_minutes;
-    std::fs::File::options()
-        .write(true)
-        .open(&heartbeat)
-        .unwrap()
-        .set_modified(then)
-        .unwrap();
-    let ledger_path = tb.state_dir.join("ledger.json");
-    let mut ledger: Value = serde_json::from_slice(&std::fs::read(&ledger_path).unwrap()).unwrap();
-    let made = &mut ledger["reservations"][0]["created_unix_ms"];
-    *made = json!(made.as_u64().unwrap() - eleven_minutes.as_millis() as u64);
-    let aged = ledger_path.with_extension("aged");
-    std::fs::write(&aged, ledger.to_string()).unwrap();
-    std::fs::rename(&aged, &ledger_path).unwrap();
+    // Its last beat 11 minutes ago, on both clocks.
+    use vramgate::clock::Clock;
+    let written = std::fs::read_to_string(&heartbeat).unwrap();
+    assert!(vramgate::ledger::dra_heartbeat_stamp(&written).is_some(), "{written:?}");
+    let eleven_minutes = 11 * 60 * 1000;
+    let now = vramgate::clock::SystemClock.stamp();
+    let then = vramgate::clock::Stamp {
+        unix_ms: now.unix_ms - eleven_minutes,
+        boot_ms: now
+            .boot_ms
+            .map(|b| b.checked_sub(eleven_minutes).expect("the host up for 11 minutes")),
+    };
+    std::fs::write(&heartbeat, vramgate::ledger::dra_heartbeat_text(4242, then)).unwrap();
 
     let mut later = eight_on_gpu0("later");
     wait_reserved(&tb, "later", 8 * GI);

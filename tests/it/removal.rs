@@ -98,9 +98,8 @@ fn filled_state() -> (HookHarness, Vec<FakeContainer>) {
         .write_file(&record_name(None, "one"), &serde_json::to_vec(&record).unwrap())
         .unwrap();
     // The watch's and the DRA driver's heartbeats, as they beat.
-    for name in [vramgate::service::HEARTBEAT_FILE, vramgate::ledger::DRA_HEARTBEAT_FILE] {
-        vramgate::service::beat_file(&scratch.open_state(), name, &mut false).unwrap();
-    }
+    vramgate::service::beat(&scratch.open_state(), &mut false).unwrap();
+    vramgate::service::beat_dra(&scratch.open_state(), &vramgate::clock::SystemClock).unwrap();
 
     // A pod's container given no GPU under the pod's memory annotation: the hook's notice.
     let pod = scratch.bundle(

@@ -1,5 +1,5 @@
-//! A resource claim's own reservation: made at allocation, never reclaimed, taken over by the
-//! claim's first container, released at deallocation.
+//! A resource claim's own reservation: made at allocation, never reclaimed for a process (it
+//! has none), taken over by the claim's first container, released at deallocation.
 
 use super::*;
 use crate::ledger::{ClaimOf, GpuShare};

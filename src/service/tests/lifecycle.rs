@@ -230,7 +230,11 @@ struct RecordsOpen<'w> {
 impl RecordsOpen<'_> {
     fn lock_free(&self) -> bool {
         self.state
-            .begin_reclaiming(&FakeLiveness::default(), 0, Duration::from_millis(20))
+            .begin_reclaiming(
+                &FakeLiveness::default(),
+                crate::clock::Stamp::wall(0),
+                Duration::from_millis(20),
+            )
             .is_ok()
     }
 }
