@@ -1348,6 +1348,48 @@ fn claim_reservations(c: &Cluster) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Stops the node's DRA driver (SIGSTOP: its slice keeps offering what it last published) and
+/// has a runc container `id` outside Kubernetes reserve 4Gi of the GPU through the hook; returns
+/// once the ledger holds it, with the stopped driver's pid (for its SIGCONT) and the container.
+fn take_memory_behind_a_stopped_driver(
+    c: &Cluster,
+    driver: &dra_support::Driver,
+    id: &str,
+) -> (nix::unistd::Pid, std::process::Child) {
+    let stopped = nix::unistd::Pid::from_raw(driver.child.id() as i32);
+    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let tb = c.tb();
+    let bundle = tb
+        .bundle(
+            id,
+            &["sleep", "600"],
+            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "0")],
+            &[],
+            true,
+        )
+        .unwrap();
+    let outside = tb
+        .runc_run(&bundle, id)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ledger(
+        c,
+        &format!("runc container {id}'s 4Gi is reserved"),
+        vec![(id.into(), 4)],
+    );
+    (stopped, outside)
+}
+
+/// Kills and deletes runc container `id` of [`take_memory_behind_a_stopped_driver`].
+fn stop_runc_container(c: &Cluster, id: &str, mut container: std::process::Child) {
+    let tb = c.tb();
+    tb.runc(&["kill", id, "KILL"]).output().unwrap();
+    let _ = container.wait();
+    let _ = tb.runc(&["delete", "--force", id]).output();
+}
+
 /// The first event message of pod `name` that contains `text`, if any.
 fn pod_event_with(c: &Cluster, name: &str, text: &str) -> Option<String> {
     let selector = format!("involvedObject.name={name}");
@@ -1390,29 +1432,7 @@ fn dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to
         "{slice}"
     );
     claim_template(c, "gpu-6gi-held", 1, "6Gi");
-    let stopped = nix::unistd::Pid::from_raw(driver.child.id() as i32);
-    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let tb = c.tb();
-    let bundle = tb
-        .bundle(
-            "outside-held",
-            &["sleep", "600"],
-            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "0")],
-            &[],
-            true,
-        )
-        .unwrap();
-    let mut outside = tb
-        .runc_run(&bundle, "outside-held")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_ledger(
-        c,
-        "the runc container's 4Gi is reserved",
-        vec![("outside-held".into(), 4)],
-    );
+    let (stopped, outside) = take_memory_behind_a_stopped_driver(c, &driver, "outside-held");
     dra_pod(c, "dra-held", "gpu-6gi-held", &["main"]);
     wait_allocated(c, "dra-held");
     nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGCONT).unwrap();
@@ -1439,9 +1459,7 @@ fn dra_claim_is_held_from_allocation_and_a_pod_the_node_cannot_hold_goes_back_to
     assert!(claim_reservations(c).is_empty(), "{:?}", ledger(c));
 
     // The runc container stops: the slice grows, the claim is allocated and held at once.
-    tb.runc(&["kill", "outside-held", "KILL"]).output().unwrap();
-    let _ = outside.wait();
-    let _ = tb.runc(&["delete", "--force", "outside-held"]).output();
+    stop_runc_container(c, "outside-held", outside);
     let held = c
         .wait(
             "the claim's own reservation is in the ledger before its container starts",
@@ -1540,29 +1558,7 @@ fn dra_pod_the_first_node_cannot_hold_is_placed_on_a_second_node(c: &Cluster) {
         (offered == ["8Gi"], (offered, tail_text(&second_driver.log_text(), 5)))
     });
     claim_template(c, "gpu-6gi-two-nodes", 1, "6Gi");
-    let stopped = nix::unistd::Pid::from_raw(driver.child.id() as i32);
-    nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let tb = c.tb();
-    let bundle = tb
-        .bundle(
-            "outside-two-nodes",
-            &["sleep", "600"],
-            &[("vramgate.dev/memory", "4Gi"), ("vramgate.dev/gpus", "0")],
-            &[],
-            true,
-        )
-        .unwrap();
-    let mut outside = tb
-        .runc_run(&bundle, "outside-two-nodes")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_ledger(
-        c,
-        "the runc container's 4Gi is reserved on the first node",
-        vec![("outside-two-nodes".into(), 4)],
-    );
+    let (stopped, outside) = take_memory_behind_a_stopped_driver(c, &driver, "outside-two-nodes");
     let mut pod = dra_pod_json("dra-two-nodes", "gpu-6gi-two-nodes", &["main"]);
     pod["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
@@ -1604,9 +1600,7 @@ fn dra_pod_the_first_node_cannot_hold_is_placed_on_a_second_node(c: &Cluster) {
         (held.is_empty(), held)
     });
     c.kubectl_ok(&["delete", "resourceclaimtemplate", "gpu-6gi-two-nodes"]);
-    tb.runc(&["kill", "outside-two-nodes", "KILL"]).output().unwrap();
-    let _ = outside.wait();
-    let _ = tb.runc(&["delete", "--force", "outside-two-nodes"]).output();
+    stop_runc_container(c, "outside-two-nodes", outside);
     wait_ledger(c, "nothing is reserved on the first node", vec![]);
     drop(second_driver);
     drop(driver);

@@ -435,7 +435,13 @@ fn a_queue_of_300_leaves_the_host_its_inotify_instances() {
     // USER_HZ is 100 on Linux: ticks per second are per cent of one core.
     let percent = (ticks() - before) as f64 / at.elapsed().as_secs_f64();
     println!("{WAITERS} waiters use {percent:.1} % of one core while nothing changes");
-    assert!(percent < 50.0, "{WAITERS} waiters use {percent:.1} % of one core");
+    // Not a speed target (20 % on the idle 2-core VM, 50 % with the suite's other tests running
+    // beside it; bench/queue-lock.sh measures the queue): a guard against waiters that stop
+    // sleeping between their looks, which would take nearly all of both cores whatever else runs.
+    assert!(
+        percent < 150.0,
+        "{WAITERS} waiters use {percent:.1} % of one core: do they still sleep between looks?"
+    );
     // Another root process still gets one.
     let other = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::IN_CLOEXEC);
     assert!(other.is_ok(), "inotify_init while {WAITERS} wait: {other:?}");
