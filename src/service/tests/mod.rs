@@ -216,6 +216,11 @@ fn admitted(step: &Result<Step>) -> bool {
     matches!(step, Ok(Step::Done(Admission::Admitted { .. })))
 }
 
+/// Whether the next attempt of `req`, after `progress`, is admitted.
+fn admits(service: &Service, ledger: &mut Ledger, req: &AdmitRequest, progress: &mut Progress) -> bool {
+    admitted(&step(service, ledger, req, progress).0)
+}
+
 /// A ledger in which "holder" (init pid 1) was admitted with `request`.
 fn held(service: &Service, request: &Request) -> Ledger {
     let mut ledger = Ledger::default();

@@ -542,50 +542,48 @@ fn tries(service: &Service, ledger: &Ledger, progress: &Progress, polled: bool) 
     service.worth_trying_in(ledger, progress, polled)
 }
 
+/// A ledger in which containers `(id, init pid, GiB)` were admitted on GPU 0, in that order.
+fn holding(service: &Service, held: &[(&str, u32, u64)]) -> Ledger {
+    let mut ledger = Ledger::default();
+    for &(id, pid, gib) in held {
+        let r = request(gib * GI, "0");
+        assert!(admitted(
+            &first_step(service, &mut ledger, &admit_req(id, pid, &r, Policy::Wait)).0
+        ));
+    }
+    ledger
+}
+
 #[test]
 fn a_backfill_waiter_stays_off_the_lock_until_the_ledger_leaves_it_room() {
     let mut w = World::new(1, 10 * GI);
     w.config.queue.backfill = true;
     let service = w.service();
-    let mut ledger = Ledger::default();
-    for (id, n, gib) in [("a", 1, 5), ("b", 2, 2), ("c", 3, 2)] {
-        let r = request(gib * GI, "0");
-        assert!(admitted(
-            &first_step(&service, &mut ledger, &admit_req(id, n, &r, Policy::Wait)).0
-        ));
-    }
+    let mut ledger = holding(&service, &[("a", 1, 5), ("b", 2, 2), ("c", 3, 2)]);
     // Two waiters: big (8 GiB) first, then small (2 GiB), which backfill may let pass.
     let (big, small) = (request(8 * GI, "0"), request(2 * GI, "0"));
-    let big_waits = queued(&service, &mut ledger, &admit_req("big", 4, &big, Policy::Wait));
-    let small_waits = queued(&service, &mut ledger, &admit_req("small", 5, &small, Policy::Wait));
+    let mut big_waits = queued(&service, &mut ledger, &admit_req("big", 4, &big, Policy::Wait));
+    let mut small_waits = queued(&service, &mut ledger, &admit_req("small", 5, &small, Policy::Wait));
     // c leaves: 3 GiB free. Too little for big, which stays off the lock; enough for small.
     ledger.remove_reservation("c");
     assert!(!tries(&service, &ledger, &big_waits, false));
     assert!(tries(&service, &ledger, &small_waits, false));
-    let mut small_waits = small_waits;
-    assert!(admitted(
-        &step(
-            &service,
-            &mut ledger,
-            &admit_req("small", 5, &small, Policy::Wait),
-            &mut small_waits
-        )
-        .0
+    assert!(admits(
+        &service,
+        &mut ledger,
+        &admit_req("small", 5, &small, Policy::Wait),
+        &mut small_waits
     ));
     // b leaves: 3 GiB again, still too little for big; a leaves: 8 GiB, and big tries.
     ledger.remove_reservation("b");
     assert!(!tries(&service, &ledger, &big_waits, false));
     ledger.remove_reservation("a");
     assert!(tries(&service, &ledger, &big_waits, false));
-    let mut big_waits = big_waits;
-    assert!(admitted(
-        &step(
-            &service,
-            &mut ledger,
-            &admit_req("big", 4, &big, Policy::Wait),
-            &mut big_waits
-        )
-        .0
+    assert!(admits(
+        &service,
+        &mut ledger,
+        &admit_req("big", 4, &big, Policy::Wait),
+        &mut big_waits
     ));
 }
 
@@ -596,13 +594,7 @@ fn a_backfill_waiter_behind_one_past_the_bound_stays_off_the_lock_while_it_lives
     w.config.queue.backfill_bound = Duration::from_secs(30);
     let service = w.service();
     let (big, small) = (request(8 * GI, "0"), request(2 * GI, "0"));
-    let mut ledger = Ledger::default();
-    for (id, n, gib) in [("a", 1, 6), ("b", 2, 3)] {
-        let r = request(gib * GI, "0");
-        assert!(admitted(
-            &first_step(&service, &mut ledger, &admit_req(id, n, &r, Policy::Wait)).0
-        ));
-    }
+    let mut ledger = holding(&service, &[("a", 1, 6), ("b", 2, 3)]);
     let _big_waits = queued(&service, &mut ledger, &admit_req("big", 3, &big, Policy::Wait));
     let small_waits = queued(&service, &mut ledger, &admit_req("small", 4, &small, Policy::Wait));
     // b leaves: room for small, not for big. Backfill lets small pass big for 30 s, not after:
@@ -674,8 +666,8 @@ fn fifo_still_serves_only_the_head_and_stays_off_the_lock_behind_it() {
     let service = w.service();
     let (big, small) = (request(8 * GI, "0"), request(GI, "0"));
     let mut ledger = held(&service, &big);
-    let big_waits = queued(&service, &mut ledger, &admit_req("big", 2, &big, Policy::Wait));
-    let small_waits = queued(&service, &mut ledger, &admit_req("small", 3, &small, Policy::Wait));
+    let mut big_waits = queued(&service, &mut ledger, &admit_req("big", 2, &big, Policy::Wait));
+    let mut small_waits = queued(&service, &mut ledger, &admit_req("small", 3, &small, Policy::Wait));
     // small would fit, but big asked first: small tries neither on a change nor at a poll.
     for polled in [false, true] {
         assert!(!tries(&service, &ledger, &small_waits, polled));
@@ -686,26 +678,18 @@ fn fifo_still_serves_only_the_head_and_stays_off_the_lock_behind_it() {
     // The holder leaves: big tries on the change and is admitted; small still waits for room.
     ledger.remove_reservation("holder");
     assert!(tries(&service, &ledger, &big_waits, false));
-    let mut big_waits = big_waits;
-    assert!(admitted(
-        &step(
-            &service,
-            &mut ledger,
-            &admit_req("big", 2, &big, Policy::Wait),
-            &mut big_waits
-        )
-        .0
+    assert!(admits(
+        &service,
+        &mut ledger,
+        &admit_req("big", 2, &big, Policy::Wait),
+        &mut big_waits
     ));
     assert!(tries(&service, &ledger, &small_waits, false), "at the head with room");
-    let mut small_waits = small_waits;
-    assert!(admitted(
-        &step(
-            &service,
-            &mut ledger,
-            &admit_req("small", 3, &small, Policy::Wait),
-            &mut small_waits
-        )
-        .0
+    assert!(admits(
+        &service,
+        &mut ledger,
+        &admit_req("small", 3, &small, Policy::Wait),
+        &mut small_waits
     ));
     // A head whose hook is gone lets the next one try, which removes it.
     let w = World::new(1, 10 * GI);
