@@ -477,21 +477,17 @@ fn dra_slice_policy_holds_a_pods_token_to_its_node_driver_and_pool(c: &Cluster) 
         .as_ref()
         .and_then(|p| p["metadata"]["uid"].as_str())
         .unwrap_or_default();
-    let token = c.kubectl_ok(&[
-        "create",
-        "token",
-        "vramgate-dra",
-        "-n",
-        "kube-system",
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        holder,
-        "--bound-object-uid",
-        uid,
-        "--duration",
-        "1h",
-    ]);
+    let token = dra_token(
+        c,
+        &[
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            holder,
+            "--bound-object-uid",
+            uid,
+        ],
+    );
     let token = token.trim();
     let as_driver = |args: &[&str], input: &str| c.kubectl_in(&[&["--token", token][..], args].concat(), input);
     let review: Value = serde_json::from_str(&stdout(&as_driver(&["auth", "whoami", "-o", "json"], ""))).unwrap();

@@ -555,6 +555,18 @@ pub fn start_dra_driver(c: &Cluster, extra: &[&str]) -> crate::support::dra::Dri
     start_dra_driver_on(c, &on, extra)
 }
 
+/// A token of the driver's ServiceAccount (`kube-system/vramgate-dra`), valid for an hour,
+/// bound as `bound` says (`--bound-object-kind` and the rest), as a projected token is.
+pub fn dra_token(c: &Cluster, bound: &[&str]) -> String {
+    let args = [
+        &["create", "token", "vramgate-dra", "-n", "kube-system"][..],
+        bound,
+        &["--duration", "1h"],
+    ]
+    .concat();
+    c.kubectl_ok(&args)
+}
+
 /// The node a DRA driver serves: its name, kubelet's files (its root is `kube_dir/kubelet`;
 /// the driver's log goes there), its vramgate config and its containerd's CDI directory.
 pub struct DriverNode<'a> {
@@ -568,19 +580,7 @@ pub struct DriverNode<'a> {
 pub fn start_dra_driver_on(c: &Cluster, on: &DriverNode, extra: &[&str]) -> crate::support::dra::Driver {
     let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s");
     c.apply_file(&k8s.join("dra.yaml"));
-    let token = c.kubectl_ok(&[
-        "create",
-        "token",
-        "vramgate-dra",
-        "-n",
-        "kube-system",
-        "--bound-object-kind",
-        "Node",
-        "--bound-object-name",
-        on.node,
-        "--duration",
-        "1h",
-    ]);
+    let token = dra_token(c, &["--bound-object-kind", "Node", "--bound-object-name", on.node]);
     let kubeconfig = c.write_kubeconfig(&format!("vramgate-dra-{}", on.node), &token);
     let registrations = |log: &str| log.matches("registered with kubelet as").count();
     let before = registrations(&std::fs::read_to_string(on.kube_dir.join("vramgate-dra.log")).unwrap_or_default());
