@@ -457,15 +457,20 @@ impl Supervisor {
 
     /// Stops kubelet (SIGTERM), leaving its pods running, as a restart of the service does.
     pub fn stop_kubelet(&self) {
-        let kubelet = {
+        self.stop_component("kubelet", Duration::from_secs(20));
+    }
+
+    /// Stops component `name` (SIGTERM, then SIGKILL after `grace`), if it runs, and forgets it.
+    fn stop_component(&self, name: &str, grace: Duration) {
+        let component = {
             let mut running = self.running.lock().unwrap();
-            let at = running.components.iter().position(|c| c.name == "kubelet");
-            let kubelet = at.map(|at| running.components.remove(at));
+            let at = running.components.iter().position(|c| c.name == name);
+            let component = at.map(|at| running.components.remove(at));
             self.write_pids(&running);
-            kubelet
+            component
         };
-        if let Some(c) = kubelet {
-            stop_pid(c.child.id() as i32, Duration::from_secs(20));
+        if let Some(c) = component {
+            stop_pid(c.child.id() as i32, grace);
         }
     }
 

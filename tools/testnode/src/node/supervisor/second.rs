@@ -203,22 +203,11 @@ impl Supervisor {
                 ])
                 .output();
         }
-        let take = |name: &str| {
-            let mut running = self.running.lock().unwrap();
-            let at = running.components.iter().position(|c| c.name == name);
-            let taken = at.map(|at| running.components.remove(at));
-            self.write_pids(&running);
-            taken
-        };
-        if let Some(kubelet) = take("second-kubelet") {
-            stop_pid(kubelet.child.id() as i32, Duration::from_secs(20));
-        }
+        self.stop_component("second-kubelet", Duration::from_secs(20));
         kill_queued_hooks(&self.info.vramgate_bin.join("vramgate"), &dir.join("config.toml"));
         let address = dir.join("containerd/containerd.sock");
         let _ = crictl(&self.bin, &address, &["rmp", "--all", "--force"]).output();
-        if let Some(containerd) = take("second-containerd") {
-            stop_pid(containerd.child.id() as i32, Duration::from_secs(10));
-        }
+        self.stop_component("second-containerd", Duration::from_secs(10));
         let _ = self
             .kube
             .kubectl(&["delete", "node", node, "--ignore-not-found"])
