@@ -199,7 +199,8 @@ fn up(dir: &Path, config_extra: Option<&Path>, vramgate_bin: Option<PathBuf>, fo
     }
 }
 
-/// The supervisor: a panic anywhere (a component that does not come up) tears down what
+/// The supervisor: a panic anywhere (a component that does not come up) but in a `second up`
+/// (which stops the second node alone and answers why) tears down what
 /// started and ends the process with one line.
 fn supervise(options: Options) -> Result<(), String> {
     std::fs::create_dir_all(&options.dir).map_err(|e| format!("{}: {e}", options.dir.display()))?;
@@ -218,6 +219,9 @@ fn supervise(options: Options) -> Result<(), String> {
             .or_else(|| panic.payload().downcast_ref::<&str>().copied())
             .unwrap_or("(no message)");
         eprintln!("testnode: {message}");
+        if node::panic_is_caught() {
+            return;
+        }
         eprintln!("testnode: stopping what started");
         node::teardown(&dir, None, false);
         std::process::exit(1);

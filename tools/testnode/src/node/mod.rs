@@ -51,7 +51,7 @@ mod supervisor;
 mod teardown;
 
 pub use control::control;
-pub use supervisor::{catch_stop_signals, Supervisor};
+pub use supervisor::{catch_stop_signals, panic_is_caught, Supervisor};
 pub use teardown::{kill_queued_hooks, teardown};
 
 /// The version tools/kube pins; the cluster must report it.

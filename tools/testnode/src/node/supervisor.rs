@@ -21,6 +21,7 @@ use crate::kube::Kube;
 use crate::process::{daemon, path_with_sbin, require, run_ok, stderr, stop_pid};
 
 mod second;
+pub use second::panic_is_caught;
 
 struct Component {
     name: &'static str,

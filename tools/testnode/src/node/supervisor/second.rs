@@ -21,6 +21,17 @@ use crate::node::{second_config_extra, SecondNodeFile, SECOND_FILE};
 /// seconds; the loaded 2-core machine is slower).
 const SECOND_UP_LIMIT: Duration = Duration::from_secs(180);
 
+thread_local! {
+    /// Set while this thread starts the second node, whose failure it catches.
+    static CAUGHT_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a panic on this thread is caught where it happens (a `second up` that fails stops
+/// the second node alone): the supervisor's panic hook then leaves the node up.
+pub fn panic_is_caught() -> bool {
+    CAUGHT_HERE.with(std::cell::Cell::get)
+}
+
 /// The tmpfs's source name (what marks it in the namespace's mount table).
 const NAMESPACE_MARK: &str = "vramgate-second-node";
 
@@ -36,7 +47,9 @@ impl Supervisor {
             running.second_starting = true;
         }
         let started = Instant::now();
+        CAUGHT_HERE.with(|c| c.set(true));
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_second()));
+        CAUGHT_HERE.with(|c| c.set(false));
         let reply = match outcome {
             Ok(info) => {
                 write_json(&self.info.dir.join(SECOND_FILE), &info);
@@ -95,10 +108,16 @@ impl Supervisor {
         // The first node's kubelet made the directory; the tmpfs covers it in the namespace.
         std::fs::create_dir_all(DEVICE_PLUGINS).unwrap();
         let mut containerd = daemon("unshare");
+        // kubelet's root already a shared mount of its own: kubelet makes it one at start
+        // (MakeRShared) unless it is, and its pod-resources socket, made meanwhile, once failed
+        // to move into place across that new mount (EXDEV), which ends kubelet.
+        let kubelet_root = kube_dir.join("kubelet");
         containerd
             .args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
             .arg(format!(
-                "mount -t tmpfs -o mode=0750 {NAMESPACE_MARK} {DEVICE_PLUGINS} && exec \"$@\""
+                "mount -t tmpfs -o mode=0750 {NAMESPACE_MARK} {DEVICE_PLUGINS} && \
+                 mount --bind '{root}' '{root}' && mount --make-rshared '{root}' && exec \"$@\"",
+                root = kubelet_root.display()
             ))
             .arg("second-containerd")
             .arg("containerd")
